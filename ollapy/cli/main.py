@@ -1,0 +1,63 @@
+"""Entry point of the ``ollapy`` command: builds the typer app from the command modules.
+
+Each command module exposes ``register(app)``. Errors become one line on
+stderr plus an exit code (0 ok, 1 error, 2 usage, 130 interrupted); set
+``OLLAPY_DEBUG=1`` for the traceback.
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .. import __version__
+
+app = typer.Typer(
+    name="ollapy",
+    help="Run local LLMs (GGUF, llama.cpp) from the command line, Ollama-style.",
+    no_args_is_help=True,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"ollapy version {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", "-v", help="Show the version and exit.", callback=_version_callback, is_eager=True),
+) -> None:
+    """Run local LLMs (GGUF, llama.cpp) from the command line, Ollama-style."""
+
+
+def _register_all() -> None:
+    import importlib
+
+    for name in ("run_cmd", "info_cmd", "models_cmd", "cache_cmd", "serve_cmd"):
+        try:
+            mod = importlib.import_module(f"ollapy.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"ollapy.cli.{name}":
+                continue
+            raise
+        mod.register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point: run the app and map errors to one line + exit code."""
+    from .errors_out import run_app
+
+    sys.exit(run_app(app))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""Terminal output: model text to stdout (optionally word-wrapped on a TTY), stats and warnings to stderr.
+
+Nothing here writes ANSI escape codes when the stream is not a terminal.
+"""
+from __future__ import annotations
+
+import shutil
+import sys
+
+
+def is_tty(stream) -> bool:
+    """True when ``stream`` is an interactive terminal."""
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def warn(message: str) -> None:
+    """Print a one-line warning to stderr."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def info(message: str) -> None:
+    """Print a progress/info line to stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+class TextSink:
+    """Writes streamed model text to a stream; on a TTY with wrapping on, breaks lines at word boundaries.
+
+    Word wrapping only ever inserts newlines (never escape codes) and only
+    when ``wrap`` is true and the stream is a terminal.
+    """
+
+    def __init__(self, stream=None, wrap: bool = True) -> None:
+        self.stream = stream or sys.stdout
+        self.wrap = wrap and is_tty(self.stream)
+        self.width = shutil.get_terminal_size((80, 24)).columns if self.wrap else 0
+        self.col = 0
+        self.word = ""
+        self.last = ""
+
+    def write(self, text: str) -> None:
+        """Write a chunk of model text."""
+        if not text:
+            return
+        self.last = text[-1]
+        if not self.wrap or self.width < 20:
+            self.stream.write(text)
+            self.stream.flush()
+            return
+        out = []
+        for ch in text:
+            if ch == "\n":
+                out.append(self.word + "\n")
+                self.word, self.col = "", 0
+            elif ch == " ":
+                if self.col + len(self.word) >= self.width:
+                    out.append("\n")
+                    self.col = 0
+                out.append(self.word + " ")
+                self.col += len(self.word) + 1
+                self.word = ""
+            else:
+                self.word += ch
+                if len(self.word) >= self.width:
+                    out.append(self.word)
+                    self.col, self.word = 0, ""
+        self.stream.write("".join(out))
+        self.stream.flush()
+
+    def finish(self) -> None:
+        """Flush the pending word and end with exactly one newline."""
+        if self.wrap and self.word:
+            if self.col + len(self.word) > self.width:
+                self.stream.write("\n")
+            self.stream.write(self.word)
+            self.last = self.word[-1]
+            self.word = ""
+        if self.last != "\n":
+            self.stream.write("\n")
+        self.stream.flush()
+        self.col, self.last = 0, "\n"
+
+
+def _dur(ns: int) -> str:
+    if ns >= 1_000_000_000:
+        return f"{ns / 1e9:.6f}s"
+    if ns >= 1_000_000:
+        return f"{ns / 1e6:.3f}ms"
+    return f"{ns / 1e3:.3f}µs"
+
+
+def format_stats(m: dict) -> str:
+    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse."""
+    pe_rate = m["prompt_eval_count"] / (m["prompt_eval_duration"] / 1e9) if m.get("prompt_eval_duration") else 0.0
+    ev_rate = m["eval_count"] / (m["eval_duration"] / 1e9) if m.get("eval_duration") else 0.0
+    lines = [
+        f"total duration:       {_dur(m['total_duration'])}",
+        f"load duration:        {_dur(m['load_duration'])}",
+        f"prompt eval count:    {m['prompt_eval_count']} token(s)",
+        f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused",
+        f"prompt eval duration: {_dur(m['prompt_eval_duration'])}",
+        f"prompt eval rate:     {pe_rate:.2f} tokens/s",
+        f"eval count:           {m['eval_count']} token(s)",
+        f"eval duration:        {_dur(m['eval_duration'])}",
+        f"eval rate:            {ev_rate:.2f} tokens/s",
+    ]
+    if m.get("truncated"):
+        lines.append("truncated:            yes (prompt longer than num_ctx)")
+    if m.get("shifts"):
+        lines.append(f"context shifts:       {m['shifts']}")
+    return "\n".join(lines)

@@ -1,0 +1,254 @@
+"""The interactive chat REPL of ``ollapy run`` (Ollama's ``>>>`` prompt and slash commands).
+
+Line editing and persistent history come from the standard ``readline``
+module (history file under the platformdirs state dir; ``OLLAPY_NOHISTORY=1``
+or ``/set nohistory`` turns it off). Ctrl-C while a reply streams cancels that
+reply (no dangling user turn); Ctrl-C at the prompt clears the line; Ctrl-D
+on an empty line exits.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+from .. import config
+from ..errors import Cancelled, OllapyError, describe
+from ..options import coerce_option
+from .output import TextSink, format_stats
+
+HELP = """Available Commands:
+  /set            Set session variables
+  /show           Show model information
+  /load <name>    Load a saved session
+  /save <name>    Save your current session
+  /clear          Clear session context
+  /bye, /exit     Exit
+  /?, /help       Help for a command
+
+Use \"\"\" to begin a multi-line message."""
+
+SET_HELP = """Available Commands:
+  /set parameter NAME VALUE  Set a model option (e.g. temperature, num_predict, seed, stop)
+  /set system TEXT           Set the system message
+  /set history|nohistory     Enable/disable history
+  /set wordwrap|nowordwrap   Enable/disable word wrap
+  /set format json|noformat  Enable/disable JSON mode
+  /set verbose|quiet         Show/hide stats after each reply"""
+
+SHOW_HELP = "Available Commands:\n  /show info | parameters | system | template | license | modelfile"
+
+
+def _setup_history(enabled: bool):
+    try:
+        import readline
+    except ImportError:  # pragma: no cover - Windows without pyreadline
+        return None
+    path = config.state_dir() / "history"
+    if enabled:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.read_history_file(str(path))
+        except (FileNotFoundError, OSError):
+            pass
+    readline.set_history_length(1000)
+    return readline, path
+
+
+def _save_history(hist, enabled: bool) -> None:
+    if hist is None or not enabled:
+        return
+    readline, path = hist
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(str(path))
+    except OSError:
+        pass
+
+
+def read_message(prompt: str = ">>> ") -> str | None:
+    """Read one user message; supports \"\"\" multi-line blocks. None on Ctrl-D with an empty line."""
+    line = input(prompt)
+    if not line.lstrip().startswith('"""'):
+        return line
+    body = line.lstrip()[3:]
+    if body.endswith('"""') and len(body) >= 3:
+        return body[:-3]
+    lines = [body] if body else []
+    while True:
+        nxt = input("... ")
+        if nxt.rstrip().endswith('"""'):
+            lines.append(nxt.rstrip()[:-3])
+            return "\n".join(lines)
+        lines.append(nxt)
+
+
+def run_repl(conv, settings) -> None:
+    """Chat until /bye or Ctrl-D."""
+    history_on = settings.history and not config._bool(config.NOHISTORY)
+    hist = _setup_history(history_on)
+    while True:
+        try:
+            msg = read_message()
+        except KeyboardInterrupt:
+            print("\nUse Ctrl + d or /bye to exit.", file=sys.stderr)
+            continue
+        except EOFError:
+            print(file=sys.stderr)
+            break
+        if msg is None:
+            break
+        if not msg.strip():
+            continue
+        if msg.startswith("/"):
+            try:
+                if handle_command(conv, settings, msg.strip()) == "exit":
+                    break
+            except OllapyError as exc:
+                print(f"Error: {describe(exc)}", file=sys.stderr)
+            history_on = settings.history and not config._bool(config.NOHISTORY)
+            continue
+        _reply(conv, settings, msg)
+        _save_history(hist, history_on)
+    _save_history(hist, history_on)
+
+
+def _reply(conv, settings, msg: str) -> None:
+    sink = TextSink(sys.stdout, wrap=settings.wrap)
+    final = None
+    stream = None
+    try:
+        stream = conv.ask(msg, settings)
+        for chunk in stream:
+            sink.write(chunk.text)
+            if chunk.done:
+                final = chunk
+    except (KeyboardInterrupt, Cancelled):
+        if stream is not None:
+            stream.cancel()
+        sink.finish()
+        print("^C (reply cancelled)", file=sys.stderr)
+        return
+    except OllapyError as exc:
+        sink.finish()
+        print(f"Error: {describe(exc)}", file=sys.stderr)
+        return
+    sink.finish()
+    print()
+    conv.after_answer(final, settings)
+    if settings.verbose and final is not None and final.metrics is not None:
+        m = final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
+        print(format_stats(m), file=sys.stderr)
+
+
+def handle_command(conv, settings, line: str) -> str | None:
+    """Run one slash command; returns "exit" for /bye. Raises OllapyError for bad arguments."""
+    parts = line.split(None, 3)
+    cmd = parts[0].lower()
+    if cmd in ("/bye", "/exit"):
+        return "exit"
+    if cmd in ("/?", "/help"):
+        topic = parts[1] if len(parts) > 1 else ""
+        print({"/set": SET_HELP, "/show": SHOW_HELP}.get(topic, HELP))
+        return None
+    if cmd == "/clear":
+        conv.clear()
+        print("Cleared session context")
+        return None
+    if cmd in ("/save", "/load"):
+        if len(parts) < 2:
+            print(f"Usage:\n  {cmd} <name>")
+            return None
+        if cmd == "/save":
+            conv.save(parts[1], settings)
+            print(f"Created new session '{parts[1]}'")
+        elif conv.load(parts[1]):
+            print(f"Loaded session '{parts[1]}' ({len(conv.messages)} messages)")
+        else:
+            print(f"No session named '{parts[1]}'")
+        return None
+    if cmd == "/set":
+        return _set(conv, settings, line)
+    if cmd == "/show":
+        return _show(conv, settings, parts[1] if len(parts) > 1 else "")
+    print(f"Unknown command '{cmd}'. Type /? for help")
+    return None
+
+
+def _set(conv, settings, line: str) -> None:
+    parts = line.split(None, 2)
+    if len(parts) < 2:
+        print(SET_HELP)
+        return None
+    what = parts[1].lower()
+    rest = parts[2] if len(parts) > 2 else ""
+    flags = {
+        "verbose": ("verbose", True), "quiet": ("verbose", False),
+        "history": ("history", True), "nohistory": ("history", False),
+        "wordwrap": ("wrap", True), "nowordwrap": ("wrap", False),
+        "noformat": ("fmt", None),
+    }
+    if what in flags:
+        attr, val = flags[what]
+        setattr(settings, attr, val)
+        print(f"Set '{what}' mode.")
+    elif what == "format":
+        settings.fmt = "json" if rest.strip() == "json" else None
+        print(f"Set format to '{rest.strip() or 'none'}' mode.")
+    elif what == "system":
+        conv.system = rest.strip().strip('"') or None
+        settings.system = conv.system
+        print("Set system message.")
+    elif what == "parameter":
+        kv = rest.split(None, 1)
+        if len(kv) < 2:
+            print("Usage: /set parameter NAME VALUE")
+            return None
+        name, value = kv[0], kv[1]
+        typed = coerce_option(name, value)
+        runner_opts = getattr(conv.runner, "options", None)
+        if name == "stop":
+            typed = tuple(conv.options.get("stop", ())) + tuple(typed)
+        conv.options[name] = typed
+        if runner_opts is not None and hasattr(runner_opts, "merged"):
+            if name in ("num_ctx", "num_parallel", "num_batch", "num_gpu", "kv_cache_type", "flash_attn"):
+                print(f"'{name}' is a load-time option; restart `ollapy run -o {name}=...` to change it")
+                return None
+            conv.runner.options = runner_opts.merged({name: typed})
+        print(f"Set parameter '{name}' to '{value}'")
+    else:
+        print(f"Unknown /set option '{what}'. Type /? /set for help")
+    return None
+
+
+def _show(conv, settings, what: str) -> None:
+    what = what.lower()
+    info = conv.runner.info() if hasattr(conv.runner, "info") else {}
+    if what == "info":
+        for k in ("name", "architecture", "description", "context_length", "num_ctx", "num_parallel", "template",
+                  "kv_bytes_per_token", "extra_bufts"):
+            if k in info:
+                print(f"  {k:<20} {info[k]}")
+    elif what == "parameters":
+        opts = getattr(conv.runner, "options", None)
+        shown = dict(conv.options)
+        if opts is not None and hasattr(opts, "__dict__"):
+            shown = {k: getattr(opts, k) for k in ("temperature", "top_k", "top_p", "min_p", "num_ctx", "num_predict",
+                                                   "repeat_penalty", "seed", "stop")}
+        for k, v in shown.items():
+            print(f"{k:<16} {json.dumps(list(v) if isinstance(v, tuple) else v)}")
+    elif what == "system":
+        print(conv.system or "No system message was specified for this model.")
+    elif what == "template":
+        model = getattr(conv.runner, "model", None)
+        print(model.template.text if model is not None else info.get("template", ""))
+    elif what == "license":
+        print(getattr(conv, "license", None) or "No license was specified for this model.")
+    elif what == "modelfile":
+        print(f"FROM {info.get('path', conv.name)}")
+        if conv.system:
+            print(f'SYSTEM """{conv.system}"""')
+        for k, v in conv.options.items():
+            print(f"PARAMETER {k} {v}")
+    else:
+        print(SHOW_HELP)
+    return None

@@ -1,0 +1,142 @@
+"""``ollapy run``: one-shot answers, piped stdin, batch (``--each-line``) and the interactive chat REPL.
+
+Piped stdin is read whole and put before the prompt arguments (Ollama's
+rule). Model text goes to stdout, everything else to stderr. Ctrl-C stops
+generation at once, keeps what was printed, and exits 130.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from ..errors import Cancelled, OptionError, UsageError
+from .output import TextSink, format_stats, info, is_tty, warn
+
+
+def read_stdin() -> str | None:
+    """Read all of piped stdin as text (invalid UTF-8 replaced, with a warning); None when stdin is a TTY."""
+    if is_tty(sys.stdin):
+        return None
+    try:
+        data = sys.stdin.buffer.read()
+    except (OSError, ValueError):
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        warn("stdin is not valid UTF-8; invalid bytes were replaced")
+        return data.decode("utf-8", errors="replace")
+
+
+def build_prompt(stdin_text: str | None, args: list[str]) -> str | None:
+    """Combine piped text and prompt words: stdin first, then the arguments (None when both are empty)."""
+    words = " ".join(args).strip()
+    parts = [p for p in ((stdin_text or "").strip("\n"), words) if p]
+    if not parts:
+        return None
+    return "\n\n".join(parts)
+
+
+def run(
+    model: str = typer.Argument(..., help="Model name (see `ollapy list`) or path to a .gguf file."),
+    prompt: Optional[List[str]] = typer.Argument(None, help="Prompt; piped stdin is put before it."),
+    system: Optional[str] = typer.Option(None, "--system", help="System prompt for this run."),
+    format: Optional[str] = typer.Option(None, "--format", help="Response format: json, or a path to a JSON schema file."),
+    verbose: bool = typer.Option(False, "--verbose", help="Print timings and token counts to stderr."),
+    nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Do not wrap words on a terminal."),
+    keepalive: Optional[str] = typer.Option(None, "--keepalive", help="How long a server keeps the model loaded (e.g. 5m)."),
+    option: Optional[List[str]] = typer.Option(None, "--option", "-o", help="Model option key=value (repeatable), e.g. -o temperature=0."),
+    parallel: Optional[int] = typer.Option(None, "--parallel", help="Parallel slots (num_parallel)."),
+    each_line: bool = typer.Option(False, "--each-line", help="Treat every stdin line as its own prompt; answers in input order."),
+    as_json: bool = typer.Option(False, "--json", help="With --each-line: print JSON Lines with stats."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the prompt cache for this run."),
+    session: Optional[str] = typer.Option(None, "--session", help="Named conversation to continue and save."),
+    no_pull: bool = typer.Option(False, "--no-pull", help="Fail instead of pulling a missing model."),
+    markdown: bool = typer.Option(False, "--markdown", help="Render replies as Markdown in the interactive chat."),
+) -> None:
+    """Run a model: answer PROMPT, piped input, each line of input, or chat interactively."""
+    from ..options import parse_options
+    from .session import RunSettings, load_model_for_run
+
+    opts = parse_options(option or [])
+    if parallel is not None:
+        if parallel < 1:
+            raise UsageError("--parallel must be at least 1")
+        opts["num_parallel"] = parallel
+    schema = _load_format(format)
+    stdin_text = read_stdin()
+    settings = RunSettings(system=system, fmt=schema, verbose=verbose, wrap=not nowordwrap, cache=not no_cache,
+                           session=session, markdown=markdown, keepalive=keepalive)
+    if each_line:
+        if stdin_text is None:
+            raise UsageError("--each-line reads prompts from stdin", hint="pipe a file: ollapy run MODEL --each-line < prompts.txt")
+        from .batch import run_each_line
+
+        lines = [ln for ln in stdin_text.splitlines() if ln.strip()]
+        suffix = " ".join(prompt or []).strip()
+        if "num_parallel" not in opts:
+            opts["num_parallel"] = max(1, min(4, len(lines)))
+        loaded = load_model_for_run(model, opts, settings, pull=not no_pull)
+        run_each_line(loaded, lines, suffix, settings, as_json)
+        return
+    text = build_prompt(stdin_text, prompt or [])
+    loaded = load_model_for_run(model, opts, settings, pull=not no_pull)
+    if text is None:
+        if is_tty(sys.stdin) and is_tty(sys.stdout):
+            from .repl import run_repl
+
+            run_repl(loaded, settings)
+            return
+        if session is None:
+            raise UsageError("no prompt given", hint='pass a prompt, pipe text in, or run in a terminal to chat')
+    answer_once(loaded, text, settings)
+
+
+def _load_format(fmt: str | None):
+    if fmt is None:
+        return None
+    if fmt == "json":
+        return "json"
+    p = Path(fmt)
+    if not p.is_file():
+        raise OptionError(f"--format {fmt!r} is neither 'json' nor a JSON schema file")
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise OptionError(f"{fmt}: not a valid JSON schema file ({exc})") from None
+
+
+def answer_once(loaded, text: str | None, settings) -> None:
+    """Stream one answer to stdout; Ctrl-C cancels, keeps the printed text and exits 130."""
+    sink = TextSink(sys.stdout, wrap=settings.wrap)
+    stream = loaded.ask(text, settings)
+    final = None
+    try:
+        for chunk in stream:
+            sink.write(chunk.text)
+            if chunk.done:
+                final = chunk
+    except KeyboardInterrupt:
+        stream.cancel()
+        sink.finish()
+        raise
+    except Cancelled:
+        sink.finish()
+        raise KeyboardInterrupt from None
+    sink.finish()
+    loaded.after_answer(final, settings)
+    if final is not None and final.metrics is not None:
+        m = final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
+        if m.get("truncated"):
+            warn(f"the prompt was longer than num_ctx={loaded.num_ctx} tokens and was truncated")
+        if settings.verbose:
+            info(format_stats(m))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run`` to the app."""
+    app.command("run")(run)

@@ -1,0 +1,166 @@
+"""What ``run`` talks to: a model loaded in this process, or a running ``ollapy serve``.
+
+:func:`load_model_for_run` resolves the name (pulling when allowed), then
+returns a :class:`Conversation` whose ``ask`` streams chunks. The
+conversation keeps the chat history (so each REPL turn reuses the KV of
+earlier turns) and, with ``--session NAME``, saves it to the state dir so a
+new process can continue it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import config
+from ..errors import UsageError
+
+
+@dataclass
+class RunSettings:
+    """Per-run CLI settings (not model options)."""
+
+    system: str | None = None
+    fmt: object = None
+    verbose: bool = False
+    wrap: bool = True
+    cache: bool = True
+    session: str | None = None
+    markdown: bool = False
+    keepalive: str | None = None
+    history: bool = True
+
+
+_SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def session_path(name: str) -> Path:
+    """File of a named session; raises UsageError for names that are not simple words."""
+    if not _SESSION_NAME.match(name):
+        raise UsageError(f"invalid session name {name!r}", hint="use letters, digits, '.', '_' or '-' (max 64)")
+    return config.state_dir() / "sessions" / f"{name}.json"
+
+
+def load_session(name: str) -> dict | None:
+    """Saved session dict (model, system, options, messages) or None when absent or unreadable."""
+    p = session_path(name)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return None
+
+
+def save_session(name: str, data: dict) -> Path:
+    """Write a session atomically (temp file + rename); returns its path."""
+    p = session_path(name)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, ensure_ascii=False, indent=1)
+    os.replace(tmp, p)
+    return p
+
+
+@dataclass
+class Conversation:
+    """A model plus the chat so far. ``backend`` is an in-process runner or a server client."""
+
+    runner: object
+    name: str
+    system: str | None
+    options: dict
+    messages: list[dict] = field(default_factory=list)
+    session: str | None = None
+
+    @property
+    def num_ctx(self) -> int:
+        """Context length per slot of the loaded model."""
+        return self.runner.num_ctx
+
+    def chat_messages(self, text: str | None, system: str | None) -> list[dict]:
+        """Messages to send: system, history, then the new user text."""
+        msgs: list[dict] = []
+        sys_text = system if system is not None else self.system
+        if sys_text:
+            msgs.append({"role": "system", "content": sys_text})
+        msgs.extend(m for m in self.messages if m["role"] != "system")
+        if text is not None:
+            msgs.append({"role": "user", "content": text})
+        return msgs
+
+    def ask(self, text: str | None, settings: RunSettings):
+        """Start streaming the answer to ``text``; returns an iterable of chunks with ``cancel()``."""
+        msgs = self.chat_messages(text, settings.system)
+        self._pending_user = text
+        self._reply: list[str] = []
+        stream = self.runner.chat(msgs, self.options, fmt=settings.fmt, cache=settings.cache)
+        return _Recording(stream, self._reply)
+
+    def after_answer(self, final, settings: RunSettings) -> None:
+        """Record the finished turn in the history and save the named session, if any."""
+        if final is None or self._pending_user is None:
+            return
+        self.messages.append({"role": "user", "content": self._pending_user})
+        self.messages.append({"role": "assistant", "content": "".join(self._reply)})
+        if self.session:
+            self.save(self.session, settings)
+
+    def save(self, name: str, settings: RunSettings) -> Path:
+        """Persist this conversation under ``name``."""
+        return save_session(name, {
+            "model": self.name,
+            "system": settings.system if settings.system is not None else self.system,
+            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
+            "messages": self.messages,
+        })
+
+    def load(self, name: str) -> bool:
+        """Replace the history with a saved session's; False when there is none."""
+        data = load_session(name)
+        if not data:
+            return False
+        self.messages = list(data.get("messages", []))
+        if data.get("system"):
+            self.system = data["system"]
+        return True
+
+    def clear(self) -> None:
+        """Forget the chat history (the system prompt stays)."""
+        self.messages = []
+
+
+class _Recording:
+    """Wraps a chunk stream, collecting the text for the history."""
+
+    def __init__(self, stream, sink: list[str]) -> None:
+        self.stream = stream
+        self.sink = sink
+
+    def __iter__(self):
+        for c in self.stream:
+            self.sink.append(c.text)
+            yield c
+
+    def cancel(self) -> None:
+        self.stream.cancel()
+
+
+def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull: bool = True) -> Conversation:
+    """Resolve ``name`` and return a ready Conversation (through a server when one answers, else in-process)."""
+    from .runner import connect_runner
+
+    runner, ref = connect_runner(name, cli_options, settings, pull=pull)
+    conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=cli_options,
+                        messages=list(ref.messages or []), session=settings.session)
+    if settings.session:
+        data = load_session(settings.session)
+        if data:
+            conv.messages = list(data.get("messages", []))
+            if settings.system is None and data.get("system"):
+                conv.system = data["system"]
+    return conv

@@ -1,0 +1,430 @@
+"""The only module that imports ``llama_cpp``: typed operations over llama.cpp's C API.
+
+A :class:`Backend` owns one ``llama_model`` and ONE ``llama_context`` with
+``n_seq_max = n_parallel`` sequences of ``num_ctx`` tokens each (the KV cache is
+not unified, so each sequence gets its own stream of ``num_ctx`` cells, as in
+llama-server with ``--no-kv-unified``). Everything here is called from the
+engine's loop thread only; nothing here is thread-safe.
+
+CPU safety: on CPUs with AMX and a build of ggml with AMX kernels, ggml's AMX
+"extra buffer type" segfaults in ``ggml_backend_amx_mul_mat`` on every decode
+(see shared/ENVIRONMENT.md). :func:`choose_extra_bufts` therefore turns extra
+buffer types off only when both the CPU and the build have AMX, and keeps CPU
+weight repacking everywhere else. ``OLLAPY_EXTRA_BUFTS`` / the ``extra_bufts``
+option override it.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+from llama_cpp import llama_cpp as C
+
+from ..errors import DecodeError, ModelLoadError
+
+log = logging.getLogger("ollapy.engine")
+
+_KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
+_FLASH = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_initialised = False
+
+
+def _init_backend() -> None:
+    global _initialised
+    if not _initialised:
+        if os.environ.get("OLLAPY_DEBUG", "0") not in {"1", "true", "yes"}:
+            _silence_llama_log()
+        C.llama_backend_init()
+        _initialised = True
+
+
+_LOG_CB = None
+
+
+def _silence_llama_log() -> None:
+    """Route llama.cpp's own logging to nothing (errors still surface as return codes)."""
+    global _LOG_CB
+
+    @C.llama_log_callback
+    def _cb(level, text, user_data):  # pragma: no cover - C callback
+        return None
+
+    _LOG_CB = _cb
+    C.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+
+
+def library_version() -> str:
+    """Version of the installed llama-cpp-python package."""
+    return getattr(llama_cpp, "__version__", "unknown")
+
+
+def system_info() -> str:
+    """llama.cpp's ``llama_print_system_info`` line (features compiled in and detected)."""
+    _init_backend()
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    """True when this build of llama.cpp can offload layers to a GPU."""
+    _init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def cpu_has_amx() -> bool:
+    """True when /proc/cpuinfo lists AMX tile support (Linux; False elsewhere)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_tile" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+def build_has_amx() -> bool:
+    """True when the loaded ggml CPU backend was built with AMX kernels."""
+    info = system_info()
+    return "AMX_INT8 = 1" in info or "AMX_BF16 = 1" in info or "AMX = 1" in info
+
+
+def choose_extra_bufts(setting: str) -> tuple[bool, str]:
+    """Decide whether to use CPU extra buffer types (repacking, AMX).
+
+    ``setting`` is ``auto``, ``on`` or ``off``. Returns ``(use, reason)``; the
+    reason is a short human sentence shown by ``ollapy info`` and the debug log.
+    """
+    if setting == "on":
+        return True, "on (forced by extra_bufts=on)"
+    if setting == "off":
+        return False, "off (forced by extra_bufts=off)"
+    if cpu_has_amx() and build_has_amx():
+        return False, "off (auto: AMX CPU and AMX build; ggml's AMX path crashes, repacking disabled)"
+    return True, "on (auto: no AMX crash risk, CPU weight repacking kept)"
+
+
+def devices() -> list[dict]:
+    """The ggml devices this build found: name, description, free and total memory in bytes."""
+    _init_backend()
+    lib = C._lib
+    out: list[dict] = []
+    try:
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+        for i in range(lib.ggml_backend_dev_count()):
+            dev = lib.ggml_backend_dev_get(i)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            out.append(
+                {
+                    "name": (lib.ggml_backend_dev_name(dev) or b"").decode(),
+                    "description": (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                    "free": free.value,
+                    "total": total.value,
+                }
+            )
+    except AttributeError:  # pragma: no cover - very old builds
+        pass
+    return out
+
+
+def render_chat_template(template: str, messages: list[dict], bos: str, eos: str, add_generation_prompt: bool = True) -> str:
+    """Render ``messages`` with llama-cpp-python's sandboxed Jinja2 chat formatter.
+
+    Raises ValueError when the template itself raises (e.g. bad role order).
+    """
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
+    return fmt(messages=messages).prompt
+
+
+def json_schema_grammar(schema_json: str | None) -> str:
+    """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json``."""
+    from llama_cpp import llama_grammar
+
+    if schema_json is None:
+        return llama_grammar.JSON_GBNF
+    return llama_grammar.json_schema_to_gbnf(schema_json)
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """Load-time settings. ``num_ctx`` is per sequence; ``num_gpu`` -1 = all layers when offload is supported."""
+
+    n_parallel: int = 1
+    num_ctx: int = 4096
+    num_batch: int = 512
+    num_gpu: int = -1
+    num_thread: int = 0
+    kv_cache_type: str = "f16"
+    flash_attn: str = "auto"
+    extra_bufts: str = "auto"
+
+
+class Sampler:
+    """One llama.cpp sampler chain (penalties, top_k, top_p, min_p, temperature, dist; greedy at temperature 0;
+    an optional GBNF grammar first). Free with :meth:`close`."""
+
+    def __init__(self, backend: "Backend", o, grammar: str | None = None) -> None:
+        self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
+        if grammar:
+            g = C.llama_sampler_init_grammar(backend.vocab, grammar.encode(), b"root")
+            if not g:
+                C.llama_sampler_free(self._ptr)
+                raise ValueError("invalid grammar")
+            add(g)
+        if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
+            last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
+            add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty))
+        if o.temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+            return
+        if o.top_k > 0:
+            add(C.llama_sampler_init_top_k(o.top_k))
+        if o.typical_p < 1.0:
+            add(C.llama_sampler_init_typical(o.typical_p, 1))
+        if o.top_p < 1.0:
+            add(C.llama_sampler_init_top_p(o.top_p, 1))
+        if o.min_p > 0.0:
+            add(C.llama_sampler_init_min_p(o.min_p, 1))
+        add(C.llama_sampler_init_temp(o.temperature))
+        seed = o.seed if o.seed >= 0 else C.LLAMA_DEFAULT_SEED
+        add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, backend: "Backend", row: int) -> int:
+        """Sample (and accept) a token from logits row ``row`` of the last decode."""
+        return C.llama_sampler_sample(self._ptr, backend.ctx, row)
+
+    def close(self) -> None:
+        """Free the chain (idempotent)."""
+        if self._ptr:
+            C.llama_sampler_free(self._ptr)
+            self._ptr = None
+
+
+class Backend:
+    """One loaded model and its single multi-sequence context.
+
+    Raises ModelLoadError when the file is missing, a directory, not GGUF or
+    truncated, or the context cannot be created.
+    """
+
+    def __init__(self, path: str | Path, cfg: ContextConfig) -> None:
+        path = Path(path)
+        if not path.exists():
+            raise ModelLoadError(f"{path}: no such file", hint="check the path or run `ollapy list`")
+        if path.is_dir():
+            raise ModelLoadError(f"{path} is a directory, not a GGUF file", hint="pass the .gguf file inside it")
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelLoadError(f"{path} is not a GGUF file", hint="ollapy runs llama.cpp GGUF models")
+        _init_backend()
+        self.path = path
+        self.cfg = cfg
+        self.extra_bufts, self.extra_bufts_reason = choose_extra_bufts(cfg.extra_bufts)
+        mp = C.llama_model_default_params()
+        offload = C.llama_supports_gpu_offload()
+        mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
+        mp.use_extra_bufts = self.extra_bufts
+        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise ModelLoadError(f"{path}: llama.cpp could not load this model (truncated or unsupported GGUF)",
+                                 hint="re-download it, or set OLLAPY_DEBUG=1 to see llama.cpp's log")
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
+        self.n_parallel = max(1, cfg.n_parallel)
+        self.num_ctx = cfg.num_ctx
+        self.n_batch = max(cfg.num_batch, self.n_parallel)
+        cp = C.llama_context_default_params()
+        cp.n_ctx = self.num_ctx * self.n_parallel
+        cp.n_batch = self.n_batch
+        cp.n_ubatch = min(self.n_batch, 512)
+        cp.n_seq_max = self.n_parallel
+        threads = cfg.num_thread or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
+        cp.n_threads = threads
+        cp.n_threads_batch = threads
+        cp.type_k = cp.type_v = _KV_TYPES[cfg.kv_cache_type]
+        cp.flash_attn_type = _FLASH[cfg.flash_attn]
+        if cfg.kv_cache_type != "f16" and cfg.flash_attn == "auto":
+            cp.flash_attn_type = C.LLAMA_FLASH_ATTN_TYPE_ENABLED
+        cp.kv_unified = False
+        cp.swa_full = True
+        cp.no_perf = True
+        self.threads = threads
+        self.ctx = C.llama_init_from_model(self.model, cp)
+        if not self.ctx:
+            C.llama_model_free(self.model)
+            self.model = None
+            raise ModelLoadError(f"{path}: could not create a context of {cp.n_ctx} tokens",
+                                 hint="lower num_ctx or num_parallel")
+        self.mem = C.llama_get_memory(self.ctx)
+        self.can_shift = bool(C.llama_memory_can_shift(self.mem))
+        self.n_swa = C.llama_model_n_swa(self.model)
+        self._batch = C.llama_batch_init(self.n_batch, 0, 1)
+        self._piece = ctypes.create_string_buffer(256)
+        self.bos = C.llama_vocab_bos(self.vocab)
+        self.eos = C.llama_vocab_eos(self.vocab)
+        self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        log.debug("loaded %s: n_ctx=%d (x%d slots) n_batch=%d threads=%d extra_bufts=%s can_shift=%s",
+                  path, self.num_ctx, self.n_parallel, self.n_batch, threads, self.extra_bufts_reason, self.can_shift)
+
+    # ---- metadata -------------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        """GGUF metadata value as text, or None when absent."""
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = C.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    def chat_template(self) -> str | None:
+        """The GGUF's default ``tokenizer.chat_template``, or None."""
+        t = C.llama_model_chat_template(self.model, None)
+        return t.decode("utf-8", "replace") if t else None
+
+    def description(self) -> str:
+        """llama.cpp's one-line model description (architecture, size, quantization)."""
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.model, buf, len(buf))
+        return buf.value.decode()
+
+    def model_size(self) -> int:
+        """Total bytes of model tensors."""
+        return C.llama_model_size(self.model)
+
+    def token_text(self, token: int) -> str:
+        """The vocabulary text of one token (e.g. ``<|im_end|>``)."""
+        return (C.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", "replace")
+
+    # ---- tokens ---------------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        """Tokenize text; returns token ids (BOS added when the model wants it and ``add_special``)."""
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def token_piece(self, token: int, special: bool = False) -> bytes:
+        """Raw bytes of one token (may be part of a UTF-8 character); control tokens give b'' unless ``special``."""
+        n = C.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+            return buf.raw[:n]
+        return self._piece.raw[:n]
+
+    def is_eog(self, token: int) -> bool:
+        """True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...)."""
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    # ---- decode ---------------------------------------------------------------------------
+    def decode(self, tokens: array, pos: array, seqs: array, want_logits: array) -> None:
+        """Decode one batch of ``len(tokens)`` (≤ n_batch) entries in a single ``llama_decode``.
+
+        ``tokens``/``pos``/``seqs`` are ``array('i')``, ``want_logits`` an
+        ``array('b')``. Raises DecodeError on a non-zero return (1 = no KV
+        space, other = error); the KV of the batch's sequences may then hold
+        part of the batch and must be trimmed by the caller.
+        """
+        n = len(tokens)
+        if n == 0:
+            return
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch}")
+        b = self._batch
+        b.n_tokens = n
+        ctypes.memmove(b.token, tokens.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.pos, pos.buffer_info()[0], 4 * n)
+        ctypes.memmove(b.logits, want_logits.buffer_info()[0], n)
+        n_seq, seq_id = b.n_seq_id, b.seq_id
+        for i in range(n):
+            n_seq[i] = 1
+            seq_id[i][0] = seqs[i]
+        rc = C.llama_decode(self.ctx, b)
+        if rc != 0:
+            what = "no free KV cache space" if rc == 1 else f"llama_decode returned {rc}"
+            raise DecodeError(f"decode failed: {what}", hint="lower num_parallel or num_ctx, or retry")
+
+    # ---- sequences ------------------------------------------------------------------------
+    def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of ``seq`` (p1=-1: to the end). False when llama.cpp cannot do a partial removal."""
+        return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
+
+    def seq_clear(self, seq: int) -> None:
+        """Remove every cell of ``seq``."""
+        C.llama_memory_seq_rm(self.mem, seq, -1, -1)
+
+    def seq_cp(self, src: int, dst: int) -> None:
+        """Copy all of ``src`` into ``dst`` (whole sequences only: partial copies abort without a unified KV)."""
+        self.seq_clear(dst)
+        C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+
+    def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
+        """Shift positions [p0, p1) of ``seq`` by ``delta`` (context shift)."""
+        C.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def seq_pos_max(self, seq: int) -> int:
+        """Largest position held by ``seq`` (-1 when empty)."""
+        return C.llama_memory_seq_pos_max(self.mem, seq)
+
+    def state_get(self, seq: int) -> bytes:
+        """Serialized KV state of ``seq`` (llama.cpp's seq state format)."""
+        size = C.llama_state_seq_get_size(self.ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        n = C.llama_state_seq_get_data(self.ctx, buf, size, seq)
+        return bytes(memoryview(buf)[:n])
+
+    def state_set(self, seq: int, data: bytes) -> bool:
+        """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it."""
+        self.seq_clear(seq)
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        n = C.llama_state_seq_set_data(self.ctx, buf, len(data), seq)
+        if n == 0:
+            self.seq_clear(seq)
+            return False
+        return True
+
+    def kv_bytes_per_token(self) -> int:
+        """Approximate KV bytes per token per sequence (from layer/head dims and the KV type)."""
+        n_layer = C.llama_model_n_layer(self.model)
+        n_embd = C.llama_model_n_embd(self.model)
+        n_head = max(1, C.llama_model_n_head(self.model))
+        n_head_kv = max(1, C.llama_model_n_head_kv(self.model))
+        head_dim = n_embd // n_head
+        per_elem = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}[self.cfg.kv_cache_type]
+        return int(2 * n_layer * n_head_kv * head_dim * per_elem)
+
+    def close(self) -> None:
+        """Free the batch, context and model (idempotent)."""
+        if getattr(self, "_batch", None) is not None:
+            C.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "ctx", None):
+            C.llama_free(self.ctx)
+            self.ctx = None
+        if getattr(self, "model", None):
+            C.llama_model_free(self.model)
+            self.model = None
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass

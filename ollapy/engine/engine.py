@@ -1,0 +1,398 @@
+"""The engine: one loaded model, ``n_parallel`` slots, continuous batching on one loop thread.
+
+Design follows llama.cpp's server slot loop (``update_slots``): every step
+builds ONE ``llama_batch`` holding first a decode token for every generating
+slot, then prompt chunks of slots still prefilling, up to ``n_batch`` tokens
+(chunked prefill, so a long prompt stalls other slots by at most one chunk).
+Only decode tokens and the last token of a prompt ask for logits. After the
+decode, each slot samples from its own logits row with its own sampler chain.
+
+Slot choice for a new request (see shared/DESIGN.md): the idle slot with the
+longest common prefix (LCP); a longer prefix held by another slot is copied
+in-context (whole-sequence ``seq_cp`` then trim); else the prompt cache is
+asked. At least one prompt token is always evaluated, for fresh logits.
+
+Context shift on overflow (llama.cpp's ``--context-shift``; keep ``num_keep``
+tokens, drop half of the rest). ``num_keep`` defaults to BOS plus the system
+prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
+2023).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from array import array
+
+from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
+from ..options import Options
+from .backend import Backend, Sampler
+from .request import Chunk, Request
+from .slot import Slot, SlotState, common_prefix
+
+log = logging.getLogger("ollapy.engine")
+
+MAX_SHIFTS = 64
+MIN_COPY_GAIN = 16
+
+
+class Engine:
+    """Serve generation requests over ``backend.n_parallel`` slots of one model.
+
+    ``cache`` is an optional prompt-cache manager (``ollapy.cache``) with
+    ``lookup(tokens)`` and ``store(tokens, get_state, pinned=False)``.
+    ``max_queue`` bounds the requests waiting for a slot; past it
+    :meth:`submit` raises BusyError at once.
+    """
+
+    def __init__(self, backend: Backend, *, max_queue: int = 512, cache=None, load_duration_ns: int = 0) -> None:
+        self.backend = backend
+        self.cache = cache
+        self.max_queue = max_queue
+        self.load_duration_ns = load_duration_ns
+        self.slots = [Slot(i) for i in range(backend.n_parallel)]
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._cv = threading.Condition()
+        self._stop = False
+        self._next_id = 1
+        self.steps = 0
+        self.requests_done = 0
+        self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
+        self._thread.start()
+
+    # ---- public API -------------------------------------------------------------------------
+    @property
+    def num_ctx(self) -> int:
+        """Context length per slot, in tokens."""
+        return self.backend.num_ctx
+
+    def submit(self, tokens: list[int], options: Options, *, grammar: str | None = None, keep: int = -1,
+               cache: bool = True, save_points: tuple[int, ...] = (), loop: asyncio.AbstractEventLoop | None = None,
+               first: bool = False, pin: bool = False) -> Request:
+        """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
+
+        Raises ContextError when the prompt does not fit ``num_ctx`` and
+        ``options.truncate`` is false, BusyError when the queue is full.
+        """
+        if not tokens:
+            raise ContextError("empty prompt", hint="give the model some text")
+        tokens = list(tokens)
+        truncated = False
+        n_ctx = self.num_ctx
+        if len(tokens) >= n_ctx:
+            if not options.truncate:
+                raise ContextError(f"prompt is {len(tokens)} tokens but the context holds {n_ctx}",
+                                   hint="raise num_ctx, shorten the prompt, or allow truncate")
+            tokens, keep = truncate_prompt(tokens, self.resolve_keep(keep, options), n_ctx)
+            truncated = True
+        req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
+                      save_points=save_points, loop=loop, pin=pin)
+        req.metrics.truncated = truncated
+        req.metrics.load_duration = self.load_duration_ns
+        with self._cv:
+            if self._stop:
+                raise OllapyError("engine is shut down", hint="load the model again")
+            if len(self._waiting) >= self.max_queue + self._free_slots():
+                raise BusyError(f"server busy: {len(self._waiting)} requests already waiting",
+                                hint="retry later or raise OLLAPY_MAX_QUEUE / num_parallel")
+            req.id = self._next_id
+            self._next_id += 1
+            if first:
+                self._waiting.appendleft(req)
+            else:
+                self._waiting.append(req)
+            self._cv.notify()
+        return req
+
+    def resolve_keep(self, keep: int, options: Options) -> int:
+        """Tokens protected on a shift: ``options.num_keep`` if set, else ``keep`` (BOS + system), at least 4."""
+        if options.num_keep >= 0:
+            k = options.num_keep
+        else:
+            k = max(4, keep)
+        # a keep that nearly fills the window could never free space: clamp to half the context
+        return min(k, self.num_ctx // 2)
+
+    def stats(self) -> dict:
+        """Slots busy, queue depth, steps and requests served."""
+        return {
+            "slots": len(self.slots),
+            "slots_busy": sum(s.busy for s in self.slots),
+            "queue_depth": len(self._waiting),
+            "steps": self.steps,
+            "requests_done": self.requests_done,
+        }
+
+    def close(self) -> None:
+        """Stop the loop (cancelling active and waiting requests) and free the model."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout=30)
+        self.backend.close()
+
+    # ---- loop ---------------------------------------------------------------------------------
+    def _free_slots(self) -> int:
+        return sum(not s.busy for s in self.slots)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._waiting and not any(s.busy for s in self.slots):
+                    self._cv.wait()
+                if self._stop:
+                    break
+            try:
+                self._step()
+            except Exception as exc:  # noqa: BLE001 - the loop must survive anything
+                log.exception("engine step failed")
+                for s in self.slots:
+                    if s.busy:
+                        self._fail(s, exc if isinstance(exc, OllapyError) else DecodeError(f"engine error: {exc}"))
+        for s in self.slots:
+            if s.busy:
+                self._fail(s, Cancelled("model unloaded"))
+        with self._cv:
+            while self._waiting:
+                self._waiting.popleft().push(Cancelled("model unloaded"))
+
+    def _step(self) -> None:
+        self._drop_cancelled()
+        self._assign_waiting()
+        active = [s for s in self.slots if s.busy]
+        if not active:
+            return
+        b = self.backend
+        toks, pos, seqs, want = array("i"), array("i"), array("i"), array("b")
+        in_batch: list[Slot] = []
+        for s in active:
+            if s.state is SlotState.GENERATE:
+                if len(s.tokens) + 1 > self.num_ctx and not self._make_room(s):
+                    continue
+                if s.state is not SlotState.GENERATE:  # re-prefill after a non-shiftable overflow
+                    continue
+                s.batch_row = len(toks)
+                toks.append(s.pending)
+                pos.append(len(s.tokens))
+                seqs.append(s.id)
+                want.append(1)
+                in_batch.append(s)
+        budget = b.n_batch - len(toks)
+        chunks: dict[int, int] = {}
+        for s in sorted((s for s in active if s.state is SlotState.PREFILL), key=lambda s: s.request.id):
+            if budget <= 0:
+                break
+            start = len(s.tokens)
+            end = min(len(s.prompt), start + budget)
+            nxt = next((p for p in s.request.save_points if start < p < end), None)
+            if nxt is not None and self.cache is not None and s.request.cache:
+                end = nxt
+            for i in range(start, end):
+                toks.append(s.prompt[i])
+                pos.append(i)
+                seqs.append(s.id)
+                want.append(0)
+            if end == len(s.prompt):
+                want[-1] = 1
+                s.batch_row = len(toks) - 1
+            else:
+                s.batch_row = -1
+            chunks[s.id] = end - start
+            budget -= end - start
+            in_batch.append(s)
+        if not toks:
+            return
+        try:
+            b.decode(toks, pos, seqs, want)
+        except DecodeError as exc:
+            for s in in_batch:
+                b.seq_rm(s.id, len(s.tokens), -1)
+                self._fail(s, exc)
+            return
+        self.steps += 1
+        now = time.perf_counter_ns()
+        for s in in_batch:
+            if s.state is SlotState.GENERATE:
+                s.tokens.append(s.pending)
+            else:
+                s.tokens.extend(s.prompt[len(s.tokens):len(s.tokens) + chunks[s.id]])
+                if len(s.tokens) in s.request.save_points:
+                    self._save(s, pinned=s.request.pin)
+                if s.batch_row < 0:
+                    continue
+                req = s.request
+                if not s.t_first:
+                    req.metrics.prompt_eval_duration = now - s.t_start
+                    s.t_first = now
+                s.state = SlotState.GENERATE
+            self._sample(s)
+
+    def _sample(self, s: Slot) -> None:
+        b = self.backend
+        req = s.request
+        tok = s.sampler.sample(b, s.batch_row)
+        limit = req.options.num_predict
+        if limit >= 0 and req.metrics.eval_count >= limit:
+            self._finish(s, "length")
+            return
+        if b.is_eog(tok):
+            self._finish(s, "stop")
+            return
+        req.output_tokens.append(tok)
+        req.metrics.eval_count += 1
+        text = s.detok.feed(b.token_piece(tok))
+        emit, stopped = s.stops.feed(text) if text else ("", False)
+        if emit:
+            req.push(Chunk(emit))
+        if stopped:
+            self._finish(s, "stop", flush=False)
+            return
+        if limit >= 0 and req.metrics.eval_count >= limit:
+            self._finish(s, "length")
+            return
+        s.pending = tok
+
+    # ---- slot assignment --------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        for s in self.slots:
+            if s.busy and s.request.cancelled:
+                self._fail(s, Cancelled("request cancelled"))
+        with self._cv:
+            if any(r.cancelled for r in self._waiting):
+                keep = collections.deque()
+                for r in self._waiting:
+                    if r.cancelled:
+                        r.push(Cancelled("request cancelled"))
+                    else:
+                        keep.append(r)
+                self._waiting = keep
+
+    def _assign_waiting(self) -> None:
+        while True:
+            idle = [s for s in self.slots if not s.busy]
+            if not idle:
+                return
+            with self._cv:
+                if not self._waiting:
+                    return
+                req = self._waiting.popleft()
+            try:
+                self._start(req, idle)
+            except OllapyError as exc:
+                req.push(exc)
+            except Exception as exc:  # noqa: BLE001
+                log.exception("could not start request")
+                req.push(DecodeError(f"could not start request: {exc}"))
+
+    def _start(self, req: Request, idle: list[Slot]) -> None:
+        b = self.backend
+        prompt = req.tokens
+        slot = max(idle, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
+        lcp = common_prefix(slot.tokens, prompt)
+        source = "slot" if lcp else "none"
+        donor = max((s for s in self.slots if s is not slot), key=lambda s: common_prefix(s.tokens, prompt), default=None)
+        if donor is not None:
+            dl = min(common_prefix(donor.tokens, prompt), len(donor.tokens))
+            if donor.busy:
+                dl = min(dl, b.seq_pos_max(donor.id) + 1)
+            if dl >= lcp + MIN_COPY_GAIN:
+                b.seq_cp(donor.id, slot.id)
+                slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
+                lcp, source = dl, f"copy from slot {donor.id}"
+        if self.cache is not None and req.cache:
+            hit = self.cache.lookup(prompt)
+            if hit is not None and hit.n_tokens > lcp + MIN_COPY_GAIN - 1:
+                if b.state_set(slot.id, hit.load()):
+                    slot.tokens = list(hit.tokens)
+                    lcp, source = hit.n_tokens, f"cache {hit.tier}"
+                    self.cache.record_hit(hit)
+                else:
+                    self.cache.record_refused(hit)
+                    slot.tokens = []
+                    lcp, source = 0, "none"
+            elif hit is None:
+                self.cache.record_miss()
+        reuse = min(lcp, len(prompt) - 1)
+        if not b.seq_rm(slot.id, reuse, -1):
+            b.seq_clear(slot.id)
+            reuse = 0
+        del slot.tokens[reuse:]
+        req.metrics.prompt_eval_count = len(prompt)
+        req.metrics.prompt_cache_tokens = reuse
+        slot.sampler = Sampler(b, req.options, req.grammar)
+        slot.begin(req, self.resolve_keep(req.keep, req.options))
+        log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse, source)
+
+    # ---- ending and saving ------------------------------------------------------------------
+    def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
+        req = s.request
+        tail = ""
+        if flush:
+            tail = s.detok.flush()
+            emit, stopped = s.stops.feed(tail) if tail else ("", False)
+            tail = emit + ("" if stopped else s.stops.flush())
+        now = time.perf_counter_ns()
+        m = req.metrics
+        if s.t_first:
+            m.eval_duration = now - s.t_first
+        m.total_duration = now - req.created_ns + m.load_duration
+        self._save(s, pinned=req.pin)
+        s.release()
+        self.requests_done += 1
+        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=list(s.tokens)))
+
+    def _fail(self, s: Slot, exc: BaseException) -> None:
+        req = s.request
+        s.release()
+        req.push(exc)
+
+    def _save(self, s: Slot, pinned: bool) -> None:
+        if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
+            return
+        try:
+            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned)
+        except Exception:  # noqa: BLE001 - a cache failure never fails a request
+            log.exception("prompt cache store failed")
+
+    # ---- context shift ----------------------------------------------------------------------
+    def _make_room(self, s: Slot) -> bool:
+        """Free KV space in a full generating slot; False when the request was ended instead."""
+        req = s.request
+        if not req.options.shift or req.metrics.shifts >= MAX_SHIFTS:
+            self._finish(s, "length")
+            return False
+        n_keep = min(s.keep, len(s.tokens) - 2)
+        n_discard = (len(s.tokens) - n_keep) // 2
+        if n_discard <= 0:
+            self._finish(s, "length")
+            return False
+        req.metrics.shifts += 1
+        b = self.backend
+        if b.can_shift:
+            b.seq_rm(s.id, n_keep, n_keep + n_discard)
+            b.seq_add(s.id, n_keep + n_discard, -1, -n_discard)
+            del s.tokens[n_keep:n_keep + n_discard]
+            log.debug("slot %d: context shift, kept %d, discarded %d", s.id, n_keep, n_discard)
+            return True
+        # cannot shift positions: re-prefill the kept tokens plus the recent tail
+        kept = s.tokens[:n_keep] + s.tokens[n_keep + n_discard:] + [s.pending]
+        b.seq_clear(s.id)
+        s.tokens = []
+        s.prompt = kept
+        s.state = SlotState.PREFILL
+        log.debug("slot %d: model cannot shift; re-prefilling %d tokens", s.id, len(kept))
+        return True
+
+
+def truncate_prompt(tokens: list[int], keep: int, n_ctx: int) -> tuple[list[int], int]:
+    """Cut a prompt that does not fit: keep the first ``keep`` tokens and the most recent tail.
+
+    Leaves room for generation: the result is at most ``n_ctx // 2 + keep`` tokens
+    (and always under ``n_ctx``). Returns ``(tokens, keep)``.
+    """
+    keep = min(keep, n_ctx // 4)
+    room = max(1, n_ctx // 2)
+    tail = tokens[-room:]
+    return tokens[:keep] + tail, keep

@@ -1,0 +1,166 @@
+"""A loaded model: backend + engine + chat template, with prompt building.
+
+:class:`LoadedModel` is what the CLI and the server hold. It renders chat
+messages with the model's template, tokenizes without duplicating BOS, works
+out ``num_keep`` (BOS + system prompt) and the cache save points (end of the
+system prompt, end of the previous turn), and submits to the :class:`Engine`.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import chat
+from ..errors import OptionError
+from ..options import Options
+from .backend import Backend, ContextConfig, json_schema_grammar, render_chat_template
+from .engine import Engine
+from .request import Request
+from .slot import common_prefix
+
+log = logging.getLogger("ollapy.engine")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """Prompt tokens plus the positions the engine cares about.
+
+    ``keep``: tokens of BOS + system prompt (protected on a context shift);
+    ``save_points``: prefix lengths worth saving in the prompt cache.
+    """
+
+    tokens: list[int]
+    keep: int
+    save_points: tuple[int, ...]
+    text: str
+
+
+class LoadedModel:
+    """One model loaded for serving. Raises ModelLoadError from :class:`Backend` on bad files."""
+
+    def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
+                 template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None) -> None:
+        options = options or Options()
+        t0 = time.perf_counter_ns()
+        self.options = options
+        self.path = Path(path)
+        self.name = name or self.path.name
+        self.digest = digest
+        self.backend = Backend(path, ContextConfig(
+            n_parallel=options.num_parallel, num_ctx=options.num_ctx, num_batch=options.num_batch,
+            num_gpu=options.num_gpu, num_thread=options.num_thread, kv_cache_type=options.kv_cache_type,
+            flash_attn=options.flash_attn, extra_bufts=options.extra_bufts))
+        self.architecture = self.backend.meta("general.architecture") or "unknown"
+        override = template if template and ("{%" in template or "messages" in template) else None
+        self.template = chat.select_template(self.backend.chat_template(), self.architecture, override)
+        bos = self.backend.bos
+        self.bos_text = self.backend.token_text(bos) if bos >= 0 else ""
+        eos = self.backend.eos
+        self.eos_text = self.backend.token_text(eos) if eos >= 0 else ""
+        if cache is not None and hasattr(cache, "bind"):
+            cache = cache.bind(self)
+        self.load_duration_ns = time.perf_counter_ns() - t0
+        self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
+        self.cache = cache
+        log.debug("template for %s: %s", self.name, self.template.source)
+
+    # ---- prompts ------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """Tokenize text with the model's special-token rules; never two BOS tokens."""
+        toks = self.backend.tokenize(text, add_special=True, parse_special=True)
+        bos = self.backend.bos
+        while len(toks) >= 2 and toks[0] == bos and toks[1] == bos:
+            toks.pop(0)
+        return toks
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """Render chat messages to prompt text with the selected template."""
+        try:
+            return render_chat_template(self.template.text, messages, self.bos_text, self.eos_text, add_generation_prompt)
+        except Exception as exc:  # jinja errors, raise_exception() in templates
+            raise OptionError(f"chat template error: {exc}", hint="check the message roles and order") from None
+
+    def chat_prompt(self, messages: list[dict]) -> Prompt:
+        """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points."""
+        text = self.render(messages)
+        tokens = self.tokenize(text)
+        points: list[int] = []
+        keep = 1 if tokens and tokens[0] == self.backend.bos else 0
+        sys_msgs = [m for m in messages if m.get("role") == "system"]
+        if sys_msgs and len(messages) > len(sys_msgs):
+            try:
+                head = self.tokenize(self.render(sys_msgs, add_generation_prompt=False))
+                keep = max(keep, common_prefix(head, tokens))
+                points.append(keep)
+            except OptionError:
+                pass
+        if len(messages) >= 2 and messages[-1].get("role") == "user":
+            try:
+                prev = self.tokenize(self.render(messages[:-1], add_generation_prompt=False))
+                points.append(common_prefix(prev, tokens))
+            except OptionError:
+                pass
+        pts = tuple(sorted({p for p in points if 0 < p < len(tokens)}))
+        return Prompt(tokens, keep, pts, text)
+
+    def raw_prompt(self, text: str) -> Prompt:
+        """A prompt used verbatim (Ollama's ``raw``): tokenized, BOS added when the model wants it."""
+        tokens = self.tokenize(text)
+        return Prompt(tokens, 1 if tokens and tokens[0] == self.backend.bos else 0, (), text)
+
+    def grammar_for(self, fmt) -> str | None:
+        """GBNF for Ollama's ``format``: None, ``"json"``, or a JSON schema (dict). Raises OptionError."""
+        if fmt in (None, ""):
+            return None
+        if fmt == "json":
+            return json_schema_grammar(None)
+        if isinstance(fmt, dict):
+            try:
+                return json_schema_grammar(json.dumps(fmt))
+            except Exception as exc:  # noqa: BLE001
+                raise OptionError(f"unsupported JSON schema: {exc}") from None
+        raise OptionError(f"format must be 'json' or a JSON schema object, got {fmt!r}")
+
+    # ---- generation ---------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,
+               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False) -> Request:
+        """Queue a generation for ``prompt``; returns the Request to stream chunks from.
+
+        ``pin`` marks the prompt-cache entries this request saves as pinned
+        (never evicted); ``cache=False`` bypasses the prompt cache.
+        """
+        return self.engine.submit(prompt.tokens, options, grammar=self.grammar_for(fmt), keep=prompt.keep,
+                                  cache=cache, save_points=prompt.save_points, loop=loop, pin=pin)
+
+    def chat(self, messages: list[dict], options: Options | None = None, **kw) -> Request:
+        """Render ``messages`` and submit; keyword arguments as in :meth:`submit`."""
+        return self.submit(self.chat_prompt(messages), options or self.options, **kw)
+
+    def info(self) -> dict:
+        """Model facts for ``show``/``ps``/``--verbose``: architecture, sizes, template source, KV bytes."""
+        b = self.backend
+        kv = b.kv_bytes_per_token()
+        return {
+            "name": self.name,
+            "path": str(self.path),
+            "architecture": self.architecture,
+            "description": b.description(),
+            "size": b.model_size(),
+            "context_length": b.n_ctx_train,
+            "num_ctx": b.num_ctx,
+            "num_parallel": b.n_parallel,
+            "template": self.template.source,
+            "kv_bytes_per_token": kv,
+            "kv_bytes_per_slot": kv * b.num_ctx,
+            "extra_bufts": b.extra_bufts_reason,
+            "can_shift": b.can_shift,
+            "threads": b.threads,
+        }
+
+    def close(self) -> None:
+        """Stop the engine and free the model."""
+        self.engine.close()

@@ -1,0 +1,140 @@
+"""A generation request as the engine sees it, and the chunks it streams back.
+
+A :class:`Request` is created by :meth:`ollapy.engine.Engine.submit`. The
+engine's loop thread pushes :class:`Chunk` objects into it; the caller reads
+them by iterating (``for chunk in req``) or, in asyncio code, with
+``async for chunk in req`` when submitted with ``loop=``. ``cancel()`` may be
+called from any thread: the slot is freed within one engine step.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Cancelled, OllapyError
+from ..options import Options
+
+
+@dataclass
+class Metrics:
+    """Per-request timings in nanoseconds and token counts, with Ollama's names."""
+
+    load_duration: int = 0
+    prompt_eval_count: int = 0
+    prompt_eval_duration: int = 0
+    prompt_cache_tokens: int = 0
+    eval_count: int = 0
+    eval_duration: int = 0
+    total_duration: int = 0
+    truncated: bool = False
+    shifts: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics as a dict of Ollama field names (plus ollapy's extras)."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class Chunk:
+    """One streamed piece: ``text`` (may be ''), and on the last chunk ``done`` with ``done_reason`` and metrics."""
+
+    text: str
+    done: bool = False
+    done_reason: str | None = None
+    metrics: Metrics | None = None
+    tokens: list[int] | None = None
+
+
+@dataclass
+class Request:
+    """One generation: prompt tokens in, chunks out.
+
+    ``tokens`` are the full prompt token ids; ``options`` the merged options;
+    ``grammar`` an optional GBNF grammar; ``keep`` the number of leading
+    tokens (BOS + system prompt) to protect on a context shift, or -1 for the
+    default; ``cache`` False skips the prompt cache for this request.
+    """
+
+    tokens: list[int]
+    options: Options
+    grammar: str | None = None
+    keep: int = -1
+    cache: bool = True
+    save_points: tuple[int, ...] = ()
+    pin: bool = False
+    loop: asyncio.AbstractEventLoop | None = None
+    id: int = 0
+    created_ns: int = field(default_factory=time.perf_counter_ns)
+    metrics: Metrics = field(default_factory=Metrics)
+    output_tokens: list[int] = field(default_factory=list)
+    _cancel: threading.Event = field(default_factory=threading.Event)
+    _q: Any = None
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        self._q = asyncio.Queue() if self.loop is not None else queue.SimpleQueue()
+
+    # -- engine side ----------------------------------------------------------------------
+    def push(self, item: Chunk | BaseException) -> None:
+        """Deliver a chunk or a terminal exception to the reader (engine thread)."""
+        if self._closed:
+            return
+        if isinstance(item, BaseException) or (isinstance(item, Chunk) and item.done):
+            self._closed = True
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._q.put_nowait, item)
+            except RuntimeError:  # loop closed: the reader is gone
+                self._cancel.set()
+        else:
+            self._q.put(item)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once :meth:`cancel` was called."""
+        return self._cancel.is_set()
+
+    # -- caller side ----------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Ask the engine to stop this request; its slot is freed within one step."""
+        self._cancel.set()
+
+    def __iter__(self):
+        while True:
+            try:
+                item = self._q.get(timeout=0.25)  # a timeout keeps Ctrl-C deliverable
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.done:
+                return
+
+    async def __aiter__(self):
+        while True:
+            item = await self._q.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.done:
+                return
+
+    def result(self) -> tuple[str, Chunk]:
+        """Read to the end; return (all text, final chunk). Raises the request's error."""
+        parts = []
+        last = None
+        for c in self:
+            parts.append(c.text)
+            last = c
+        assert last is not None
+        return "".join(parts), last
+
+
+def cancelled_error() -> OllapyError:
+    """The error delivered to a cancelled request's reader."""
+    return Cancelled("request cancelled")

@@ -1,0 +1,81 @@
+"""A slot: one sequence (``seq_id``) of the shared context and the request it serves.
+
+State machine: IDLE -> PREFILL (reading prompt in chunks) -> GENERATE
+(one decode token per step) -> IDLE. ``tokens`` always lists exactly the
+tokens whose KV cells the sequence holds, in position order, so the longest
+common prefix with a new prompt tells how much can be reused.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from .request import Request
+from .text import Detokenizer, StopMatcher
+
+
+class SlotState(enum.Enum):
+    """What a slot is doing this step."""
+
+    IDLE = "idle"
+    PREFILL = "prefill"
+    GENERATE = "generate"
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Slot:
+    """One parallel slot; ``id`` is also its llama.cpp ``seq_id``."""
+
+    id: int
+    state: SlotState = SlotState.IDLE
+    tokens: list[int] = field(default_factory=list)
+    request: Request | None = None
+    prompt: list[int] = field(default_factory=list)
+    n_past: int = 0
+    pending: int = -1
+    keep: int = 0
+    sampler: object | None = None
+    detok: Detokenizer | None = None
+    stops: StopMatcher | None = None
+    last_used: float = 0.0
+    t_start: int = 0
+    t_first: int = 0
+    batch_row: int = -1
+
+    @property
+    def busy(self) -> bool:
+        """True while serving a request."""
+        return self.state is not SlotState.IDLE
+
+    def begin(self, req: Request, keep: int) -> None:
+        """Attach a request whose prompt starts prefill at ``n_past`` (already set by the caller)."""
+        self.request = req
+        self.prompt = req.tokens
+        self.keep = keep
+        self.state = SlotState.PREFILL
+        self.detok = Detokenizer()
+        self.stops = StopMatcher(req.options.stop)
+        self.t_start = time.perf_counter_ns()
+        self.t_first = 0
+        self.pending = -1
+
+    def release(self) -> None:
+        """Detach the request and free its sampler; the KV (``tokens``) stays for reuse."""
+        if self.sampler is not None:
+            self.sampler.close()
+        self.sampler = None
+        self.request = None
+        self.prompt = []
+        self.state = SlotState.IDLE
+        self.pending = -1
+        self.last_used = time.monotonic()

@@ -1,0 +1,161 @@
+"""Model options with Ollama's names, types, defaults and validation.
+
+Two kinds: *load* options change how the model and context are created
+(``num_ctx``, ``num_batch``, ``num_gpu``, ``num_thread``, ``num_parallel``,
+``kv_cache_type``, ``flash_attn``, ``extra_bufts``) and so force a reload;
+*request* options only change one generation (sampling, ``num_predict``,
+``stop``...). ``parse_option`` turns ``key=value`` text (CLI ``-o``,
+Modelfile ``PARAMETER``) into a typed value; ``Options.from_dict`` validates a
+JSON ``options`` object. Errors are :class:`~ollapy.errors.OptionError` with
+the list of valid names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from .errors import OptionError
+
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_parallel", "kv_cache_type", "flash_attn", "extra_bufts")
+
+
+@dataclass(frozen=True)
+class Options:
+    """All options of one request, with Ollama's defaults.
+
+    Units: counts are tokens; ``num_ctx`` is per slot; ``temperature`` 0 means
+    greedy; ``seed`` -1 means random; ``num_predict`` -1 means until stop or
+    context limit; ``num_keep`` -1 means "BOS plus the system prompt, at least 4".
+    """
+
+    # load-time
+    num_ctx: int = 4096
+    num_batch: int = 512
+    num_gpu: int = -1
+    num_thread: int = 0
+    num_parallel: int = 1
+    kv_cache_type: str = "f16"
+    flash_attn: str = "auto"
+    extra_bufts: str = "auto"
+    # request-time
+    num_keep: int = -1
+    num_predict: int = -1
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.9
+    min_p: float = 0.0
+    typical_p: float = 1.0
+    repeat_penalty: float = 1.1
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = -1
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    shift: bool = True
+    truncate: bool = True
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """All valid option names."""
+        return [f.name for f in fields(cls)]
+
+    def load_key(self) -> tuple:
+        """The tuple of load-time options: a change here means reloading the model."""
+        return tuple(getattr(self, n) for n in LOAD_OPTIONS)
+
+    def merged(self, values: dict[str, Any] | None) -> "Options":
+        """Return a copy with ``values`` (name -> raw value) validated and applied.
+
+        Raises OptionError for an unknown name or a bad value. ``stop`` accepts
+        a string or a list of strings.
+        """
+        if not values:
+            return self
+        updates = {}
+        for k, v in values.items():
+            updates[k] = coerce_option(k, v)
+        return replace(self, **updates)
+
+
+_TYPES = {f.name: f.type for f in fields(Options)}
+_CHOICES = {
+    "kv_cache_type": ("f16", "q8_0", "q4_0"),
+    "flash_attn": ("auto", "on", "off"),
+    "extra_bufts": ("auto", "on", "off"),
+}
+_MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0}
+
+
+def _unknown(name: str) -> OptionError:
+    return OptionError(f"unknown option {name!r}", hint="valid options: " + ", ".join(Options.names()))
+
+
+def coerce_option(name: str, value: Any) -> Any:
+    """Validate one option value (text or JSON value) and return it typed.
+
+    Raises OptionError naming the option and the expected type.
+    """
+    if name not in _TYPES:
+        raise _unknown(name)
+    typ = _TYPES[name]
+    try:
+        if name == "stop":
+            if isinstance(value, str):
+                return (value,)
+            if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+                return tuple(value)
+            raise ValueError
+        if typ == "bool":
+            if isinstance(value, bool):
+                return value
+            s = str(value).strip().lower()
+            if s in {"1", "true", "yes", "on"}:
+                return True
+            if s in {"0", "false", "no", "off"}:
+                return False
+            raise ValueError
+        if typ == "int":
+            if isinstance(value, bool):
+                raise ValueError
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            out = int(value) if not isinstance(value, str) else int(value.strip())
+            if name in _MIN and out < _MIN[name]:
+                raise OptionError(f"option {name} must be at least {_MIN[name]}, got {out}")
+            return out
+        if typ == "float":
+            if isinstance(value, bool):
+                raise ValueError
+            out = float(value)
+            if out != out or out in (float("inf"), float("-inf")):
+                raise ValueError
+            if name != "seed" and out < 0:
+                raise OptionError(f"option {name} must not be negative, got {out}")
+            return out
+        s = str(value).strip().lower()
+        if name in _CHOICES and s not in _CHOICES[name]:
+            raise OptionError(f"option {name} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
+        return s
+    except (ValueError, TypeError):
+        raise OptionError(f"option {name} expects {'a list of strings' if name == 'stop' else typ}, got {value!r}") from None
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """Parse ``key=value`` (CLI ``-o``) into ``(name, typed value)``; raises OptionError."""
+    if "=" not in text:
+        raise OptionError(f"option {text!r} is not key=value", hint="e.g. -o temperature=0")
+    k, v = text.split("=", 1)
+    k = k.strip()
+    return k, coerce_option(k, v)
+
+
+def parse_options(items: list[str]) -> dict[str, Any]:
+    """Parse many ``key=value`` items; repeated ``stop`` values accumulate."""
+    out: dict[str, Any] = {}
+    for item in items:
+        k, v = parse_option(item)
+        if k == "stop" and "stop" in out:
+            out["stop"] = tuple(out["stop"]) + tuple(v)
+        else:
+            out[k] = v
+    return out

@@ -1,0 +1,242 @@
+"""Blob downloads: resumable HTTP (httpx) with sha256 computed while streaming, under a file lock.
+
+Bytes go to ``blobs/sha256-<hex>-partial``; after the last byte the size and
+sha256 are checked and only then is the file renamed to ``blobs/sha256-<hex>``.
+A partial left by an interrupted pull is resumed with ``Range``. Network
+errors, truncated bodies and 5xx answers are retried with exponential backoff
+(``OLLAPY_PULL_RETRIES``, default 6). A digest mismatch deletes the partial.
+``ENOSPC`` raises :class:`~ollapy.errors.DiskFullError` and keeps the partial.
+One process at a time fetches a given blob: the others wait on its lock and
+then find it complete.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .. import config
+from ..errors import DiskFullError, DownloadError
+from .layout import Store, digest_hex
+from .progress import QuietProgress
+
+CHUNK = 1 << 20
+BACKOFF_S = 0.5
+"""First retry delay in seconds; doubles per retry, capped at 8 s."""
+
+
+class NotAtSource(DownloadError):
+    """The source answered 4xx (404, 401...): retrying it will not help; try another source."""
+
+    status = 404
+
+
+class _Retryable(Exception):
+    pass
+
+
+def pull_retries() -> int:
+    """Retry budget per blob from ``OLLAPY_PULL_RETRIES`` (default 6)."""
+    try:
+        return max(0, int(config.PULL_RETRIES.raw()))
+    except ValueError:
+        return 6
+
+
+@contextlib.contextmanager
+def blob_lock(store: Store, digest: str) -> Iterator[None]:
+    """Hold an exclusive lock for one blob (``fcntl.flock`` on ``locks/sha256-<hex>.lock``); blocks while held elsewhere."""
+    d = store.root / "locks"
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"sha256-{digest_hex(digest)}.lock", "a+b") as f:
+        try:
+            import fcntl
+
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        except ImportError:  # Windows
+            import msvcrt
+
+            msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
+        yield
+
+
+def _write_chunk(f: Any, data: bytes) -> None:
+    f.write(data)
+
+
+def _disk_full(store: Store) -> DiskFullError:
+    return DiskFullError(
+        f"no space left on device while writing to {store.blobs}",
+        hint="free some disk space and pull again; the partial download is kept and will resume",
+    )
+
+
+def _finish(store: Store, hexd: str, h: "hashlib._Hash", got: int, size: int | None, label: str) -> Path:
+    partial = store.partial_path(hexd)
+    if (size is not None and got != size) or h.hexdigest() != hexd:
+        partial.unlink(missing_ok=True)
+        raise DownloadError(
+            f"{label}: sha256 mismatch (got {got} bytes, sha256 {h.hexdigest()[:12]}; expected "
+            f"{size if size is not None else '?'} bytes, sha256 {hexd[:12]}); partial file deleted",
+            hint="the source served other bytes; pull again or use another source",
+        )
+    final = store.blob_path(hexd)
+    os.replace(partial, final)
+    return final
+
+
+def _hash_existing(path: Path) -> tuple["hashlib._Hash", int]:
+    h = hashlib.sha256()
+    n = 0
+    if path.exists():
+        with open(path, "rb") as f:
+            while block := f.read(CHUNK):
+                h.update(block)
+                n += len(block)
+    return h, n
+
+
+def download_blob(store: Store, url: str, digest: str, size: int | None, *, label: str | None = None,
+                  progress: QuietProgress | None = None, client: Any = None, headers: dict[str, str] | None = None,
+                  retries: int | None = None) -> Path:
+    """Fetch ``url`` into the blob for ``digest`` (``size`` bytes when known); return the blob path.
+
+    Resumes an existing partial with ``Range``; retries network errors, 5xx and
+    truncated bodies up to ``retries`` times. Raises NotAtSource (4xx),
+    DownloadError (mismatch, retries exhausted) or DiskFullError (ENOSPC).
+    """
+    import httpx
+
+    hexd = digest_hex(digest)
+    label = label or f"sha256:{hexd[:12]}"
+    progress = progress or QuietProgress()
+    if store.has_blob(hexd, size):
+        return store.blob_path(hexd)
+    retries = pull_retries() if retries is None else retries
+    store.blobs.mkdir(parents=True, exist_ok=True)
+    own = client is None
+    client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0))
+    try:
+        with blob_lock(store, hexd):
+            if store.has_blob(hexd, size):
+                return store.blob_path(hexd)
+            partial = store.partial_path(hexd)
+            h, got = _hash_existing(partial)
+            if size is not None and got > size:
+                partial.unlink()
+                h, got = hashlib.sha256(), 0
+            task = progress.start(label, size, got)
+            attempt = 0
+            while size is None or got < size:
+                try:
+                    h, got, ended = _fetch_once(client, url, partial, h, got, size, headers or {}, progress, task, store)
+                    if ended:
+                        break
+                    raise _Retryable(f"connection closed after {got} of {size} bytes")
+                except (_Retryable, httpx.TransportError) as exc:
+                    attempt += 1
+                    if attempt > retries:
+                        raise DownloadError(f"{label}: {str(exc) or type(exc).__name__} (gave up after {retries} retries)",
+                                            hint="check the network or the source and pull again; the download resumes") from None
+                    time.sleep(min(BACKOFF_S * 2 ** (attempt - 1), 8.0))
+            progress.finish(task)
+            return _finish(store, hexd, h, got, size, label)
+    finally:
+        if own:
+            client.close()
+
+
+def _fetch_once(client, url, partial, h, got, size, headers, progress, task, store):
+    """One GET (with Range when resuming). Returns (hasher, bytes held, reached_end)."""
+    hdrs = dict(headers)
+    if got:
+        hdrs["Range"] = f"bytes={got}-"
+    with client.stream("GET", url, headers=hdrs) as r:
+        if r.status_code == 416 and got:
+            partial.unlink(missing_ok=True)
+            raise _Retryable("server refused the resume range; restarting")
+        if r.status_code >= 500 or r.status_code in (408, 429):
+            raise _Retryable(f"HTTP {r.status_code} from {url}")
+        if r.status_code >= 400:
+            raise NotAtSource(f"HTTP {r.status_code} from {url}", hint="the source does not have this blob")
+        if got and r.status_code != 206:  # server ignored Range: start over
+            h, got = hashlib.sha256(), 0
+            mode = "wb"
+        else:
+            mode = "ab"
+        try:
+            with open(partial, mode, buffering=0) as f:
+                for block in r.iter_bytes(CHUNK):
+                    if size is not None and got + len(block) > size:
+                        block = block[: size - got] if size > got else b""
+                        _write_chunk(f, block)
+                        h.update(block)
+                        got += len(block)
+                        partial.unlink(missing_ok=True)
+                        raise DownloadError(f"{url}: server sent more than the expected {size} bytes; partial deleted")
+                    _write_chunk(f, block)
+                    h.update(block)
+                    got += len(block)
+                    progress.advance(task, len(block))
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise _disk_full(store) from None
+            raise
+    return h, got, size is None or got >= size
+
+
+def write_blob(store: Store, digest: str, size: int | None, chunks: Iterable[bytes], *, label: str,
+               progress: QuietProgress | None = None) -> Path:
+    """Write bytes from ``chunks`` into the blob for ``digest`` (verified, under the blob lock); return its path.
+
+    For sources that cannot resume (a pip wheel): the partial is started over.
+    Raises DownloadError on mismatch (partial deleted) and DiskFullError on ENOSPC.
+    """
+    hexd = digest_hex(digest)
+    progress = progress or QuietProgress()
+    store.blobs.mkdir(parents=True, exist_ok=True)
+    with blob_lock(store, hexd):
+        if store.has_blob(hexd, size):
+            return store.blob_path(hexd)
+        h, got = hashlib.sha256(), 0
+        task = progress.start(label, size)
+        try:
+            with open(store.partial_path(hexd), "wb", buffering=0) as f:
+                for block in chunks:
+                    _write_chunk(f, block)
+                    h.update(block)
+                    got += len(block)
+                    progress.advance(task, len(block))
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise _disk_full(store) from None
+            raise
+        progress.finish(task)
+        return _finish(store, hexd, h, got, size, label)
+
+
+def link_blob(store: Store, digest: str, src: Path, *, symlink: bool) -> bool:
+    """Make ``blobs/sha256-<hex>`` point at ``src`` without copying: a symlink, or a hard link.
+
+    Returns False when a hard link is impossible (other filesystem, no
+    permission); the caller then records ``src`` as a reference instead.
+    """
+    hexd = digest_hex(digest)
+    store.blobs.mkdir(parents=True, exist_ok=True)
+    dst = store.blob_path(hexd)
+    if dst.is_file():
+        return True
+    if os.path.lexists(dst):
+        dst.unlink()
+    try:
+        if symlink:
+            os.symlink(Path(src).resolve(), dst)
+        else:
+            os.link(src, dst)
+        return True
+    except OSError:
+        return False

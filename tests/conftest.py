@@ -1,0 +1,62 @@
+"""Shared fixtures: the real test models (fetched by scripts/fetch_test_models.py) and loaded engines."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fetch_module():
+    spec = importlib.util.spec_from_file_location("fetch_test_models", ROOT / "scripts" / "fetch_test_models.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _model_path(name: str) -> Path:
+    mod = _fetch_module()
+    model = next(m for m in mod.MODELS if m.name == name)
+    path = mod.default_dir() / model.filename
+    if not (path.is_file() and path.stat().st_size == model.size):
+        path = mod.fetch_model(model, mod.default_dir())
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """Path to SmolLM2-135M-Instruct Q4_1 (verified size)."""
+    return _model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Path to Gemma-3-270M Q4_K_M (verified size)."""
+    return _model_path("gemma3")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_dirs(tmp_path_factory, monkeypatch):
+    """Keep every test's store, prompt cache and state out of the user's real directories."""
+    base = tmp_path_factory.mktemp("ollapy-home")
+    monkeypatch.setenv("OLLAPY_MODELS", str(base / "models"))
+    monkeypatch.setenv("OLLAPY_CACHE_DIR", str(base / "prompt-cache"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(base / "state"))
+    monkeypatch.setenv("OLLAPY_HOST", "127.0.0.1:9")  # nothing answers there: run stays in-process
+    yield
+
+
+def run_cli(*args: str, input: bytes | str | None = None, env: dict | None = None, timeout: float = 300):
+    """Run ``python -m ollapy.cli.main ARGS`` in a subprocess; returns CompletedProcess with bytes output."""
+    full_env = dict(os.environ)
+    full_env.pop("OLLAPY_DEBUG", None)
+    full_env.update(env or {})
+    if isinstance(input, str):
+        input = input.encode()
+    return subprocess.run([sys.executable, "-m", "ollapy.cli.main", *args], input=input, capture_output=True,
+                          env=full_env, timeout=timeout, cwd=str(ROOT))
