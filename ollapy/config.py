@@ -135,3 +135,83 @@ def extra_bufts() -> str:
 
 
 ACCESSORS: dict[str, Callable[[], object]] = {}
+
+
+# ---- prompt cache (ollapy/cache) ------------------------------------------------------------
+CACHE_RAM = _setting("OLLAPY_CACHE_RAM", "1GiB", "Prompt-cache RAM tier cap per process in bytes (suffixes K, M, G, KiB, MiB, GiB; 0 = no RAM tier).")
+CACHE_DISK = _setting("OLLAPY_CACHE_DISK", "10GiB", "Prompt-cache disk tier cap in bytes, enforced on every write (pinned entries are not evicted).")
+CACHE_ENABLED = _setting("OLLAPY_CACHE", "1", "0 turns the prompt cache (RAM and disk tiers) off for every run.")
+KV_CACHE_TYPE = _setting("OLLAPY_KV_CACHE_TYPE", "f16", "Default KV cache type: f16, q8_0 or q4_0 (quantized types turn flash attention on).")
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size such as ``1073741824``, ``500M``, ``1.5GiB``; raises ValueError."""
+    s = text.strip().lower().replace("_", "").replace(" ", "")
+    num = s.rstrip("kmgtib")
+    unit = s[len(num):]
+    if unit not in _SIZE_UNITS or not num:
+        raise ValueError(text)
+    value = float(num) * _SIZE_UNITS[unit]
+    if not 0 <= value < float("inf"):
+        raise ValueError(text)
+    return int(value)
+
+
+def _size(s: Setting) -> int:
+    try:
+        return parse_size(s.raw())
+    except ValueError:
+        from .errors import UsageError
+
+        raise UsageError(f"{s.env}={s.raw()!r} is not a byte size", hint=f"e.g. {s.env}=2GiB or {s.env}=500000000") from None
+
+
+def cache_ram_bytes() -> int:
+    """RAM tier cap of the prompt cache, in bytes."""
+    return _size(CACHE_RAM)
+
+
+def cache_disk_bytes() -> int:
+    """Disk tier cap of the prompt cache, in bytes."""
+    return _size(CACHE_DISK)
+
+
+def cache_enabled() -> bool:
+    """False when ``OLLAPY_CACHE`` turns the prompt cache off."""
+    return CACHE_ENABLED.raw().strip().lower() not in {"0", "false", "no", "off"}
+
+
+def kv_cache_type() -> str:
+    """Default ``kv_cache_type`` load option: f16, q8_0 or q4_0."""
+    v = KV_CACHE_TYPE.raw().strip().lower()
+    if v not in {"f16", "q8_0", "q4_0"}:
+        from .errors import UsageError
+
+        raise UsageError(f"OLLAPY_KV_CACHE_TYPE={v!r} is not valid", hint="use f16, q8_0 or q4_0")
+    return v
+
+
+# ---- server (ollapy/server, ollapy/runtime.py) ------------------------------------------------
+ORIGINS = _setting("OLLAPY_ORIGINS", "", "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.")
+MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
+
+
+def origins() -> list[str]:
+    """Extra CORS origins from ``OLLAPY_ORIGINS``."""
+    return [o.strip() for o in ORIGINS.raw().split(",") if o.strip()]
+
+
+def max_body() -> int:
+    """Request body limit of the server, in bytes."""
+    return _size(MAX_BODY)
+
+
+def host_port() -> tuple[str, int]:
+    """``(host, port)`` that ``ollapy serve`` binds, from ``OLLAPY_HOST`` (default port 11435)."""
+    from urllib.parse import urlsplit
+
+    u = urlsplit(host())
+    return (u.hostname or "127.0.0.1"), (u.port or 11435)

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def _fetch_module():
     spec = importlib.util.spec_from_file_location("fetch_test_models", ROOT / "scripts" / "fetch_test_models.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("fetch_test_models", mod)
     spec.loader.exec_module(mod)
     return mod
 

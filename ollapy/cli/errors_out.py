@@ -4,25 +4,43 @@ from __future__ import annotations
 import sys
 import traceback
 
-import click
+import typer
 
 from .. import config
+
+try:  # typer >= 0.20 vendors its own click
+    from typer._click.exceptions import ClickException as _ClickException
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer on real click
+    from click.exceptions import ClickException as _ClickException
+    from click.exceptions import UsageError as _UsageError
+
+_EXIT = tuple({typer.Exit, *(c for c in (getattr(__import__("click").exceptions, "Exit", None),) if c)})
+_ABORT = tuple({typer.Abort, *(c for c in (getattr(__import__("click").exceptions, "Abort", None),) if c)})
 from ..errors import OllapyError, describe
 
 
 def run_app(app) -> int:
     """Invoke ``app`` with sys.argv; return the exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
     try:
-        app(standalone_mode=False)
+        rv = app(standalone_mode=False)
+        # typer returns the exit code of typer.Exit (and 130 for Ctrl-C) in non-standalone mode
+        if isinstance(rv, int) and not isinstance(rv, bool):
+            if rv == 130:
+                _flush()
+            return rv
         return 0
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except _EXIT as exc:
+        return getattr(exc, "exit_code", 0)
+    except _ABORT:
         _flush()
         return 130
-    except click.UsageError as exc:
+    except _UsageError as exc:
         exc.show()
         return 2
+    except _ClickException as exc:
+        exc.show()
+        return 1
     except KeyboardInterrupt:
         _flush()
         return 130

@@ -54,8 +54,13 @@ _register_all()
 
 def main() -> None:
     """Console-script entry point: run the app and map errors to one line + exit code."""
+    from .. import config
     from .errors_out import run_app
 
+    if config.debug():
+        import logging
+
+        logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     sys.exit(run_app(app))
 
 

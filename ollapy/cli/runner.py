@@ -46,7 +46,7 @@ def resolve(name: str, pull: bool = True):
 def base_options(ref, cli_options: dict) -> Options:
     """Defaults (from OLLAPY_* settings) < the model's parameters < command-line ``-o`` options."""
     base = Options(num_ctx=config.num_ctx(), num_parallel=config.num_parallel(), num_thread=config.num_thread(),
-                   extra_bufts=config.extra_bufts())
+                   extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type())
     return base.merged(dict(ref.parameters or {})).merged(cli_options)
 
 

@@ -90,7 +90,8 @@ class Engine:
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
                       save_points=save_points, loop=loop, pin=pin)
         req.metrics.truncated = truncated
-        req.metrics.load_duration = self.load_duration_ns
+        # like Ollama, only the request that caused the load reports it
+        req.metrics.load_duration, self.load_duration_ns = self.load_duration_ns, 0
         with self._cv:
             if self._stop:
                 raise OllapyError("engine is shut down", hint="load the model again")
@@ -350,6 +351,8 @@ class Engine:
 
     def _save(self, s: Slot, pinned: bool) -> None:
         if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
+            return
+        if s.request.metrics.shifts:  # shifted KV is not what a fresh prefill of s.tokens gives: never cache it
             return
         try:
             self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned)

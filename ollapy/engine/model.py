@@ -88,6 +88,7 @@ class LoadedModel:
         """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points."""
         text = self.render(messages)
         tokens = self.tokenize(text)
+        log.debug("chat prompt (%d messages, %d tokens): %r", len(messages), len(tokens), text)
         points: list[int] = []
         keep = 1 if tokens and tokens[0] == self.backend.bos else 0
         sys_msgs = [m for m in messages if m.get("role") == "system"]

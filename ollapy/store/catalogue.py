@@ -108,3 +108,9 @@ def lookup(name: ModelName) -> CatalogueTag | None:
 def aliases() -> list[str]:
     """Catalogue aliases (``family:tag``), without the ``latest`` duplicates."""
     return sorted(k for k, v in load_catalogue().items() if not (k.endswith(":latest") and v.tag != "latest"))
+
+
+def default_aliases() -> list[str]:
+    """One alias per family: its default tag (e.g. ``smollm2:135m``), for hints."""
+    cat = load_catalogue()
+    return sorted(v.alias for k, v in cat.items() if k.endswith(":latest"))

@@ -16,8 +16,9 @@ import errno
 import hashlib
 import os
 import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .. import config
 from ..errors import DiskFullError, DownloadError
@@ -75,7 +76,7 @@ def _disk_full(store: Store) -> DiskFullError:
     )
 
 
-def _finish(store: Store, hexd: str, h: "hashlib._Hash", got: int, size: int | None, label: str) -> Path:
+def _finish(store: Store, hexd: str, h: hashlib._Hash, got: int, size: int | None, label: str) -> Path:
     partial = store.partial_path(hexd)
     if (size is not None and got != size) or h.hexdigest() != hexd:
         partial.unlink(missing_ok=True)
@@ -89,15 +90,82 @@ def _finish(store: Store, hexd: str, h: "hashlib._Hash", got: int, size: int | N
     return final
 
 
-def _hash_existing(path: Path) -> tuple["hashlib._Hash", int]:
-    h = hashlib.sha256()
-    n = 0
-    if path.exists():
-        with open(path, "rb") as f:
-            while block := f.read(CHUNK):
-                h.update(block)
-                n += len(block)
-    return h, n
+class _Held:
+    """What the partial file holds: byte count and the running sha256 of exactly those bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.h = hashlib.sha256()
+        self.got = 0
+        if path.exists():
+            with open(path, "rb") as f:
+                while block := f.read(CHUNK):
+                    self.add(block)
+
+    def add(self, block: bytes) -> None:
+        self.h.update(block)
+        self.got += len(block)
+
+    def reset(self) -> None:
+        self.h, self.got = hashlib.sha256(), 0
+
+
+class _Sink:
+    """Writes and hashes blocks on a worker thread, so disk writes and sha256 overlap the network reads.
+
+    hashlib and file writes release the GIL; the queue is bounded (64 blocks).
+    ``queued`` counts bytes handed over; ``held`` is updated as bytes reach the
+    file. An error in the worker (ENOSPC) is raised in the caller's thread.
+    """
+
+    def __init__(self, f: Any, held: _Held, store: Store) -> None:
+        import queue
+        import threading
+
+        self.f, self.held, self.store = f, held, store
+        self.queued = held.got
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="ollapy-blob-writer", daemon=True)
+        self.closed = False
+
+    def _run(self) -> None:
+        while (block := self.q.get()) is not None:
+            if self.error is not None:
+                continue
+            try:
+                _write_chunk(self.f, block)
+                self.held.add(block)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+                self.error = exc
+
+    def put(self, block: bytes) -> None:
+        """Queue one block (blocks when 64 are pending); raises the worker's error, if any."""
+        self._check()
+        self.q.put(block)
+        self.queued += len(block)
+
+    def _check(self) -> None:
+        if self.error is not None:
+            exc, self.error = self.error, None
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                raise _disk_full(self.store) from None
+            raise exc
+
+    def close(self) -> None:
+        """Drain the queue and stop the worker."""
+        if not self.closed:
+            self.closed = True
+            self.q.put(None)
+            self.thread.join()
+
+    def __enter__(self) -> _Sink:
+        self.thread.start()
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        self.close()
+        if exc_type is None:
+            self._check()
 
 
 def download_blob(store: Store, url: str, digest: str, size: int | None, *, label: str | None = None,
@@ -125,18 +193,17 @@ def download_blob(store: Store, url: str, digest: str, size: int | None, *, labe
             if store.has_blob(hexd, size):
                 return store.blob_path(hexd)
             partial = store.partial_path(hexd)
-            h, got = _hash_existing(partial)
-            if size is not None and got > size:
+            held = _Held(partial)
+            if size is not None and held.got > size:
                 partial.unlink()
-                h, got = hashlib.sha256(), 0
-            task = progress.start(label, size, got)
+                held.reset()
+            task = progress.start(label, size, held.got)
             attempt = 0
-            while size is None or got < size:
+            while size is None or held.got < size:
                 try:
-                    h, got, ended = _fetch_once(client, url, partial, h, got, size, headers or {}, progress, task, store)
-                    if ended:
+                    if _fetch_once(client, url, partial, held, size, headers or {}, progress, task, store):
                         break
-                    raise _Retryable(f"connection closed after {got} of {size} bytes")
+                    raise _Retryable(f"connection closed after {held.got} of {size} bytes")
                 except (_Retryable, httpx.TransportError) as exc:
                     attempt += 1
                     if attempt > retries:
@@ -144,49 +211,41 @@ def download_blob(store: Store, url: str, digest: str, size: int | None, *, labe
                                             hint="check the network or the source and pull again; the download resumes") from None
                     time.sleep(min(BACKOFF_S * 2 ** (attempt - 1), 8.0))
             progress.finish(task)
-            return _finish(store, hexd, h, got, size, label)
+            return _finish(store, hexd, held.h, held.got, size, label)
     finally:
         if own:
             client.close()
 
 
-def _fetch_once(client, url, partial, h, got, size, headers, progress, task, store):
-    """One GET (with Range when resuming). Returns (hasher, bytes held, reached_end)."""
+def _fetch_once(client, url: str, partial: Path, held: _Held, size: int | None, headers: dict[str, str],
+                progress: QuietProgress, task: Any, store: Store) -> bool:
+    """One GET (with Range when resuming), appending to ``partial``; True when the body reached its end."""
     hdrs = dict(headers)
-    if got:
-        hdrs["Range"] = f"bytes={got}-"
+    if held.got:
+        hdrs["Range"] = f"bytes={held.got}-"
     with client.stream("GET", url, headers=hdrs) as r:
-        if r.status_code == 416 and got:
+        if r.status_code == 416 and held.got:
             partial.unlink(missing_ok=True)
+            held.reset()
             raise _Retryable("server refused the resume range; restarting")
         if r.status_code >= 500 or r.status_code in (408, 429):
             raise _Retryable(f"HTTP {r.status_code} from {url}")
         if r.status_code >= 400:
             raise NotAtSource(f"HTTP {r.status_code} from {url}", hint="the source does not have this blob")
-        if got and r.status_code != 206:  # server ignored Range: start over
-            h, got = hashlib.sha256(), 0
+        mode = "ab"
+        if held.got and r.status_code != 206:  # server ignored Range: start over
+            held.reset()
             mode = "wb"
-        else:
-            mode = "ab"
-        try:
-            with open(partial, mode, buffering=0) as f:
-                for block in r.iter_bytes(CHUNK):
-                    if size is not None and got + len(block) > size:
-                        block = block[: size - got] if size > got else b""
-                        _write_chunk(f, block)
-                        h.update(block)
-                        got += len(block)
-                        partial.unlink(missing_ok=True)
-                        raise DownloadError(f"{url}: server sent more than the expected {size} bytes; partial deleted")
-                    _write_chunk(f, block)
-                    h.update(block)
-                    got += len(block)
-                    progress.advance(task, len(block))
-        except OSError as exc:
-            if exc.errno == errno.ENOSPC:
-                raise _disk_full(store) from None
-            raise
-    return h, got, size is None or got >= size
+        with open(partial, mode, buffering=0) as f, _Sink(f, held, store) as sink:
+            for block in r.iter_bytes():
+                if size is not None and sink.queued + len(block) > size:
+                    sink.close()
+                    partial.unlink(missing_ok=True)
+                    held.reset()
+                    raise DownloadError(f"{url}: server sent more than the expected {size} bytes; partial deleted")
+                sink.put(block)
+                progress.advance(task, len(block))
+    return size is None or held.got >= size
 
 
 def write_blob(store: Store, digest: str, size: int | None, chunks: Iterable[bytes], *, label: str,

@@ -46,7 +46,9 @@ def list_gguf(repo_id: str, revision: str | None = None) -> dict[str, tuple[int 
     except (errors.RepositoryNotFoundError, errors.RevisionNotFoundError, errors.GatedRepoError) as exc:
         raise NotAtSource(f"Hugging Face repo {repo_id} not found or not accessible ({type(exc).__name__})",
                           hint="check the repo name; set HF_TOKEN for gated or private repos") from None
-    except Exception as exc:  # network errors come in several library types
+    except Exception as exc:  # noqa: BLE001 - network errors come in several library types
+        if getattr(getattr(exc, "response", None), "status_code", None) == 404:
+            raise NotAtSource(f"Hugging Face repo {repo_id} not found", hint="check the repo name") from None
         raise DownloadError(f"cannot list Hugging Face repo {repo_id}: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}",
                             hint="check the network, HF_ENDPOINT and HF_TOKEN") from None
     out: dict[str, tuple[int | None, str | None]] = {}
@@ -74,11 +76,11 @@ def select_files(files: list[str], tag: str) -> list[str]:
             if chosen:
                 break
         if not chosen and tag.lower() == "latest" and files:
-            chosen = [sorted(files)[0]]
+            chosen = [min(files)]
     if not chosen:
         quants = sorted({q for f in files for q in QUANT_PREFERENCE if q.lower() in f.lower()})
         raise ModelNotFound(f"no GGUF file for tag {tag!r}", hint="available: " + (", ".join(quants or files[:8]) or "no .gguf files"))
-    first = sorted(chosen)[0]
+    first = min(chosen)
     m = _SPLIT.search(first)
     if not m:
         return [first]
@@ -116,7 +118,7 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
         progress.stage(f"pulling hf.co/{repo_id}/{fname} through huggingface_hub")
         try:
             local = Path(hf_hub_download(repo_id, fname, revision=revision, endpoint=_endpoint()))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - huggingface_hub raises many types
             raise DownloadError(f"download of {fname} from Hugging Face failed: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}",
                                 hint="pull again to resume; check HF_ENDPOINT / HF_TOKEN") from None
         real = local.resolve()
@@ -137,7 +139,10 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
 
 def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool = False) -> dict[str, Any]:
     """Pull ``hf.co/org/repo:tag`` into the store; returns the written manifest."""
-    meta = list_gguf(name.repo_id)
+    try:
+        meta = list_gguf(name.repo_id)
+    except NotAtSource as exc:
+        raise ModelNotFound(exc.message, hint="check the repo name; set HF_TOKEN for gated or private repos") from None
     if not meta:
         raise ModelNotFound(f"Hugging Face repo {name.repo_id} has no .gguf files", hint="pick a GGUF repo, e.g. one ending in -GGUF")
     files = select_files(list(meta), name.tag)

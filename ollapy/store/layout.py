@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import CorruptManifest
 from .names import ModelName
@@ -54,7 +55,9 @@ class Entry:
     def display(self) -> str:
         """Ollama-style name of the entry."""
         host, ns, model, tag = self.parts
-        return ModelName(host, ns, model, tag).display()
+        plain = ModelName(host, ns, model, tag).display()
+        named = ((self.manifest or {}).get("ollapy") or {}).get("name")
+        return named if isinstance(named, str) and named.lower() == plain.lower() else plain
 
 
 class Store:
@@ -146,6 +149,7 @@ class Store:
     def write_manifest(self, name: ModelName, manifest: dict[str, Any]) -> Path:
         """Write ``manifest`` for ``name`` atomically (temp file + rename); return its path."""
         self._writable()
+        manifest = dict(manifest, ollapy=dict(manifest.get("ollapy") or {}, name=name.display()))
         target = self.manifest_path(name)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")

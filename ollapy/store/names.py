@@ -66,7 +66,7 @@ class ModelName:
         host = "hf.co" if self.is_hf else self.host
         return (host.lower(), self.namespace.lower(), self.model.lower(), self.tag.lower())
 
-    def with_tag(self, tag: str) -> "ModelName":
+    def with_tag(self, tag: str) -> ModelName:
         """Return a copy with another tag (validated)."""
         _check(_TAG, tag, "tag", tag)
         return ModelName(self.host, self.namespace, self.model, tag, self.digest)

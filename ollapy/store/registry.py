@@ -12,12 +12,17 @@ from typing import Any
 
 from .. import config
 from ..errors import DownloadError, ModelNotFound
-from .download import BACKOFF_S, download_blob
+from . import download
+from .download import download_blob
 from .layout import MT_MANIFEST, Store
 from .names import DEFAULT_HOST, ModelName
 from .progress import QuietProgress
 
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+class RegistryUnreachable(DownloadError):
+    """The registry could not be asked for the manifest (network error or repeated 5xx)."""
 
 
 def registry_base(name: ModelName, insecure: bool = False) -> str:
@@ -47,17 +52,17 @@ def fetch_manifest(client: Any, base: str, name: ModelName, tries: int = 3) -> d
             if r.status_code < 400:
                 try:
                     data = r.json()
-                    if not isinstance(data.get("layers"), list):
-                        raise ValueError("no layers")
+                    if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
+                        raise TypeError("no layers list")
                     return data
-                except ValueError as exc:
+                except (ValueError, TypeError) as exc:
                     raise DownloadError(f"registry {base} sent a malformed manifest for {name.display()}: {exc}") from None
             if r.status_code < 500 and r.status_code not in (408, 429):
                 raise DownloadError(f"registry {base} answered HTTP {r.status_code} for {name.display()}")
             last = f"HTTP {r.status_code} from {base}"
         if attempt + 1 < tries:
-            time.sleep(min(BACKOFF_S * 2**attempt, 4.0))
-    raise DownloadError(f"{last} while fetching the manifest of {name.display()}", hint="check the network or OLLAPY_REGISTRY")
+            time.sleep(min(download.BACKOFF_S * 2**attempt, 4.0))
+    raise RegistryUnreachable(f"{last} while fetching the manifest of {name.display()}", hint="check the network or OLLAPY_REGISTRY")
 
 
 def pull_registry(store: Store, name: ModelName, progress: QuietProgress, insecure: bool = False) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def pull_registry(store: Store, name: ModelName, progress: QuietProgress, insecu
             url = f"{base}/v2/{name.namespace}/{name.model}/blobs/{digest}"
             try:
                 download_blob(store, url, digest, layer.get("size"), client=client, progress=progress,
-                              label=digest.replace("sha256:", "sha256:")[:19])
+                              label=digest[:19])
             except ValueError:
                 raise DownloadError(f"registry manifest of {name.display()} has a bad digest {digest[:30]!r}") from None
     manifest.setdefault("ollapy", {})["source"] = f"registry {base}"

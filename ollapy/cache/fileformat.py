@@ -1,0 +1,176 @@
+"""The prompt-cache state file: header, token ids, payload, checksums.
+
+Layout (little endian)::
+
+    magic      8 bytes   b"OLLAPYKV"
+    version    u32       FORMAT_VERSION
+    hdr_len    u32       length of the JSON header
+    hdr_sum    16 bytes  blake2b-128 of the JSON header
+    header     JSON      model_sha256, salt (KV settings), model_name, n_tokens,
+                         payload_len, payload_crc32, tokens_sum, created
+    tokens     n_tokens * int32
+    payload    payload_len bytes (llama.cpp sequence state)
+
+Files are written to a temporary name in the same directory and renamed, so
+readers see a whole file or none. Every check that fails raises
+:class:`CacheFileError` with the reason; callers treat it as a miss and delete
+the file. The payload checksum is zlib's crc32 (about 3 GB/s here), the small
+parts use blake2b.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+import zlib
+from array import array
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"OLLAPYKV"
+FORMAT_VERSION = 1
+SUFFIX = ".kv"
+TMP_PREFIX = ".tmp-"
+_FIXED = struct.Struct("<8sII16s")
+_MAX_HEADER = 1 << 20
+
+
+class CacheFileError(Exception):
+    """A cache file failed a check; ``str(exc)`` says which."""
+
+
+@dataclass
+class Header:
+    """A parsed, checked file header (the payload is not read yet)."""
+
+    path: Path
+    model_sha256: str
+    salt: dict
+    model_name: str
+    tokens: list[int]
+    payload_len: int
+    payload_crc32: int
+    payload_offset: int
+    created: float
+    size: int
+
+
+def _tokens_bytes(tokens) -> bytes:
+    a = array("i", tokens)
+    if a.itemsize != 4:  # pragma: no cover - exotic platforms
+        a = array("l", tokens)
+    return a.tobytes()
+
+
+def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes) -> tuple[bytes, bytes]:
+    """Return ``(head, payload)``: everything before the payload, and the payload itself."""
+    tok = _tokens_bytes(tokens)
+    hdr = json.dumps({
+        "model_sha256": model_sha256,
+        "salt": salt,
+        "model_name": model_name,
+        "n_tokens": len(tokens),
+        "payload_len": len(payload),
+        "payload_crc32": zlib.crc32(payload),
+        "tokens_sum": hashlib.blake2b(tok, digest_size=16).hexdigest(),
+        "created": time.time(),
+    }, sort_keys=True).encode()
+    head = _FIXED.pack(MAGIC, FORMAT_VERSION, len(hdr), hashlib.blake2b(hdr, digest_size=16).digest()) + hdr + tok
+    return head, payload
+
+
+def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes) -> int:
+    """Write a state file atomically (temporary name + rename); returns its size in bytes."""
+    if not payload:
+        raise CacheFileError("refusing to write an empty state")
+    head, payload = encode(model_sha256, salt, model_name, tokens, payload)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(head)
+            f.write(payload)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return len(head) + len(payload)
+
+
+def read_header(path: Path, model_sha256: str | None = None, salt: dict | None = None) -> Header:
+    """Read and check a file's header and token ids; raises CacheFileError or OSError (file gone)."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise CacheFileError("empty file")
+        fixed = f.read(_FIXED.size)
+        if len(fixed) < _FIXED.size:
+            raise CacheFileError("truncated header")
+        magic, version, hdr_len, hdr_sum = _FIXED.unpack(fixed)
+        if magic != MAGIC:
+            raise CacheFileError("bad magic")
+        if version != FORMAT_VERSION:
+            raise CacheFileError(f"unknown format version {version}")
+        if hdr_len <= 0 or hdr_len > _MAX_HEADER:
+            raise CacheFileError("bad header length")
+        raw = f.read(hdr_len)
+        if len(raw) < hdr_len:
+            raise CacheFileError("truncated header")
+        if hashlib.blake2b(raw, digest_size=16).digest() != hdr_sum:
+            raise CacheFileError("header checksum mismatch")
+        try:
+            h = json.loads(raw)
+            n_tokens = int(h["n_tokens"])
+            payload_len = int(h["payload_len"])
+            crc = int(h["payload_crc32"])
+            file_model = str(h["model_sha256"])
+            file_salt = dict(h["salt"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CacheFileError(f"bad header: {exc}") from None
+        if model_sha256 is not None and file_model != model_sha256:
+            raise CacheFileError(f"foreign model {file_model[:12]} (expected {model_sha256[:12]})")
+        if salt is not None and file_salt != salt:
+            raise CacheFileError(f"other KV settings {file_salt} (expected {salt})")
+        if n_tokens <= 0 or payload_len <= 0:
+            raise CacheFileError("zero-length tokens or payload")
+        offset = _FIXED.size + hdr_len + 4 * n_tokens
+        if size != offset + payload_len:
+            raise CacheFileError(f"size {size} != expected {offset + payload_len} (truncated or padded)")
+        tok = f.read(4 * n_tokens)
+        if len(tok) < 4 * n_tokens:
+            raise CacheFileError("truncated tokens")
+        if hashlib.blake2b(tok, digest_size=16).hexdigest() != h.get("tokens_sum"):
+            raise CacheFileError("token ids checksum mismatch")
+        a = array("i")
+        a.frombytes(tok)
+    return Header(path=path, model_sha256=file_model, salt=file_salt, model_name=str(h.get("model_name", "")),
+                  tokens=a.tolist(), payload_len=payload_len, payload_crc32=crc, payload_offset=offset,
+                  created=float(h.get("created", 0.0)), size=size)
+
+
+def read_payload(hdr: Header) -> bytearray:
+    """Read the payload of a checked header and verify its checksum; raises CacheFileError or OSError."""
+    with open(hdr.path, "rb") as f:
+        f.seek(hdr.payload_offset)
+        buf = bytearray(hdr.payload_len)
+        n = f.readinto(buf)
+    if n != hdr.payload_len:
+        raise CacheFileError("truncated payload")
+    if zlib.crc32(buf) != hdr.payload_crc32:
+        raise CacheFileError("payload checksum mismatch")
+    return buf  # a bytearray: accepted wherever bytes are read, and saves a copy
+
+
+def quick_info(path: Path) -> dict | None:
+    """Header fields without checking tokens or payload (for ``cache ls``); None when unreadable."""
+    try:
+        hdr = read_header(path)
+    except (OSError, CacheFileError):
+        return None
+    return {"model_sha256": hdr.model_sha256, "model_name": hdr.model_name, "salt": hdr.salt,
+            "n_tokens": len(hdr.tokens), "tokens": hdr.tokens, "size": hdr.size, "created": hdr.created}

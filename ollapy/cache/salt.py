@@ -1,0 +1,107 @@
+"""What makes a saved KV state valid: the model file's sha256 and the KV settings.
+
+The model sha256 is computed at most once per file version: it is memoized on
+disk under ``<cache root>/digests/`` keyed by (path, size, mtime_ns), so a new
+``ollapy run`` process pays a ``stat`` instead of hashing hundreds of MB.
+The KV salt lists every setting that changes the bytes of a sequence state.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+HASH_CHUNK = 1 << 22
+
+
+def normalize_digest(digest: str | None) -> str | None:
+    """``sha256:<hex>`` / ``sha256-<hex>`` / ``<hex>`` -> lowercase hex, or None when not a sha256."""
+    if not digest:
+        return None
+    d = digest.strip().lower()
+    for prefix in ("sha256:", "sha256-"):
+        d = d.removeprefix(prefix)
+    if len(d) == 64 and all(c in "0123456789abcdef" for c in d):
+        return d
+    return None
+
+
+def _memo_path(root: Path, path: Path) -> Path:
+    key = hashlib.blake2b(str(path).encode("utf-8", "surrogateescape"), digest_size=12).hexdigest()
+    return root / "digests" / f"{key}.json"
+
+
+def file_sha256(path: str | Path, root: Path | None = None) -> str:
+    """sha256 hex of a file, memoized under ``root/digests`` by (resolved path, size, mtime_ns)."""
+    p = Path(path).resolve()
+    st = p.stat()
+    memo = _memo_path(root, p) if root is not None else None
+    if memo is not None:
+        try:
+            data = json.loads(memo.read_text())
+            if data.get("path") == str(p) and data.get("size") == st.st_size and data.get("mtime_ns") == st.st_mtime_ns:
+                d = normalize_digest(data.get("sha256"))
+                if d:
+                    return d
+        except (OSError, ValueError, AttributeError):
+            pass
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        while True:
+            chunk = f.read(HASH_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+    digest = h.hexdigest()
+    if memo is not None:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=memo.parent, prefix=".tmp-")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"path": str(p), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": digest}, f)
+            os.replace(tmp, memo)
+        except OSError:
+            pass
+    return digest
+
+
+def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str) -> dict:
+    """The settings that change a sequence state's bytes, as a JSON-able dict.
+
+    ``flash_attn`` is the effective choice (quantized KV types force it on);
+    the llama-cpp-python version stands in for llama.cpp's state format.
+    """
+    fa = flash_attn
+    if kv_cache_type != "f16" and flash_attn == "auto":
+        fa = "on"
+    return {
+        "type_k": kv_cache_type,
+        "type_v": kv_cache_type,
+        "flash_attn": fa,
+        "kv_unified": False,
+        "swa_full": True,
+        "state_format": f"llama-cpp-python {library_version}",
+    }
+
+
+def salt_key(salt: dict) -> str:
+    """Short stable hex key of a salt dict (used in directory names)."""
+    return hashlib.blake2b(json.dumps(salt, sort_keys=True).encode(), digest_size=6).hexdigest()
+
+
+def salt_from_backend(backend) -> dict:
+    """The KV salt of a loaded :class:`ollapy.engine.backend.Backend`."""
+    cfg = backend.cfg
+    return kv_salt(cfg.kv_cache_type, cfg.flash_attn, library_version())
+
+
+def library_version() -> str:
+    """Installed llama-cpp-python version, read from package metadata (does not import llama_cpp)."""
+    try:
+        from importlib.metadata import version
+
+        return version("llama_cpp_python")
+    except Exception:  # noqa: BLE001 - metadata missing in odd installs
+        return "unknown"

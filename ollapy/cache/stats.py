@@ -1,0 +1,147 @@
+"""Prompt-cache counters, persisted across processes without a shared mutable file.
+
+Each process rewrites its own ``<root>/stats/<pid>-<nonce>.json`` atomically
+(at most once a second, and at exit). ``ollapy cache stats`` sums every file;
+files of processes that are gone are folded into ``total.json`` under an
+``O_EXCL`` lock file, so the directory stays small.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
+            "bytes_written", "corrupt")
+LOCK_STALE_S = 60.0
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Stats:
+    """This process's counters; :meth:`add` is cheap, :meth:`save` persists them."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self.c = dict.fromkeys(COUNTERS, 0)
+        self._lock = threading.Lock()
+        self._last_save = 0.0
+        self._dirty = False
+        self._file = None
+        if root is not None:
+            self._file = root / "stats" / f"{os.getpid()}-{os.urandom(3).hex()}.json"
+
+    def add(self, **kw: int) -> None:
+        """Increase counters; persists when the last save is over a second old."""
+        with self._lock:
+            for k, v in kw.items():
+                self.c[k] = self.c.get(k, 0) + v
+            self._dirty = True
+        if time.monotonic() - self._last_save > 1.0:
+            self.save()
+
+    def save(self) -> None:
+        """Write this process's counters now (errors ignored)."""
+        if self._file is None or not self._dirty:
+            return
+        with self._lock:
+            data = dict(self.c, pid=os.getpid())
+            self._dirty = False
+        self._last_save = time.monotonic()
+        try:
+            _write_json(self._file, data)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def aggregate(root: Path, compact: bool = True) -> dict:
+    """Sum the counters of every process (past and present) that used ``root``."""
+    d = root / "stats"
+    total = dict.fromkeys(COUNTERS, 0)
+    try:
+        files = [p for p in d.iterdir() if p.suffix == ".json" and not p.name.startswith(".tmp-")]
+    except OSError:
+        return total
+    locked = False
+    lock = d / ".lock"
+    if compact:
+        try:
+            if lock.exists() and time.time() - lock.stat().st_mtime > LOCK_STALE_S:
+                lock.unlink()
+            os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            locked = True
+        except OSError:
+            locked = False
+    try:
+        folded = dict.fromkeys(COUNTERS, 0)
+        dead: list[Path] = []
+        for p in files:
+            try:
+                data = json.loads(p.read_text())
+            except (OSError, ValueError):
+                continue
+            for k in COUNTERS:
+                v = int(data.get(k, 0) or 0)
+                total[k] += v
+                if p.name == "total.json":
+                    folded[k] += v
+            pid = data.get("pid")
+            if locked and p.name != "total.json" and isinstance(pid, int) and not _alive(pid):
+                for k in COUNTERS:
+                    folded[k] += int(data.get(k, 0) or 0)
+                dead.append(p)
+        if locked and dead:
+            _write_json(d / "total.json", folded)
+            for p in dead:
+                try:
+                    p.unlink()
+                except OSError:
+                    pass
+    finally:
+        if locked:
+            try:
+                lock.unlink()
+            except OSError:
+                pass
+    return total
+
+
+def reset(root: Path) -> None:
+    """Delete every stats file under ``root``."""
+    d = root / "stats"
+    try:
+        for p in d.iterdir():
+            try:
+                p.unlink()
+            except OSError:
+                pass
+    except OSError:
+        pass

@@ -1,0 +1,344 @@
+"""The two tiers of the prompt cache: an in-process RAM LRU and a shared disk directory.
+
+RAM tier: entries holding their payload bytes, bounded in bytes, least
+recently used first, entries that served hits kept over ones that never did,
+pinned entries last.
+
+Disk tier: one directory per (model sha256, KV salt) under
+``<root>/v1/``; one file per entry, named by a hash of its tokens, written
+by a background thread (tmp name + rename) so decoding never waits on disk.
+The index is derived from the directory listing and the file headers: no
+shared mutable index file, so processes sharing the directory only ever race
+on atomic renames and unlinks, which readers tolerate. A file's mtime is its
+last use (touched on every hit); ``<name>.hit`` marks entries that served a
+hit; ``<name>.pin`` marks pinned entries (written before the state file is
+renamed into place, so a pinned entry is never seen unpinned).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .fileformat import SUFFIX, TMP_PREFIX, CacheFileError, read_header, read_payload, write_file
+
+log = logging.getLogger("ollapy.cache")
+
+LAYOUT = "v1"
+PIN = ".pin"
+HIT = ".hit"
+STALE_TMP_S = 3600.0
+
+
+@dataclass(eq=False)
+class Entry:
+    """One saved prefix state. ``payload`` is set while it lives in the RAM tier."""
+
+    name: str
+    tokens: list[int]
+    nbytes: int
+    pinned: bool = False
+    payload: bytes | bytearray | None = None
+    path: Path | None = None
+    on_disk: bool = False
+    pending: bool = False
+    superseded: bool = False
+    hits: int = 0
+    last_used: float = field(default_factory=time.time)
+    header: object = None
+
+
+def _unlink(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        log.debug("could not delete %s: %s", p, exc)
+
+
+def delete_entry_files(path: Path, keep_pin: bool = False) -> None:
+    """Delete a state file and its sidecars (missing files are fine)."""
+    _unlink(path)
+    _unlink(path.with_suffix(HIT))
+    if not keep_pin:
+        _unlink(path.with_suffix(PIN))
+
+
+class RamTier:
+    """In-process LRU of entries with payloads, bounded by ``cap`` bytes."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.entries: dict[str, Entry] = {}
+        self.bytes = 0
+
+    def put(self, e: Entry, payload) -> list[Entry]:
+        """Hold ``payload`` for ``e``; returns the entries whose payloads were dropped to fit the cap."""
+        if e.name in self.entries:
+            self.drop(e)
+        if len(payload) > self.cap:
+            return []
+        e.payload = payload
+        self.entries[e.name] = e
+        self.bytes += len(payload)
+        return self.fit(keep=e)
+
+    def fit(self, keep: Entry | None = None) -> list[Entry]:
+        """Evict until under the cap: unpinned before pinned, never-hit before hit, oldest first."""
+        out: list[Entry] = []
+        while self.bytes > self.cap:
+            victims = [x for x in self.entries.values() if x is not keep]
+            if not victims:
+                break
+            v = min(victims, key=lambda x: (x.pinned, x.hits > 0, x.last_used))
+            self.drop(v)
+            out.append(v)
+        return out
+
+    def drop(self, e: Entry) -> None:
+        """Forget ``e``'s payload."""
+        if self.entries.pop(e.name, None) is not None and e.payload is not None:
+            self.bytes -= len(e.payload)
+        e.payload = None
+
+    def pinned_bytes(self) -> int:
+        """Bytes of pinned entries held in RAM."""
+        return sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
+
+
+def iter_state_files(root: Path):
+    """Yield ``(path, stat, pinned, hit)`` for every state file under ``root`` (all models)."""
+    base = root / LAYOUT
+    try:
+        dirs = list(os.scandir(base))
+    except OSError:
+        return
+    now = time.time()
+    for d in dirs:
+        if not d.is_dir(follow_symlinks=False):
+            continue
+        try:
+            names = list(os.scandir(d.path))
+        except OSError:
+            continue
+        present = {n.name for n in names}
+        for f in names:
+            if f.name.startswith(TMP_PREFIX):
+                try:
+                    if now - f.stat().st_mtime > STALE_TMP_S:  # a writer killed mid-write
+                        _unlink(Path(f.path))
+                except OSError:
+                    pass
+                continue
+            if not f.name.endswith(SUFFIX):
+                continue
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            stem = f.name[: -len(SUFFIX)]
+            yield Path(f.path), st, (stem + PIN) in present, (stem + HIT) in present
+
+
+def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset()) -> list[Path]:
+    """Delete unpinned state files, least valuable first, until all files total ≤ ``cap``.
+
+    Order: never-hit before hit, then oldest mtime (last use) first. Files
+    named in ``protect`` (just written) go last. Returns the deleted paths.
+    """
+    files = list(iter_state_files(root))
+    total = sum(st.st_size for _, st, _, _ in files)
+    if total <= cap:
+        return []
+    victims = sorted((f for f in files if not f[2]), key=lambda f: (f[0].name in protect, f[3], f[1].st_mtime))
+    deleted = []
+    for path, st, _, _ in victims:
+        if total <= cap:
+            break
+        delete_entry_files(path)
+        total -= st.st_size
+        deleted.append(path)
+    if deleted:
+        log.debug("disk cap %d: evicted %d file(s)", cap, len(deleted))
+    return deleted
+
+
+def disk_usage(root: Path) -> dict:
+    """Bytes and file counts on disk: total, pinned."""
+    total = pinned = n = n_pinned = 0
+    for _, st, pin, _ in iter_state_files(root):
+        total += st.st_size
+        n += 1
+        if pin:
+            pinned += st.st_size
+            n_pinned += 1
+    return {"disk_bytes": total, "disk_files": n, "pinned_bytes": pinned, "pinned_files": n_pinned}
+
+
+class DiskTier:
+    """The directory of one (model, KV salt), plus the background writer thread."""
+
+    def __init__(self, root: Path, directory: Path, model_sha256: str, salt: dict, model_name: str, cap: int) -> None:
+        self.root = root
+        self.dir = directory
+        self.model_sha256 = model_sha256
+        self.salt = salt
+        self.model_name = model_name
+        self.cap = cap
+        self._q: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    # ---- reading ---------------------------------------------------------------------------
+    def listing(self) -> dict[str, tuple[Path, float, bool]]:
+        """``name -> (path, mtime, pinned)`` of the files in this directory now."""
+        out = {}
+        try:
+            items = list(os.scandir(self.dir))
+        except OSError:
+            return out
+        present = {i.name for i in items}
+        for i in items:
+            if i.name.startswith(TMP_PREFIX) or not i.name.endswith(SUFFIX):
+                continue
+            stem = i.name[: -len(SUFFIX)]
+            try:
+                mtime = i.stat().st_mtime
+            except OSError:
+                continue
+            out[stem] = (Path(i.path), mtime, (stem + PIN) in present)
+        return out
+
+    def open_entry(self, name: str, path: Path) -> Entry | None:
+        """Read and check a file's header; a bad file is deleted (debug log says why)."""
+        try:
+            hdr = read_header(path, self.model_sha256, self.salt)
+        except CacheFileError as exc:
+            log.debug("prompt cache: dropping %s: %s", path.name, exc)
+            delete_entry_files(path)
+            return None
+        except OSError:
+            return None  # vanished (another process evicted it)
+        e = Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
+        return e
+
+    def load(self, e: Entry):
+        """The entry's payload from disk, checked; None (file deleted when bad) on any failure."""
+        if e.header is None:
+            try:
+                e.header = read_header(e.path, self.model_sha256, self.salt)
+            except CacheFileError as exc:
+                log.debug("prompt cache: dropping %s: %s", e.path.name, exc)
+                delete_entry_files(e.path)
+                return None
+            except OSError:
+                return None
+        try:
+            data = read_payload(e.header)
+        except CacheFileError as exc:
+            log.debug("prompt cache: dropping %s: %s", e.path.name, exc)
+            delete_entry_files(e.path)
+            return None
+        except OSError:
+            return None
+        return data
+
+    def touch(self, e: Entry) -> None:
+        """Mark a hit: mtime = now (LRU) and the ``.hit`` sidecar (kept over never-hit entries)."""
+        if e.path is None:
+            return
+        try:
+            os.utime(e.path)
+            e.path.with_suffix(HIT).touch()
+        except OSError:
+            pass
+
+    def set_pin(self, e: Entry, pinned: bool) -> None:
+        """Create or remove the pin sidecar of ``e``."""
+        e.pinned = pinned
+        if e.path is None:
+            return
+        try:
+            if pinned:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                e.path.with_suffix(PIN).touch()
+            else:
+                _unlink(e.path.with_suffix(PIN))
+        except OSError:
+            pass
+
+    def delete(self, e: Entry) -> None:
+        """Remove ``e``'s files (after pending writes, so a queued write cannot resurrect it)."""
+        e.superseded = True
+        if e.pending:
+            self._q.put(("delete", e))
+            self._ensure_thread()
+        elif e.path is not None:
+            delete_entry_files(e.path)
+            e.on_disk = False
+
+    # ---- writing ---------------------------------------------------------------------------
+    def write_async(self, e: Entry, payload, replaced: list[Entry]) -> None:
+        """Queue a write of ``e`` (then deletion of the entries it replaces, then the cap)."""
+        if len(payload) > self.cap:
+            log.debug("prompt cache: state of %d bytes exceeds the disk cap; not written", len(payload))
+            return
+        e.path = self.dir / f"{e.name}{SUFFIX}"
+        e.pending = True
+        self._q.put(("write", e, payload, replaced))
+        self._ensure_thread()
+
+    def _ensure_thread(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._writer, name="ollapy-cache-writer", daemon=True)
+                self._thread.start()
+
+    def _writer(self) -> None:
+        while True:
+            job = self._q.get()
+            try:
+                if job[0] == "write":
+                    self._write(*job[1:])
+                elif job[0] == "delete":
+                    e = job[1]
+                    if e.path is not None:
+                        delete_entry_files(e.path)
+                    e.on_disk = False
+            except Exception:
+                log.debug("prompt cache write failed", exc_info=True)
+            finally:
+                self._q.task_done()
+
+    def _write(self, e: Entry, payload, replaced: list[Entry]) -> None:
+        try:
+            if e.superseded:
+                return
+            if e.pinned:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                e.path.with_suffix(PIN).touch()
+            write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload)
+            e.on_disk = True
+            for r in replaced:
+                if r.path is not None and r.path != e.path and not r.pending:
+                    delete_entry_files(r.path, keep_pin=False)
+                    r.on_disk = False
+            enforce_disk_cap(self.root, self.cap, protect={e.path.name})
+        except OSError as exc:
+            log.debug("prompt cache: could not write %s: %s", e.path, exc)
+        finally:
+            e.pending = False
+
+    def flush(self, timeout: float = 60.0) -> bool:
+        """Wait until queued writes are done (at most ``timeout`` seconds); True when drained."""
+        end = time.monotonic() + timeout
+        while self._q.unfinished_tasks:
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.005)
+        return True

@@ -1,0 +1,148 @@
+"""Model commands: ``pull``, ``list``/``ls``, ``show``, ``rm``, ``cp``, ``create``.
+
+Everything here reads the store through :mod:`ollapy.store`; nothing imports
+llama_cpp, and huggingface_hub/httpx load only when a pull needs them.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UsageError
+
+
+def _age(ts: float) -> str:
+    d = max(0.0, time.time() - ts)
+    for unit, sec in (("year", 31536000), ("month", 2592000), ("week", 604800), ("day", 86400), ("hour", 3600),
+                      ("minute", 60)):
+        if d >= sec:
+            n = int(d // sec)
+            return f"{n} {unit}{'s' if n > 1 else ''} ago"
+    return "Less than a minute ago" if d >= 1 else "Just now"
+
+
+def pull_cmd(
+    name: str = typer.Argument(..., help="Model name: smollm2:135m, hf.co/org/repo:Q4_K_M, [host/][ns/]model[:tag]."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
+    insecure: bool = typer.Option(False, "--insecure", help="Use plain HTTP for a registry host."),
+) -> None:
+    """Pull a model from Hugging Face, the catalogue's mirrors or an Ollama registry."""
+    from ..store import pull_model
+    from ..store.resolve import find_entry
+
+    stored = pull_model(name, quiet=quiet, insecure=insecure)
+    found = find_entry(stored)
+    if not quiet:
+        print(f"success: {stored.display()}" + (f" ({found[1].display()})" if found and found[1].display() != stored.display() else ""),
+              file=sys.stderr)
+
+
+def list_cmd() -> None:
+    """List local models (NAME ID SIZE MODIFIED SOURCE); broken entries show their reason."""
+    from ..store import list_models
+    from ..store.progress import human_size
+
+    rows = [("NAME", "ID", "SIZE", "MODIFIED", "SOURCE")]
+    for m in list_models():
+        src = f"BROKEN: {m.broken}" if m.broken else m.source
+        rows.append((m.name, m.id, human_size(m.size) if not m.broken else "-", _age(m.modified), src))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("    ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "    " + r[4])
+
+
+def show_cmd(
+    name: str = typer.Argument(..., help="Model name or path to a .gguf file."),
+    modelfile: bool = typer.Option(False, "--modelfile", help="Show the Modelfile."),
+    template: bool = typer.Option(False, "--template", help="Show the template."),
+    parameters: bool = typer.Option(False, "--parameters", help="Show the parameters."),
+    license_: bool = typer.Option(False, "--license", help="Show the license."),
+    system: bool = typer.Option(False, "--system", help="Show the system prompt."),
+) -> None:
+    """Show a model's architecture, size, context length, template, parameters and license (GGUF metadata)."""
+    from ..store import resolve_model
+    from ..store.info import read_gguf_info
+    from ..store.modelfile import format_modelfile
+    from ..store.resolve import model_file_note
+
+    ref = resolve_model(name, pull=False)
+    if modelfile:
+        print(format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages), end="")
+        return
+    info = read_gguf_info(ref.path)
+    if template:
+        print(ref.template or info["chat_template"] or "")
+        return
+    if parameters:
+        for k, v in ref.parameters.items():
+            for item in v if isinstance(v, (list, tuple)) else [v]:
+                print(f"{k:<16}{item!r}" if isinstance(item, str) else f"{k:<16}{item}")
+        return
+    if license_:
+        print(ref.license or "")
+        return
+    if system:
+        print(ref.system or "")
+        return
+    print("  Model")
+    for label, key in (("architecture", "architecture"), ("parameters", "parameters"), ("context length", "context_length"),
+                       ("embedding length", "embedding_length"), ("quantization", "quantization")):
+        print(f"    {label:<20}{info.get(key)}")
+    print(f"    {'file':<20}{ref.path} ({model_file_note(ref)})")
+    if ref.source:
+        print(f"    {'source':<20}{ref.source}")
+    if ref.parameters:
+        print("\n  Parameters")
+        for k, v in ref.parameters.items():
+            print(f"    {k:<20}{v}")
+    if ref.system:
+        print("\n  System\n    " + ref.system.strip().replace("\n", "\n    "))
+    if ref.license:
+        print("\n  License\n    " + "\n    ".join(ref.license.strip().splitlines()[:2]))
+
+
+def rm_cmd(names: Annotated[list[str], typer.Argument(help="Models to remove.")]) -> None:
+    """Remove models (and the blobs no other model uses); works on broken entries too."""
+    from ..store import remove_model
+
+    for n in names:
+        remove_model(n)
+        print(f"deleted '{n}'")
+
+
+def cp_cmd(source: str = typer.Argument(..., help="Existing model."), destination: str = typer.Argument(..., help="New name.")) -> None:
+    """Copy a model to a new name (no bytes copied)."""
+    from ..store import copy_model
+
+    dst = copy_model(source, destination)
+    print(f"copied '{source}' to '{dst.display()}'")
+
+
+def create_cmd(
+    name: Annotated[str, typer.Argument(help="Name for the new model.")],
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Modelfile path (default: ./Modelfile).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+) -> None:
+    """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE)."""
+    from ..store import create_model
+
+    path = file or Path("Modelfile")
+    if not path.is_file():
+        raise UsageError(f"{path}: no such Modelfile", hint="pass -f PATH")
+    ref = create_model(name, path.read_text(encoding="utf-8"), path.resolve().parent, quiet=quiet)
+    print(f"success: created {ref.name}", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the model commands to the ``ollapy`` app."""
+    app.command("pull")(pull_cmd)
+    app.command("list")(list_cmd)
+    app.command("ls", hidden=True)(list_cmd)
+    app.command("show")(show_cmd)
+    app.command("rm")(rm_cmd)
+    app.command("cp")(cp_cmd)
+    app.command("create")(create_cmd)

@@ -1,0 +1,140 @@
+"""``ollapy run`` through a running ``ollapy serve``: the same interface as the in-process runner.
+
+:func:`probe_server` asks ``OLLAPY_HOST`` for a heartbeat (short timeout); when
+a server answers it loads the model there (so unknown models and bad options
+fail before anything is printed) and returns ``(RemoteRunner, ref)``. The
+server applies the model's SYSTEM/MESSAGE lines itself, so the ref carries
+only the system prompt (for the REPL's ``/show system``) and no messages.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from ..options import Options
+
+
+@dataclass
+class RemoteRef:
+    """What the CLI needs of a model served remotely."""
+
+    name: str
+    system: str | None = None
+    messages: list = field(default_factory=list)
+    template: str | None = None
+    license: str | None = None
+
+
+class RemoteChunk(SimpleNamespace):
+    """A chunk like the engine's: ``text``, ``done``, ``done_reason``, ``metrics`` (dict on the last one)."""
+
+
+_METRIC_KEYS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
+                "eval_duration", "prompt_cache_tokens", "truncated")
+
+
+class RemoteStream:
+    """Iterates a server chat stream as chunks; ``cancel()`` drops the connection (the server frees the slot)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __iter__(self):
+        for obj in self.stream:
+            text = (obj.get("message") or {}).get("content", "") if "message" in obj else obj.get("response", "")
+            if obj.get("done"):
+                metrics = {k: obj.get(k, 0) for k in _METRIC_KEYS}
+                yield RemoteChunk(text=text or "", done=True, done_reason=obj.get("done_reason"), metrics=metrics)
+                return
+            yield RemoteChunk(text=text or "", done=False, done_reason=None, metrics=None)
+
+    def cancel(self) -> None:
+        self.stream.cancel()
+
+
+class RemoteRunner:
+    """Runs chats on a server. ``options`` are the merged options as the server reported them."""
+
+    def __init__(self, client, name: str, cli_options: dict, keep_alive=None) -> None:
+        self.client = client
+        self.name = name
+        self.keep_alive = keep_alive
+        self._cli = dict(cli_options)
+        self._ps = self._find_ps()
+        self.options = Options().merged({k: v for k, v in cli_options.items()})
+
+    def _find_ps(self) -> dict:
+        try:
+            for m in self.client.ps():
+                if m.get("name") == self.name or m.get("model") == self.name:
+                    return m
+        except Exception:  # noqa: BLE001
+            pass
+        return {}
+
+    @property
+    def num_ctx(self) -> int:
+        """Context length per slot of the model on the server."""
+        return int(self._ps.get("context_length") or self.options.num_ctx)
+
+    def chat(self, messages: list[dict], cli_options: dict, fmt=None, cache: bool = True):
+        """Stream a chat from the server; returns an iterable of chunks with ``cancel()``."""
+        opts = dict(cli_options)
+        # request-time options changed with /set parameter live on self.options
+        base = Options()
+        for k in ("temperature", "top_k", "top_p", "min_p", "num_predict", "repeat_penalty", "seed", "stop",
+                  "presence_penalty", "frequency_penalty", "num_keep", "typical_p", "repeat_last_n"):
+            v = getattr(self.options, k)
+            if v != getattr(base, k) and k not in opts:
+                opts[k] = list(v) if isinstance(v, tuple) else v
+        stream = self.client.chat(self.name, messages, options=opts, format=fmt, keep_alive=self.keep_alive,
+                                  stream=True, cache=cache)
+        return RemoteStream(stream)
+
+    def info(self) -> dict:
+        """Model facts from the server (``/api/show`` + ``/api/ps``)."""
+        out = {"name": self.name, "server": self.client.host}
+        try:
+            show = self.client.show(self.name)
+            det = show.get("details") or {}
+            out.update(architecture=det.get("family"), template=show.get("template"),
+                       context_length=next((v for k, v in (show.get("model_info") or {}).items()
+                                            if k.endswith(".context_length")), None))
+        except Exception:  # noqa: BLE001
+            pass
+        ps = self._find_ps() or self._ps
+        if ps:
+            out.update(num_ctx=ps.get("context_length"), num_parallel=ps.get("num_parallel"), size=ps.get("size"))
+        return out
+
+    def close(self) -> None:
+        """Nothing to unload: the server's keep_alive decides."""
+        self.client.close()
+
+
+def probe_server(name: str, cli_options: dict, settings):
+    """``(RemoteRunner, RemoteRef)`` when a server answers at OLLAPY_HOST, else None.
+
+    Raises the server's error (unknown model 404, bad options 400...) as the
+    matching OllapyError, like the in-process path would.
+    """
+    try:
+        from ..client import Client
+    except ImportError:
+        return None
+    client = Client()
+    if not client.heartbeat():
+        client.close()
+        return None
+    keep_alive = getattr(settings, "keepalive", None)
+    opts = {k: list(v) if isinstance(v, tuple) else v for k, v in cli_options.items()}
+    client.load(name, opts, keep_alive)
+    show = {}
+    try:
+        show = client.show(name)
+    except Exception:  # noqa: BLE001 - a path model may not be showable
+        show = {}
+    runner = RemoteRunner(client, name, cli_options, keep_alive)
+    ref = RemoteRef(name=name, system=show.get("system") or None, template=show.get("template") or None,
+                    license=show.get("license") or None)
+    return runner, ref

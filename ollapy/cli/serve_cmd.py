@@ -1,0 +1,102 @@
+"""``ollapy serve``, ``ollapy ps`` and ``ollapy stop``.
+
+``serve`` imports fastapi/uvicorn (and, on the first request, llama.cpp)
+only when it runs; ``ps`` and ``stop`` are httpx calls to ``OLLAPY_HOST`` and
+say plainly when no server is running.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import typer
+
+from .. import config
+from ..errors import UsageError
+
+
+def serve(
+    host: str = typer.Option(None, "--host", help="Address to bind as host:port (default OLLAPY_HOST, 127.0.0.1:11435)."),
+) -> None:
+    """Start the Ollama- and OpenAI-compatible HTTP server (loopback only unless --host/OLLAPY_HOST says otherwise)."""
+    import logging
+
+    import uvicorn
+
+    from ..server.app import create_app
+
+    if host:
+        import os
+
+        os.environ["OLLAPY_HOST"] = host
+    h, port = config.host_port()
+    logging.basicConfig(level=logging.DEBUG if config.debug() else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if h not in ("127.0.0.1", "localhost", "::1"):
+        print(f"warning: listening on {h}:{port}, reachable from other machines", file=sys.stderr)
+    print(f"ollapy serve listening on http://{h}:{port}", file=sys.stderr)
+    uvicorn.run(create_app(), host=h, port=port, log_level="debug" if config.debug() else "warning",
+                timeout_graceful_shutdown=5)
+
+
+def _until(expires: str | None) -> str:
+    if not expires or expires.startswith("2318") or expires.startswith("0001"):
+        return "Forever"
+    import datetime
+
+    try:
+        t = datetime.datetime.fromisoformat(expires.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return expires
+    d = t - time.time()
+    if d <= 0:
+        return "Stopping..."
+    for unit, sec in (("hour", 3600), ("minute", 60), ("second", 1)):
+        if d >= sec:
+            n = int(d // sec)
+            return f"{n} {unit}{'s' if n != 1 else ''} from now"
+    return "Less than a second from now"
+
+
+def ps() -> None:
+    """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS UNTIL)."""
+    from ..client import Client
+    from ..store.progress import human_size
+
+    client = Client(timeout=10)
+    models = client.ps()
+    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "UNTIL")]
+    for m in models:
+        size = int(m.get("size") or 0)
+        vram = int(m.get("size_vram") or 0)
+        if size and vram >= size:
+            proc = "100% GPU"
+        elif vram:
+            pct = round(100 * vram / size)
+            proc = f"{100 - pct}%/{pct}% CPU/GPU"
+        else:
+            proc = "100% CPU"
+        slots = f"{m.get('slots_busy', 0)}/{m.get('num_parallel', '?')}"
+        rows.append((m.get("name", ""), (m.get("digest") or "")[:12] or "-", human_size(size), proc,
+                     str(m.get("context_length", "")), slots, _until(m.get("expires_at"))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def stop(model: str = typer.Argument(..., help="Model to unload from the running server.")) -> None:
+    """Unload a model from the running server."""
+    from ..client import Client
+
+    client = Client(timeout=30)
+    loaded = {m.get("name") for m in client.ps()} | {m.get("model") for m in client.ps()}
+    if model not in loaded and f"{model}:latest" not in loaded:
+        raise UsageError(f"model {model!r} is not loaded on the server at {client.host}", hint="see `ollapy ps`")
+    client.stop(model if model in loaded else f"{model}:latest")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve``, ``ps`` and ``stop``."""
+    app.command("serve")(serve)
+    app.command("ps")(ps)
+    app.command("stop")(stop)

@@ -1,0 +1,154 @@
+"""The FastAPI application of ``ollapy serve``.
+
+:func:`create_app` wires the runtime (loaded models), the metrics registry,
+the Ollama routes (``/``, ``/api/*``), the OpenAI routes (``/v1/*``) and
+``/metrics``; CORS allows local origins by default (``OLLAPY_ORIGINS`` adds
+more, like Ollama's ``OLLAMA_ORIGINS``); request bodies are capped at
+``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.middleware.cors import CORSMiddleware
+
+from .. import __version__, config
+from ..runtime import Runtime
+from .errors import ollama_error, openai_error
+from .metrics import Metrics
+
+log = logging.getLogger("ollapy.server")
+
+LOCAL_ORIGINS = [
+    r"https?://localhost(:\d+)?",
+    r"https?://127\.0\.0\.1(:\d+)?",
+    r"https?://\[::1\](:\d+)?",
+    r"https?://0\.0\.0\.0(:\d+)?",
+    r"app://.*",
+    r"file://.*",
+    r"tauri://.*",
+    r"vscode-webview://.*",
+]
+
+
+def origin_regex() -> str:
+    """One regex of allowed CORS origins: the local ones plus ``OLLAPY_ORIGINS`` (comma separated, ``*`` wildcards)."""
+    pats = list(LOCAL_ORIGINS)
+    for o in config.origins():
+        pats.append(".*" if o == "*" else re.escape(o).replace(r"\*", ".*"))
+    return "^(" + "|".join(pats) + ")$"
+
+
+class State:
+    """What the routes share: the runtime and the metrics."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics | None) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+
+
+class BodyLimit:
+    """Pure ASGI middleware: refuse request bodies over ``limit`` bytes with 413 (``/api/blobs`` exempt)."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"].startswith("/api/blobs/") or self.limit <= 0:
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", []):
+            if k == b"content-length":
+                try:
+                    if int(v) > self.limit:
+                        return await _too_large(send, self.limit)
+                except ValueError:
+                    pass
+        seen = 0
+        limit = self.limit
+
+        async def limited_receive():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > limit:
+                    raise _BodyTooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except _BodyTooLarge:
+            await _too_large(send, limit)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+async def _too_large(send, limit: int) -> None:
+    body = json.dumps({"error": f"request body larger than {limit} bytes (raise OLLAPY_MAX_BODY)"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def create_app(runtime: Runtime | None = None) -> FastAPI:
+    """Build the app. ``runtime`` defaults to a new :class:`Runtime` from the OLLAPY_* settings."""
+    runtime = runtime or Runtime()
+    metrics = Metrics(runtime)
+    state = State(runtime, metrics)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        runtime.start()
+        try:
+            yield
+        finally:
+            await runtime.shutdown()
+
+    app = FastAPI(title="ollapy", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.ollapy = state
+
+    from . import ollama_routes, openai_routes
+
+    app.include_router(ollama_routes.router)
+    app.include_router(openai_routes.router)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def _metrics():
+        from fastapi.responses import Response
+
+        from .metrics import CONTENT_TYPE
+
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    from ..errors import OllapyError
+
+    for cls in (OllapyError, ValueError, Exception):
+        app.add_exception_handler(cls, lambda request, exc: error_response(request, exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError):
+        return error_response(request, ValueError(str(exc.errors()[0].get("msg") if exc.errors() else exc)))
+
+    app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(), allow_methods=["*"], allow_headers=["*"],
+                       allow_credentials=False)
+    app.add_middleware(BodyLimit, limit=config.max_body())
+    return app
+
+
+def error_response(request: Request, exc: BaseException) -> JSONResponse:
+    """The JSON error response for ``exc`` (OpenAI shape under /v1, Ollama's elsewhere)."""
+    if request.url.path.startswith("/v1"):
+        status, body = openai_error(exc)
+    else:
+        status, body = ollama_error(exc)
+    return JSONResponse(body, status_code=status)

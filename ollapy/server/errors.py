@@ -1,0 +1,74 @@
+"""The one place that maps exceptions to HTTP status codes and error bodies.
+
+Ollama routes answer ``{"error": "message"}``; OpenAI routes answer
+``{"error": {"message", "type", "param", "code"}}``. Once a stream has started
+the status can no longer change, so the error becomes the stream's last
+line (NDJSON ``{"error": ...}``) or SSE event, as Ollama does.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from .. import config
+from ..errors import Cancelled, ModelNotFound, OllapyError, describe
+
+log = logging.getLogger("ollapy.server")
+
+CLIENT_GONE = 499
+
+
+def status_for(exc: BaseException) -> int:
+    """HTTP status for an exception: the OllapyError's ``status`` (404 unknown model, 400 bad options,
+    503 busy, 499 client gone, 507 disk full...), 400 for malformed JSON/values, else 500."""
+    if isinstance(exc, OllapyError):
+        return exc.status
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return 400
+    if isinstance(exc, FileNotFoundError):
+        return 404
+    return 500
+
+
+def message_for(exc: BaseException) -> str:
+    """The one-line message (with hint) for an exception; unknown models get a pull hint."""
+    if isinstance(exc, ModelNotFound) and not exc.hint:
+        return f"{exc.message} (try `ollapy pull NAME`)"
+    return describe(exc)
+
+
+def log_error(exc: BaseException, status: int) -> None:
+    """Log 5xx errors (with traceback under OLLAPY_DEBUG)."""
+    if status >= 500 and not isinstance(exc, Cancelled):
+        log.error("%s", message_for(exc), exc_info=exc if config.debug() else None)
+    else:
+        log.debug("request failed (%d): %s", status, message_for(exc))
+
+
+def ollama_error(exc: BaseException) -> tuple[int, dict]:
+    """``(status, {"error": message})`` for Ollama routes."""
+    status = status_for(exc)
+    log_error(exc, status)
+    return status, {"error": message_for(exc)}
+
+
+def openai_error(exc: BaseException) -> tuple[int, dict]:
+    """``(status, {"error": {...}})`` in OpenAI's error shape."""
+    status = status_for(exc)
+    log_error(exc, status)
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy", 499: "client_closed"}.get(
+        status, "api_error")
+    code = "model_not_found" if isinstance(exc, ModelNotFound) else None
+    return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
+
+
+def stream_error_line(exc: BaseException) -> bytes:
+    """The final NDJSON line of an Ollama stream that failed after it started."""
+    _, body = ollama_error(exc)
+    return (json.dumps(body) + "\n").encode()
+
+
+def sse_error_event(exc: BaseException) -> bytes:
+    """The final SSE event of an OpenAI stream that failed after it started."""
+    _, body = openai_error(exc)
+    return f"data: {json.dumps(body)}\n\n".encode()

@@ -1,0 +1,157 @@
+"""Shared by the Ollama and OpenAI routes: start a generation on the runtime and stream its chunks.
+
+:func:`start` resolves and loads the model, builds the prompt (in a worker
+thread: template rendering and tokenizing take time on long prompts) and
+submits it with ``loop=`` so chunks arrive on the event loop without
+blocking. Errors before the first byte (unknown model, bad options, busy)
+propagate as exceptions and become status codes; :class:`Generation` always
+cancels its request and releases the model in ``close()``, which every
+response calls in a ``finally`` (client gone mid-stream or mid-prefill:
+the slot is freed within one engine step).
+"""
+from __future__ import annotations
+
+import asyncio
+import datetime
+import time
+from typing import Any, AsyncIterator
+
+from ..errors import OptionError
+
+
+def now_iso() -> str:
+    """Ollama's ``created_at``: RFC 3339 UTC with a ``Z``."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def model_messages(ref, messages: list[dict]) -> list[dict]:
+    """Apply a model's SYSTEM and MESSAGE lines to a chat, as Ollama does.
+
+    The model's system prompt is used only when the chat has none; the
+    model's messages come after the leading system messages.
+    """
+    msgs = [_clean_message(m) for m in messages]
+    lead = 0
+    while lead < len(msgs) and msgs[lead]["role"] == "system":
+        lead += 1
+    head = msgs[:lead]
+    if not head and getattr(ref, "system", None):
+        head = [{"role": "system", "content": ref.system}]
+    return head + [dict(m) for m in (getattr(ref, "messages", None) or [])] + msgs[lead:]
+
+
+def _clean_message(m: Any) -> dict:
+    if not isinstance(m, dict):
+        raise OptionError("each message must be an object with role and content")
+    role = m.get("role")
+    if role not in ("system", "user", "assistant", "tool"):
+        raise OptionError(f"invalid message role {role!r}", hint="use system, user, assistant or tool")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):  # OpenAI content parts
+        parts = []
+        for p in content:
+            if isinstance(p, dict) and p.get("type") in ("text", "input_text"):
+                parts.append(str(p.get("text", "")))
+            elif isinstance(p, str):
+                parts.append(p)
+            else:
+                raise OptionError("only text content parts are supported", hint="images and audio are not supported")
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise OptionError("message content must be a string")
+    if m.get("images"):
+        raise OptionError("images are not supported by ollapy models")
+    return {"role": role, "content": content}
+
+
+class Generation:
+    """A running request: ``chunks()`` yields engine chunks; ``close()`` cancels (if unfinished) and releases."""
+
+    def __init__(self, state, entry, req, load_ns: int, t0: float, route: str) -> None:
+        self.state = state
+        self.entry = entry
+        self.req = req
+        self.load_ns = load_ns
+        self.t0 = t0
+        self.route = route
+        self.model = entry.key
+        self.finished = False
+        self.closed = False
+        self.first_token_s: float | None = None
+        self.final = None
+
+    async def chunks(self) -> AsyncIterator[Any]:
+        """Engine chunks; the last one has ``done``. Raises the request's error."""
+        try:
+            async for c in self.req:
+                if self.first_token_s is None and (c.text or c.done):
+                    self.first_token_s = time.perf_counter() - self.t0
+                if c.done:
+                    self.finished = True
+                    self.final = c
+                yield c
+        finally:
+            self.close()
+
+    def metrics(self) -> dict:
+        """Final metrics in Ollama's names; ``load_duration`` is the time spent loading for THIS request."""
+        m = self.final.metrics.as_dict() if self.final is not None and self.final.metrics is not None else {}
+        engine_load = int(m.get("load_duration") or 0)
+        m["load_duration"] = self.load_ns
+        m["total_duration"] = max(0, int(m.get("total_duration") or 0) - engine_load + self.load_ns)
+        return m
+
+    def close(self, status: str | None = None) -> None:
+        """Idempotent: cancel an unfinished request (frees its slot within one step), release the model."""
+        if self.closed:
+            return
+        self.closed = True
+        if not self.finished:
+            self.req.cancel()
+        self.state.runtime.release_nowait(self.entry)
+        mt = self.state.metrics
+        if mt is not None:
+            mt.requests.labels(self.route, status or ("ok" if self.finished else "cancelled")).inc()
+            if self.finished:
+                mt.observe_done(self.model, self.metrics(), self.first_token_s)
+
+
+async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
+                raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
+                keep_alive=None, cache: bool = True) -> Generation:
+    """Load ``name`` if needed and submit one generation; raises before anything is sent on errors."""
+    t0 = time.perf_counter()
+    rt = state.runtime
+    if options is not None and not isinstance(options, dict):
+        raise OptionError("options must be an object")
+    ref = await rt.resolve(name)
+    entry, opts, load_ns = await rt.acquire(name, options, keep_alive, ref=ref)
+    try:
+        model = entry.model
+        if messages is not None:
+            msgs = model_messages(ref, messages)
+            p = await asyncio.to_thread(model.chat_prompt, msgs)
+        elif raw:
+            p = await asyncio.to_thread(model.raw_prompt, prompt or "")
+        else:
+            msgs = []
+            sys_text = system if system is not None else getattr(ref, "system", None)
+            if sys_text:
+                msgs.append({"role": "system", "content": sys_text})
+            msgs.append({"role": "user", "content": prompt or ""})
+            p = await asyncio.to_thread(model.chat_prompt, model_messages(_NoSystem(ref), msgs))
+        req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop())
+    except BaseException:
+        rt.release_nowait(entry)
+        raise
+    return Generation(state, entry, req, load_ns, t0, route)
+
+
+class _NoSystem:
+    """A ref whose system prompt was already applied (generate's ``system`` field or the model's)."""
+
+    def __init__(self, ref) -> None:
+        self.system = None
+        self.messages = getattr(ref, "messages", None)

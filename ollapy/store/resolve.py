@@ -1,0 +1,233 @@
+"""Turning a name into a loadable model (:func:`resolve_model`), and listing, removing and copying models."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptManifest, ModelNotFound
+from . import catalogue
+from .layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
+from .names import ModelName, looks_like_path, parse_name
+from .ollama_store import ollama_store
+from .pull import local_store, not_found, pull_model
+
+
+@dataclass
+class ModelRef:
+    """A model ready to load: ``path`` is the GGUF (the first part of a split); ``digest`` its sha256 hex.
+
+    ``parameters`` maps Ollama option names to values; ``messages`` are
+    ``{"role", "content"}`` dicts from MESSAGE lines.
+    """
+
+    name: str
+    path: Path
+    digest: str | None = None
+    template: str | None = None
+    system: str | None = None
+    parameters: dict[str, object] = field(default_factory=dict)
+    messages: list[dict] = field(default_factory=list)
+    license: str | None = None
+    source: str | None = None
+
+
+@dataclass
+class ModelInfo:
+    """One row of ``ollapy list``: size in bytes, modified as a POSIX timestamp, ``broken`` = reason or None."""
+
+    name: str
+    id: str
+    size: int
+    modified: float
+    source: str
+    store: str
+    broken: str | None
+    entry: Entry
+
+
+def _text(store: Store, layer: dict[str, Any]) -> str:
+    return store.layer_file(layer).read_text(encoding="utf-8")
+
+
+def ref_from_entry(store: Store, entry: Entry, links: Store) -> ModelRef:
+    """Build a ModelRef from a valid manifest entry; ``links`` is the writable store for split-GGUF links."""
+    if entry.broken or entry.manifest is None:
+        raise CorruptManifest(f"model {entry.display()!r} is broken: {entry.broken}",
+                              hint=f"remove it with `ollapy rm {entry.display()}` and pull it again")
+    layers = entry.model_layers()
+    if len(layers) > 1:
+        links_layers = [dict(x, **({"from": str(store.layer_file(x))} if store is not links else {})) for x in layers]
+        path = links.split_path(links_layers)
+    else:
+        path = store.layer_file(layers[0])
+    ref = ModelRef(name=entry.display(), path=path, digest=digest_hex(layers[0]["digest"]),
+                   source=(entry.manifest.get("ollapy") or {}).get("source") or ("ollama" if store.read_only else None))
+    for layer in entry.manifest["layers"]:
+        mt = layer.get("mediaType")
+        try:
+            if mt == MT_TEMPLATE:
+                ref.template = _text(store, layer)
+            elif mt == MT_SYSTEM:
+                ref.system = _text(store, layer)
+            elif mt == MT_LICENSE:
+                ref.license = (ref.license + "\n" if ref.license else "") + _text(store, layer)
+            elif mt == MT_PARAMS:
+                ref.parameters = dict(json.loads(_text(store, layer)))
+            elif mt == MT_MESSAGES:
+                ref.messages = list(json.loads(_text(store, layer)))
+        except (OSError, ValueError, TypeError) as exc:
+            raise CorruptManifest(f"model {entry.display()!r} has an unreadable {mt.rsplit('.', 1)[-1]} layer: {exc}",
+                                  hint=f"remove it with `ollapy rm {entry.display()}`") from None
+    return ref
+
+
+def find_entry(name: ModelName) -> tuple[Store, Entry] | None:
+    """Look ``name`` up in the local store, then the Ollama store; ``latest`` falls back to the catalogue default."""
+    candidates = [name]
+    entry = catalogue.lookup(name)
+    if entry is not None and entry.tag != name.tag.lower():
+        candidates.append(name.with_tag(entry.tag))
+    own = local_store()
+    stores = [s for s in (own, ollama_store(exclude=own.root)) if s is not None]
+    for cand in candidates:
+        for store in stores:
+            found = store.find(cand)
+            if found is not None:
+                return store, found
+    return None
+
+
+def resolve_model(name: str, *, pull: bool = True, quiet: bool = False) -> ModelRef:
+    """Resolve a name or ``.gguf`` path to a :class:`ModelRef`, pulling a missing model when ``pull``.
+
+    Raises InvalidModelName, ModelNotFound (names where it looked), CorruptManifest, DownloadError.
+    """
+    if looks_like_path(name):
+        p = Path(name).expanduser()
+        if p.is_file():
+            return ModelRef(name=str(p), path=p)
+        raise ModelNotFound(f"{name}: no such file", hint="check the path, or use a model name from `ollapy list`")
+    parsed = parse_name(name)
+    found = find_entry(parsed)
+    if found is None:
+        if not pull:
+            raise not_found(parsed)
+        parsed = pull_model(name, quiet=quiet)
+        found = find_entry(parsed)
+        if found is None:
+            raise not_found(parsed)
+    store, entry = found
+    return ref_from_entry(store, entry, local_store())
+
+
+def _manifest_id(path: Path) -> str:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "?" * 12
+
+
+def list_models() -> list[ModelInfo]:
+    """Every model in the local store, then those only in the Ollama store; broken entries included."""
+    out: list[ModelInfo] = []
+    own = local_store()
+    seen = set()
+    for label, store in (("ollapy", own), ("ollama", ollama_store(exclude=own.root))):
+        if store is None:
+            continue
+        for e in store.entries():
+            if label == "ollama" and e.parts in seen:
+                continue
+            seen.add(e.parts)
+            layers = (e.manifest or {}).get("layers", [])
+            size = sum(int(x.get("size") or 0) for x in layers if isinstance(x, dict))
+            src = ((e.manifest or {}).get("ollapy") or {}).get("source") or label
+            out.append(ModelInfo(e.display(), _manifest_id(e.path), size, e.modified, src, label, e.broken, e))
+    return out
+
+
+def remove_model(name: str) -> list[Path]:
+    """Remove a model (broken ones too) from the local store; return blobs deleted. Raises ModelNotFound."""
+    parsed = parse_name(name)
+    own = local_store()
+    entry = own.find(parsed)
+    if entry is None:
+        other = ollama_store(exclude=own.root)
+        if other is not None and other.find(parsed) is not None:
+            raise ModelNotFound(f"{parsed.display()!r} is in the Ollama store {other.root}, which ollapy only reads",
+                                hint="remove it with `ollama rm`")
+        raise ModelNotFound(f"model {parsed.display()!r} not found in {own.root}", hint="run `ollapy list`")
+    return own.remove(entry)
+
+
+def copy_model(src: str, dst: str) -> ModelName:
+    """Copy a model's manifest to a new name (no blob is copied). Raises ModelNotFound or CorruptManifest."""
+    s, d = parse_name(src), parse_name(dst)
+    found = find_entry(s)
+    if found is None:
+        raise not_found(s)
+    store, entry = found
+    if entry.broken or entry.manifest is None:
+        raise CorruptManifest(f"model {entry.display()!r} is broken: {entry.broken}", hint="remove it and pull it again")
+    manifest = json.loads(json.dumps(entry.manifest))
+    if store.read_only:  # refer to the Ollama blobs in place
+        for layer in manifest["layers"]:
+            layer["from"] = str(store.layer_file(layer))
+    own = local_store()
+    own.write_manifest(d, manifest)
+    return d
+
+
+def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = False) -> ModelRef:
+    """Register a model from Modelfile text (FROM path resolved against ``base_dir``) without copying the GGUF.
+
+    The GGUF is hard-linked into the store where possible, otherwise referenced
+    by path (``show`` reports it). Raises UsageError, ModelNotFound.
+    """
+    from .download import link_blob
+    from .modelfile import parse_modelfile
+    from .pull import extra_layers
+
+    target = parse_name(name)
+    mf = parse_modelfile(modelfile_text)
+    own = local_store()
+    src_path = Path(mf.from_).expanduser()
+    if not src_path.is_absolute():
+        src_path = base_dir / src_path
+    if src_path.is_file():
+        h = hashlib.sha256()
+        with open(src_path, "rb") as f:
+            while block := f.read(1 << 20):
+                h.update(block)
+        hexd = h.hexdigest()
+        layer: dict[str, Any] = {"mediaType": MT_MODEL, "digest": f"sha256:{hexd}", "size": src_path.stat().st_size,
+                                 "filename": src_path.name}
+        if not link_blob(own, hexd, src_path, symlink=False):
+            layer["from"] = str(src_path.resolve())
+        layers, base = [layer], ModelRef(name=str(src_path), path=src_path)
+        source = f"created from {src_path.resolve()}"
+    else:
+        base = resolve_model(mf.from_, pull=True, quiet=quiet)
+        found = find_entry(parse_name(base.name))
+        assert found is not None
+        store, entry = found
+        layers = [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {})) for x in entry.model_layers()]
+        source = f"created from {base.name}"
+    params = dict(base.parameters) | mf.parameters
+    layers += extra_layers(own, template=mf.template or base.template, system=mf.system or base.system, params=params,
+                           license="\n".join(mf.license) or base.license, messages=mf.messages or base.messages)
+    own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                                "layers": layers, "ollapy": {"source": source}})
+    return resolve_model(target.display(), pull=False)
+
+
+def model_file_note(ref: ModelRef) -> str:
+    """``linked`` / ``referenced`` / ``in store``: how the store holds the GGUF (for ``show``)."""
+    p = ref.path
+    if p.is_symlink():
+        return f"linked to {os.path.realpath(p)}"
+    return "in store" if "blobs" in p.parts else f"referenced at {p}"

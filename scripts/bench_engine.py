@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""Benchmark ollapy's engine against a bare llama.cpp loop measured in the same run.
+
+Prints, for one model (default: SmolLM2 test model) with fixed threads:
+prefill tokens/s, single-stream decode tokens/s, and aggregate decode
+tokens/s at 1, 2, 4 and 8 slots, for ollapy and for the baseline, and the
+ratios. The baseline is llama.cpp's ``llama-batched-bench`` when it is on
+PATH; otherwise a bare loop over the same low-level API (same context
+settings, same CPU buffer-type choice) that decodes the same number of
+sequences in one batch per step, with none of ollapy's scheduling, sampling
+or detokenizing.
+
+Targets (issue 2): single-stream decode >= 0.95x baseline; aggregate decode
+at 2, 4, 8 slots >= 0.9x baseline at the same number of sequences.
+
+Usage: python scripts/bench_engine.py [--model PATH] [--threads N] [--tokens N] [--repeat R]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import time
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ollapy.options import Options  # noqa: E402
+
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,"
+
+
+def default_model() -> Path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import fetch_test_models as f
+
+    m = f.MODELS[0]
+    return f.fetch_model(m, f.default_dir())
+
+
+def bench_ollapy(path: Path, threads: int, n_tokens: int, slots: list[int], prefill_len: int) -> dict:
+    from ollapy.engine.model import LoadedModel
+
+    out = {}
+    # prefill: one long raw prompt, cache off, measured by the engine's prompt_eval_duration
+    m = LoadedModel(path, Options(num_ctx=2048, num_parallel=1, num_thread=threads, num_batch=512))
+    try:
+        text = " ".join(str(i) for i in range(4000))
+        toks = m.tokenize(text)[:prefill_len]
+        best = 0.0
+        for _ in range(3):
+            req = m.engine.submit(toks, Options(temperature=0, num_predict=1, num_ctx=2048), cache=False)
+            m.backend.seq_clear(0)
+            m.engine.slots[0].tokens = []
+            _, final = req.result()
+            best = max(best, len(toks) / (final.metrics.prompt_eval_duration / 1e9))
+            m.engine.slots[0].tokens = []
+            m.backend.seq_clear(0)
+        out["prefill"] = best
+    finally:
+        m.close()
+    for n in slots:
+        m = LoadedModel(path, Options(num_ctx=512, num_parallel=n, num_thread=threads, num_batch=512))
+        try:
+            opts = Options(temperature=0, num_predict=n_tokens, num_ctx=512)
+            # warm-up
+            m.submit(m.raw_prompt(PROMPT), opts.merged({"num_predict": 4}), cache=False).result()
+            reqs = [m.submit(m.raw_prompt(PROMPT + " " * i), opts, cache=False) for i in range(n)]
+            finals = [r.result()[1] for r in reqs]
+            total = sum(f.metrics.eval_count for f in finals)
+            dur = max(f.metrics.eval_duration for f in finals) / 1e9
+            # each request's first token comes from prefill: count decode steps only
+            out[n] = (total - n) / dur if dur else 0.0
+        finally:
+            m.close()
+    return out
+
+
+def bench_bare(path: Path, threads: int, n_tokens: int, slots: list[int], prefill_len: int) -> dict:
+    """A bare ctypes loop: same context settings, one llama_decode per step, no sampling (feeds a fixed token)."""
+    from llama_cpp import llama_cpp as C
+
+    from ollapy.engine.backend import choose_extra_bufts
+
+    C.llama_backend_init()
+    mp = C.llama_model_default_params()
+    mp.use_extra_bufts = choose_extra_bufts("auto")[0]
+    mp.n_gpu_layers = 999 if C.llama_supports_gpu_offload() else 0
+    model = C.llama_model_load_from_file(str(path).encode(), mp)
+    vocab = C.llama_model_get_vocab(model)
+    out = {}
+
+    def make_ctx(n_seq: int, n_ctx: int):
+        cp = C.llama_context_default_params()
+        cp.n_ctx = n_ctx * n_seq
+        cp.n_batch = 512
+        cp.n_ubatch = 512
+        cp.n_seq_max = n_seq
+        cp.n_threads = cp.n_threads_batch = threads
+        cp.kv_unified = False
+        cp.swa_full = True
+        cp.no_perf = True
+        return C.llama_init_from_model(model, cp)
+
+    def tokenize(text: str) -> list[int]:
+        data = text.encode()
+        buf = (C.llama_token * (len(data) + 8))()
+        n = C.llama_tokenize(vocab, data, len(data), buf, len(buf), True, True)
+        return list(buf[:n])
+
+    batch = C.llama_batch_init(512, 0, 1)
+
+    def decode(ctx, entries):
+        batch.n_tokens = len(entries)
+        for i, (tok, pos, seq, logit) in enumerate(entries):
+            batch.token[i] = tok
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = logit
+        assert C.llama_decode(ctx, batch) == 0
+
+    ctx = make_ctx(1, 2048)
+    toks = tokenize(" ".join(str(i) for i in range(4000)))[:prefill_len]
+    best = 0.0
+    for _ in range(3):
+        C.llama_memory_clear(C.llama_get_memory(ctx), True)
+        t0 = time.perf_counter()
+        decode(ctx, [(t, i, 0, int(i == len(toks) - 1)) for i, t in enumerate(toks)])
+        C.llama_get_logits_ith(ctx, -1)
+        best = max(best, len(toks) / (time.perf_counter() - t0))
+    out["prefill"] = best
+    C.llama_free(ctx)
+    prompt = tokenize(PROMPT)
+    for n in slots:
+        ctx = make_ctx(n, 512)
+        for s in range(n):
+            decode(ctx, [(t, i, s, int(i == len(prompt) - 1)) for i, t in enumerate(prompt)])
+        pos = len(prompt)
+        tok = prompt[-1]
+        decode(ctx, [(tok, pos, s, 1) for s in range(n)])  # warm-up step
+        pos += 1
+        t0 = time.perf_counter()
+        for _ in range(n_tokens - 1):
+            decode(ctx, [(tok, pos, s, 1) for s in range(n)])
+            for s in range(n):
+                C.llama_get_logits_ith(ctx, s)
+            pos += 1
+        dt = time.perf_counter() - t0
+        out[n] = n * (n_tokens - 1) / dt
+        C.llama_free(ctx)
+    C.llama_batch_free(batch)
+    C.llama_model_free(model)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=96, help="tokens generated per sequence")
+    ap.add_argument("--prefill", type=int, default=512, help="prompt tokens for the prefill figure")
+    ap.add_argument("--repeat", type=int, default=2, help="runs of each side; the median is reported")
+    args = ap.parse_args()
+    path = args.model or default_model()
+    slots = [1, 2, 4, 8]
+    import shutil
+
+    if shutil.which("llama-batched-bench"):
+        print("note: llama-batched-bench found, but this script's baseline is the bare loop (same settings)")
+    runs_o, runs_b = [], []
+    for _ in range(args.repeat):  # interleave to spread machine noise over both sides
+        runs_b.append(bench_bare(path, args.threads, args.tokens, slots, args.prefill))
+        runs_o.append(bench_ollapy(path, args.threads, args.tokens, slots, args.prefill))
+    med = lambda runs, k: statistics.median(r[k] for r in runs)  # noqa: E731
+    print(f"model: {path.name}  threads: {args.threads}  tokens/seq: {args.tokens}  runs: {args.repeat} (median)")
+    print(f"{'figure':<28}{'ollapy':>12}{'baseline':>12}{'ratio':>8}  target")
+    rows = [("prefill tok/s", "prefill", None), ("decode tok/s, 1 slot", 1, 0.95)]
+    rows += [(f"aggregate decode, {n} slots", n, 0.9) for n in slots[1:]]
+    ok = True
+    for label, key, target in rows:
+        o, b = med(runs_o, key), med(runs_b, key)
+        ratio = o / b if b else 0.0
+        mark = "" if target is None else (f">= {target}  " + ("ok" if ratio >= target else "MISSED"))
+        ok &= target is None or ratio >= target
+        print(f"{label:<28}{o:>12.1f}{b:>12.1f}{ratio:>8.2f}  {mark}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""PTY tests of the interactive chat, batch mode (--each-line) and named sessions, on SmolLM2."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pexpect
+import pytest
+
+from conftest import ROOT, run_cli
+
+
+def _spawn(model, *args, env_extra=None):
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    return pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "run", str(model), "-o", "temperature=0", *args],
+                         env=env, encoding="utf-8", timeout=90, cwd=str(ROOT), dimensions=(40, 120))
+
+
+def test_repl_multiline_set_show_clear_ctrlc_ctrld(smollm2_path, tmp_path):
+    state = os.environ["XDG_STATE_HOME"]
+    c = _spawn(smollm2_path, "--verbose")
+    c.expect_exact(">>> ")
+    c.sendline('"""What is the capital')
+    c.expect_exact("... ")
+    c.sendline('of France? Answer in one word."""')
+    c.expect("Paris")
+    c.expect("prompt cache: +0 token")
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter num_predict 4")
+    c.expect_exact("Set parameter 'num_predict' to '4'")
+    c.expect_exact(">>> ")
+    c.sendline("/show info")
+    c.expect("architecture +llama")
+    c.expect_exact(">>> ")
+    c.sendline("And of Germany?")
+    c.expect(r"prompt cache: +(\d+) token")
+    reused = int(c.match.group(1))
+    assert reused > 30, "the second turn must reuse the first turn's KV"
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter num_predict 300")
+    c.expect_exact(">>> ")
+    c.sendline("Write a very long essay about the history of Rome.")
+    time.sleep(1.5)
+    c.sendintr()
+    c.expect_exact("reply cancelled")
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter num_predict 12")
+    c.expect_exact(">>> ")
+    c.sendline("Thanks!")
+    c.expect(r"eval count: +\d+ token")
+    c.expect_exact(">>> ")
+    c.sendline("/clear")
+    c.expect_exact("Cleared session context")
+    c.expect_exact(">>> ")
+    c.sendintr()  # Ctrl-C at the prompt clears the line, does not exit
+    c.expect_exact("Use Ctrl + d or /bye to exit.")
+    c.expect_exact(">>> ")
+    c.sendeof()
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 0
+    hist = open(os.path.join(state, "ollapy", "history")).read()
+    assert "/show info" in hist and "And of Germany?" in hist
+
+
+def test_repl_bye_and_nohistory(smollm2_path):
+    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
+    c.expect_exact(">>> ")
+    c.sendline("/?")
+    c.expect_exact("/bye")
+    c.expect_exact(">>> ")
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 0
+    assert not os.path.exists(os.path.join(os.environ["XDG_STATE_HOME"], "ollapy", "history"))
+
+
+def test_each_line_in_order_as_json_and_faster_than_serial(smollm2_path):
+    words = ["apple", "river", "candle", "violin", "tiger", "mirror", "garden", "rocket"]
+    lines = "\n".join(f"Repeat this word exactly once: {w}" for w in words) + "\n"
+    t0 = time.monotonic()
+    par = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=40", "--each-line", "--json",
+                  "--parallel", "4", input=lines)
+    t_par = time.monotonic() - t0
+    assert par.returncode == 0, par.stderr
+    recs = [json.loads(x) for x in par.stdout.decode().splitlines()]
+    assert [r["index"] for r in recs] == list(range(8))
+    assert [r["prompt"].split()[-1] for r in recs] == words
+    assert all(r["eval_count"] >= 1 and "response" in r for r in recs)
+    hits = sum(w in r["response"].lower() for w, r in zip(words, recs))
+    assert hits >= 6, recs
+    t0 = time.monotonic()
+    ser = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=40", "--each-line",
+                  "--parallel", "1", input=lines)
+    t_ser = time.monotonic() - t0
+    assert ser.returncode == 0
+    assert [ln for ln in ser.stdout.decode().splitlines()] == [r["response"] for r in recs]
+    assert t_par < t_ser, (t_par, t_ser)
+
+
+def test_session_continues_in_new_process(smollm2_path):
+    a = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=20", "--session", "trip",
+                "My favourite city is Zanzibar. Just say OK.")
+    assert a.returncode == 0, a.stderr
+    b = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=20", "--session", "trip",
+                "What is my favourite city?", env={"OLLAPY_DEBUG": "1"})
+    assert b.returncode == 0, b.stderr
+    err = b.stderr.decode()
+    prompt_lines = [ln for ln in err.splitlines() if "chat prompt" in ln]
+    assert prompt_lines, err[-2000:]
+    assert "Zanzibar" in prompt_lines[-1] and "What is my favourite city?" in prompt_lines[-1]
+    saved = json.loads(open(os.path.join(os.environ["XDG_STATE_HOME"], "ollapy", "sessions", "trip.json")).read())
+    assert [m["role"] for m in saved["messages"]] == ["user", "assistant", "user", "assistant"]
+
+
+@pytest.mark.parametrize("sig", ["int"])
+def test_ctrl_c_one_shot_exits_130(smollm2_path, sig):
+    c = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "run", str(smollm2_path), "-o", "num_predict=2000",
+                                       "Write a very long story about a dragon."],
+                      env=dict(os.environ), encoding="utf-8", timeout=90, cwd=str(ROOT))
+    c.expect(r"\w+ \w+ \w+")  # some text streamed
+    c.sendintr()
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 130 or c.signalstatus is None and c.exitstatus == 130

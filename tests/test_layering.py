@@ -1,0 +1,87 @@
+"""Import rules of shared/DESIGN.md, checked by parsing every module with ``ast``."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "ollapy"
+BACKEND = PKG / "engine" / "backend.py"
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+    return out
+
+
+def _relative_targets(path: Path) -> set[str]:
+    """Top-level ollapy subpackages/modules a module imports relatively or absolutely."""
+    tree = ast.parse(path.read_text())
+    rel = path.relative_to(PKG).parts
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(rel[:-1])[: len(rel) - node.level]
+                parts = base + (node.module.split(".") if node.module else [])
+                if not parts and node.names:
+                    parts = [node.names[0].name]
+                if parts:
+                    out.add(parts[0])
+            elif node.module and node.module.startswith("ollapy."):
+                out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("ollapy."):
+                    out.add(a.name.split(".")[1])
+    return out
+
+
+def test_only_backend_imports_llama_cpp():
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        if path == BACKEND:
+            continue
+        if any(m == "llama_cpp" or m.startswith("llama_cpp.") for m in _imports(path)):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+    assert "llama_cpp" in _imports(BACKEND)
+
+
+def test_engine_and_cache_know_nothing_of_http_or_terminals():
+    banned = {"fastapi", "uvicorn", "starlette", "typer", "rich", "httpx", "click"}
+    for sub in ("engine", "cache"):
+        for path in (PKG / sub).rglob("*.py"):
+            assert not (_imports(path) & banned), path
+            assert not (_relative_targets(path) & {"cli", "server", "runtime", "client"}), path
+
+
+def test_cli_and_server_do_not_touch_ctypes():
+    for sub in ("cli", "server"):
+        for path in (PKG / sub).rglob("*.py"):
+            assert "ctypes" not in _imports(path), path
+
+
+def test_help_list_ps_do_not_import_llama_cpp():
+    code = (
+        "import sys\n"
+        "from ollapy.cli.main import app\n"
+        "for args in (['--help'], ['run', '--help']):\n"
+        "    try:\n"
+        "        app(args, standalone_mode=False)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "assert 'llama_cpp' not in sys.modules, 'llama_cpp imported'\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("ok")

@@ -1,0 +1,388 @@
+"""A live ``ollapy serve`` (subprocess, loopback, OLLAPY_NUM_PARALLEL=4) driven by the official clients.
+
+Covers the Ollama API through the ``ollama`` package, the OpenAI API through
+the ``openai`` package, error statuses, CORS, body limits, the CLI's server
+path, 64 concurrent streaming chats (no cross-talk, no leaked slot, responsive
+server) and a disconnect storm (every slot freed).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from conftest import ROOT, run_cli
+from fake_registry import FakeRegistry
+
+Q = "What is the capital of France? Answer in one word."
+GREEDY = {"temperature": 0, "num_predict": 24}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, smollm2_path):
+    base = tmp_path_factory.mktemp("serve")
+    port = _free_port()
+    reg = FakeRegistry()
+    reg.__enter__()
+    reg.add_model("library", "smolpull", "latest", Path(smollm2_path))
+    env = dict(os.environ)
+    env.pop("OLLAPY_DEBUG", None)
+    env.update(OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_MODELS=str(base / "models"),
+               OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_NUM_PARALLEL="4", OLLAPY_CONTEXT_LENGTH="1024",
+               OLLAPY_REGISTRY=reg.url, OLLAPY_KEEP_ALIVE="10m", OLLAPY_MAX_BODY="1MiB",
+               XDG_STATE_HOME=str(base / "state"))
+    log = open(base / "serve.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve"], env=env, stdout=log, stderr=log,
+                            cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError("server did not start:\n" + (base / "serve.log").read_text())
+        time.sleep(0.2)
+    import ollama
+
+    ollama.Client(host=url).create(model="smol", from_=str(smollm2_path))
+    yield SimpleNamespace(url=url, env=env, port=port, base=base, registry=reg, log=base / "serve.log")
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    reg.__exit__(None, None, None)
+    log.close()
+
+
+@pytest.fixture
+def oc(server):
+    import ollama
+
+    return ollama.Client(host=server.url)
+
+
+def _ps(server) -> list[dict]:
+    return httpx.get(server.url + "/api/ps", timeout=10).json()["models"]
+
+
+def _wait_idle(server, timeout: float = 20) -> list[dict]:
+    deadline = time.time() + timeout
+    while True:
+        models = _ps(server)
+        if all(m["slots_busy"] == 0 and m["queue_depth"] == 0 and m["active_requests"] == 0 for m in models):
+            return models
+        if time.time() > deadline:
+            raise AssertionError(f"slots still busy: {models}")
+        time.sleep(0.1)
+
+
+# ---- basics -----------------------------------------------------------------------------------------
+def test_root_head_version(server):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 200 and "is running" in r.text
+    assert httpx.head(server.url + "/").status_code == 200
+    assert httpx.get(server.url + "/api/version").json()["version"]
+
+
+def test_generate_and_chat_with_ollama_client(oc):
+    r = oc.generate(model="smol", prompt=Q, options=GREEDY)
+    assert r.response == "The capital of France is Paris."
+    assert r.done and r.done_reason == "stop" and r.eval_count > 0 and r.prompt_eval_count > 0
+    assert r.total_duration >= r.eval_duration > 0
+    parts = list(oc.generate(model="smol", prompt=Q, options=GREEDY, stream=True))
+    assert "".join(p.response for p in parts) == "The capital of France is Paris."
+    assert parts[-1].done and not any(p.done for p in parts[:-1])
+    msgs = [{"role": "user", "content": Q}]
+    c = oc.chat(model="smol", messages=msgs, options=GREEDY)
+    assert c.message.role == "assistant" and c.message.content == "The capital of France is Paris."
+    chunks = list(oc.chat(model="smol", messages=msgs, options=GREEDY, stream=True))
+    assert "".join(x.message.content for x in chunks) == c.message.content
+    assert chunks[-1].done_reason == "stop"
+    raw = httpx.post(oc._client.base_url.join("/api/chat"), json={"model": "smol", "messages": msgs, "stream": False,
+                                                                  "options": GREEDY}).json()
+    assert "prompt_cache_tokens" in raw and raw["truncated"] is False
+    assert raw["prompt_cache_tokens"] > 0  # the same prompt again reuses the slot's KV
+
+
+def test_generate_options_format_raw_and_length(oc):
+    r = oc.generate(model="smol", prompt="Give a JSON object with a key name.", format="json",
+                    options={"temperature": 0, "num_predict": 40})
+    json.loads(r.response) if r.done_reason == "stop" else None
+    assert r.response.lstrip().startswith("{")
+    r = oc.generate(model="smol", prompt="Count: 1, 2, 3,", raw=True, options={"temperature": 0, "num_predict": 3})
+    assert r.done_reason == "length" and r.eval_count == 3
+    r = oc.generate(model="smol", prompt=Q, system="Answer in French.", options=GREEDY)
+    assert r.response
+
+
+def test_list_show_ps_copy_delete(oc, server):
+    names = [m.model for m in oc.list().models]
+    assert "smol:latest" in names
+    s = oc.show("smol")
+    assert s.details.family == "llama" and s.details.format == "gguf"
+    assert "FROM" in s.modelfile
+    oc.generate(model="smol", prompt="hi", options={"num_predict": 1})
+    ps = oc.ps().models
+    assert any(m.model == "smol:latest" and m.context_length == 1024 for m in ps)
+    oc.copy("smol", "smol-copy:v1")
+    assert "smol-copy:v1" in [m.model for m in oc.list().models]
+    oc.delete("smol-copy:v1")
+    assert "smol-copy:v1" not in [m.model for m in oc.list().models]
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as ei:
+        oc.delete("smol-copy:v1")
+    assert ei.value.status_code == 404
+
+
+def test_create_from_uploaded_blob_and_from_model(oc, smollm2_path):
+    digest = oc.create_blob(smollm2_path)
+    progress = list(oc.create(model="smol-blob", files={"model.gguf": digest}, system="You are terse.",
+                              parameters={"temperature": 0}, stream=True))
+    assert progress[-1].status == "success"
+    s = oc.show("smol-blob")
+    assert "You are terse." in s.modelfile and "temperature" in (s.parameters or "")
+    oc.create(model="smol-sys", from_="smol", system="Reply in French.")
+    assert "Reply in French." in oc.show("smol-sys").modelfile
+    oc.delete("smol-blob")
+    oc.delete("smol-sys")
+
+
+def test_pull_with_progress_from_fake_registry(oc):
+    statuses = list(oc.pull("smolpull", stream=True))
+    texts = [s.status for s in statuses]
+    assert texts[0] == "pulling manifest" and texts[-1] == "success"
+    blob = [s for s in statuses if s.total]
+    assert blob and blob[-1].completed == blob[-1].total
+    assert "smolpull:latest" in [m.model for m in oc.list().models]
+    assert oc.generate(model="smolpull", prompt=Q, options=GREEDY).response == "The capital of France is Paris."
+    oc.generate(model="smolpull", prompt="", keep_alive=0)
+
+
+# ---- errors, safety -----------------------------------------------------------------------------------
+def test_error_statuses(server):
+    u = server.url
+    r = httpx.post(u + "/api/generate", json={"model": "nosuch", "prompt": "hi"})
+    assert r.status_code == 404 and "not found" in r.json()["error"]
+    r = httpx.post(u + "/api/chat", json={"model": "smol", "messages": [{"role": "user", "content": "x"}],
+                                          "options": {"bogus": 1}})
+    assert r.status_code == 400 and "bogus" in r.json()["error"]
+    r = httpx.post(u + "/api/show", json={"model": "../../etc/passwd"})
+    assert r.status_code == 400 and "invalid model name" in r.json()["error"]
+    r = httpx.post(u + "/api/generate", content=b"{not json")
+    assert r.status_code == 400
+    r = httpx.post(u + "/api/generate", json={"model": "smol", "prompt": "x" * (2 << 20)})
+    assert r.status_code == 413
+    r = httpx.post(u + "/v1/chat/completions", json={"model": "nosuch", "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_cors_local_origins_only(server):
+    ok = httpx.options(server.url + "/api/chat", headers={"Origin": "http://localhost:3000",
+                                                         "Access-Control-Request-Method": "POST"})
+    assert ok.headers.get("access-control-allow-origin") == "http://localhost:3000"
+    bad = httpx.options(server.url + "/api/chat", headers={"Origin": "https://evil.example",
+                                                          "Access-Control-Request-Method": "POST"})
+    assert "access-control-allow-origin" not in bad.headers
+
+
+def test_metrics_endpoint(server, oc):
+    oc.generate(model="smol", prompt="hi", options={"num_predict": 2})
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("ollapy_requests_total", "ollapy_tokens_total", "ollapy_time_to_first_token_seconds_bucket",
+                 "ollapy_slots_busy", "ollapy_queue_depth"):
+        assert name in text
+
+
+# ---- OpenAI ---------------------------------------------------------------------------------------------
+def test_openai_client(server):
+    import openai
+
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    msgs = [{"role": "user", "content": Q}]
+    r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24, seed=1)
+    assert r.choices[0].message.content == "The capital of France is Paris."
+    assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens > 0
+    chunks = list(c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24, stream=True,
+                                            stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == "The capital of France is Paris."
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
+    r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=3, top_p=0.9,
+                                  presence_penalty=0.1, frequency_penalty=0.1, stop=["\n"])
+    assert r.choices[0].finish_reason == "length"
+    r = c.chat.completions.create(model="smol", messages=[{"role": "user", "content": "A JSON object with key a."}],
+                                  temperature=0, max_tokens=30, response_format={"type": "json_object"})
+    assert r.choices[0].message.content.lstrip().startswith("{")
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=40,
+                                  response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    if r.choices[0].finish_reason == "stop":
+        assert "city" in json.loads(r.choices[0].message.content)
+    comp = c.completions.create(model="smol", prompt="The capital of France is", max_tokens=4, temperature=0)
+    assert comp.choices[0].text and comp.usage.completion_tokens <= 4
+    scomp = list(c.completions.create(model="smol", prompt="The capital of France is", max_tokens=4, temperature=0,
+                                      stream=True))
+    assert "".join(x.choices[0].text for x in scomp if x.choices) == comp.choices[0].text
+    ids = [m.id for m in c.models.list().data]
+    assert "smol:latest" in ids
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nosuch", messages=msgs)
+
+
+# ---- CLI through the server ------------------------------------------------------------------------------
+def test_cli_run_through_server_matches_in_process(server, smollm2_path):
+    local = run_cli("run", str(smollm2_path), "-o", "temperature=0", Q, env={"OLLAPY_HOST": "127.0.0.1:9"})
+    remote = run_cli("run", str(smollm2_path), "-o", "temperature=0", Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == local.stdout == b"The capital of France is Paris.\n"
+    piped = run_cli("run", "smol", "-o", "temperature=0", input=Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    assert piped.stdout == local.stdout, piped.stderr
+    bad = run_cli("run", "nosuch", "hi", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    assert bad.returncode == 1 and b"not found" in bad.stderr and b"Traceback" not in bad.stderr
+    ps = run_cli("ps", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    assert ps.returncode == 0 and ps.stdout.split()[:7] == [b"NAME", b"ID", b"SIZE", b"PROCESSOR", b"CONTEXT", b"SLOTS",
+                                                          b"UNTIL"]
+    none = run_cli("ps", env={"OLLAPY_HOST": "127.0.0.1:9"})
+    assert none.returncode == 1 and b"no ollapy server is running" in none.stderr
+
+
+# ---- load ---------------------------------------------------------------------------------------------------
+WORDS = ["zebra", "mango", "violet", "copper", "falcon", "tulip", "walnut", "orchid", "raven", "maple", "saturn",
+         "lemon", "tiger", "amber", "banana", "cactus", "dolphin", "eagle", "forest", "garden", "harbor", "island",
+         "jungle", "kettle", "ladder", "marble", "needle", "ocean", "pencil", "quartz", "rocket", "silver", "tomato",
+         "umbrella", "velvet", "window", "yellow", "anchor", "bottle", "candle", "desert", "engine", "feather",
+         "guitar", "hammer", "jacket", "kitten", "lizard", "mirror", "napkin", "orange", "parrot", "rabbit", "salmon",
+         "turtle", "valley", "wizard", "button", "cherry", "donkey", "muffin", "pirate", "sunset", "planet"]
+assert len(set(WORDS)) == 64
+
+
+def _code_word_messages(word: str) -> list[dict]:
+    return [{"role": "user", "content": "Repeat the code word: APPLE"}, {"role": "assistant", "content": "APPLE"},
+            {"role": "user", "content": "Repeat the code word: RIVER"}, {"role": "assistant", "content": "RIVER"},
+            {"role": "user", "content": f"Repeat the code word: {word.upper()}"}]
+
+
+async def _stream_chat(client: httpx.AsyncClient, word: str) -> tuple[str, dict]:
+    body = {"model": "smol", "messages": _code_word_messages(word), "options": {"temperature": 0, "num_predict": 6}}
+    parts, final = [], None
+    async with client.stream("POST", "/api/chat", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line:
+                continue
+            obj = json.loads(line)
+            assert "error" not in obj, obj
+            parts.append(obj["message"]["content"])
+            if obj["done"]:
+                final = obj
+    assert final is not None
+    return "".join(parts), final
+
+
+def test_64_concurrent_streaming_chats(server):
+    async def main():
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+        async with httpx.AsyncClient(base_url=server.url, timeout=180, limits=limits) as client:
+            stop = asyncio.Event()
+            version_lat: list[float] = []
+
+            async def poll_version():
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    r = await client.get("/api/version")
+                    assert r.status_code == 200
+                    version_lat.append(time.perf_counter() - t)
+                    await asyncio.sleep(0.1)
+
+            poller = asyncio.create_task(poll_version())
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(_stream_chat(client, w) for w in WORDS))
+            elapsed = time.perf_counter() - t0
+            stop.set()
+            await poller
+            return results, version_lat, elapsed
+
+    results, version_lat, elapsed = asyncio.run(main())
+    assert len(results) == 64
+    own = 0
+    for word, (text, final) in zip(WORDS, results):
+        low = text.lower()
+        others = [w for w in WORDS if w != word and w in low]
+        assert not others, f"{word}: answer {text!r} contains other code words {others}"
+        own += word in low
+        assert final["done_reason"] in ("stop", "length")
+    # a 135M model repeats nearly every word; crossing answers between requests would break this entirely
+    assert own >= 56, [(w, t) for w, (t, _) in zip(WORDS, results) if w not in t.lower()]
+    assert version_lat and max(version_lat) < 2.0, max(version_lat)
+    models = _wait_idle(server, timeout=5)
+    assert models and all(m["slots_busy"] == 0 for m in models)
+    print(f"64 chats in {elapsed:.1f}s; own word in {own}/64; /api/version max {max(version_lat) * 1000:.0f} ms")
+
+
+def test_disconnect_storm_frees_every_slot(server):
+    rng = random.Random(7)
+
+    async def one(client: httpx.AsyncClient, i: int) -> None:
+        cut = rng.choice([0, 0, 1, 2, 5])  # 0 = before the first token (mid-prefill)
+        body = {"model": "smol", "messages": [{"role": "user", "content": f"Write a long story about robot {i}."}],
+                "options": {"temperature": 0.7, "num_predict": 200}}
+        async with client.stream("POST", "/api/chat", json=body) as r:
+            if cut == 0:
+                await asyncio.sleep(rng.uniform(0.0, 0.3))
+                return
+            n = 0
+            async for _ in r.aiter_lines():
+                n += 1
+                if n >= cut:
+                    return
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120,
+                                     limits=httpx.Limits(max_connections=50, max_keepalive_connections=0)) as client:
+            await asyncio.gather(*(one(client, i) for i in range(20)))
+
+    asyncio.run(main())
+    _wait_idle(server, timeout=20)
+    r = httpx.post(server.url + "/api/chat", json={"model": "smol", "messages": [{"role": "user", "content": Q}],
+                                                   "stream": False, "options": GREEDY}, timeout=60)
+    assert r.json()["message"]["content"] == "The capital of France is Paris."
+
+
+# ---- keep_alive -------------------------------------------------------------------------------------------
+def test_load_and_unload_with_keep_alive(oc, server):
+    r = oc.generate(model="smol", prompt="")
+    assert r.done and r.done_reason == "load"
+    assert any(m.model == "smol:latest" for m in oc.ps().models)
+    r = oc.generate(model="smol", prompt="", keep_alive=0)
+    assert r.done_reason == "unload"
+    deadline = time.time() + 10
+    while any(m.model == "smol:latest" for m in oc.ps().models):
+        assert time.time() < deadline
+        time.sleep(0.1)
+    r = oc.chat(model="smol", messages=[{"role": "user", "content": Q}], options=GREEDY, keep_alive=0)
+    assert r.message.content == "The capital of France is Paris." and r.load_duration > 0
+    deadline = time.time() + 10
+    while any(m.model == "smol:latest" for m in oc.ps().models):
+        assert time.time() < deadline
+        time.sleep(0.1)

@@ -1,0 +1,59 @@
+"""Name grammar: defaults, HF names, and that no name can reach outside the store."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ollapy.errors import InvalidModelName
+from ollapy.store.layout import Store
+from ollapy.store.names import looks_like_path, parse_name
+
+
+@pytest.mark.parametrize(("text", "parts", "display"), [
+    ("smollm2", ("registry.ollama.ai", "library", "smollm2", "latest"), "smollm2:latest"),
+    ("SmolLM2:135M", ("registry.ollama.ai", "library", "smollm2", "135m"), "SmolLM2:135M"),
+    ("me/m:v1", ("registry.ollama.ai", "me", "m", "v1"), "me/m:v1"),
+    ("127.0.0.1:5000/ns/m:t", ("127.0.0.1:5000", "ns", "m", "t"), "127.0.0.1:5000/ns/m:t"),
+    ("hf.co/Org/Repo-GGUF:Q4_K_M", ("hf.co", "org", "repo-gguf", "q4_k_m"), "hf.co/Org/Repo-GGUF:Q4_K_M"),
+    ("huggingface.co/o/r:file.Q4_1.gguf", ("hf.co", "o", "r", "file.q4_1.gguf"), "hf.co/o/r:file.Q4_1.gguf"),
+])
+def test_parse(text, parts, display):
+    n = parse_name(text)
+    assert n.parts() == parts and n.display() == display
+
+
+def test_digest():
+    n = parse_name("m:t@sha256:" + "a" * 64)
+    assert n.digest == "a" * 64
+    with pytest.raises(InvalidModelName):
+        parse_name("m:t@sha256:abc")
+
+
+@pytest.mark.parametrize("bad", ["../x", "a/../b", "/etc/passwd", "a\x00b", "x" * 81, "m:" + "t" * 200, "..", "a//b",
+                                 "a/b/c/d", "m:..", "m:../x", "", "https://x/y", "a\\b", "-m", "m:t:u", "ns/.hidden"])
+def test_bad_names_one_line_error(bad):
+    with pytest.raises(InvalidModelName) as ei:
+        parse_name(bad)
+    assert "\n" not in str(ei.value) and "\x00" not in str(ei.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab./:\\-_@\x00~ ")), max_size=30))
+def test_no_name_escapes_store(text):
+    root = Path("/tmp/store-root")
+    try:
+        n = parse_name(text)
+    except InvalidModelName:
+        return
+    p = Store(root).manifest_path(n).resolve()
+    assert p.is_relative_to(root / "manifests") and len(p.relative_to(root / "manifests").parts) == 4
+
+
+def test_looks_like_path(tmp_path):
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"GGUF")
+    assert looks_like_path(str(f)) and looks_like_path("./m.gguf") and looks_like_path("m.gguf")
+    assert not looks_like_path("smollm2:135m") and not looks_like_path("hf.co/o/r:file.gguf")

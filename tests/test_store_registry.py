@@ -1,0 +1,187 @@
+"""Pulls from a loopback Ollama registry: success, resume after a kill, faults, disk full, concurrency, rm/list."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["store_fixtures"]
+
+from ollapy.errors import DiskFullError, DownloadError, ModelNotFound
+from ollapy.store import download, list_models, pull_model, remove_model, resolve_model
+from ollapy.store.layout import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _publish(registry, smollm2_path, name=("library", "tiny", "q4")):
+    m = registry.add_model(*name, smollm2_path, template="{{ .Prompt }}", params={"temperature": 0.2, "stop": ["<|im_end|>"]},
+                           system="You are terse.", license="Apache-2.0")
+    return m, m["layers"][0]["digest"].split(":")[1]
+
+
+def test_pull_registry_and_resolve(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    ref = resolve_model("tiny:q4", quiet=True)
+    assert ref.name == "tiny:q4" and ref.digest == hexd
+    assert ref.path == store_env / "blobs" / f"sha256-{hexd}" and ref.path.stat().st_size == smollm2_path.stat().st_size
+    assert ref.parameters == {"temperature": 0.2, "stop": ["<|im_end|>"]}
+    assert (ref.template, ref.system, ref.license) == ("{{ .Prompt }}", "You are terse.", "Apache-2.0")
+    assert (store_env / "manifests/registry.ollama.ai/library/tiny/q4").is_file()
+    assert not list((store_env / "blobs").glob("*-partial"))
+    assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
+    # already present: no second download
+    resolve_model("tiny:q4", quiet=True)
+    assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
+
+
+def _pull_proc(name, store_env, registry, *extra):
+    env = dict(os.environ, OLLAPY_MODELS=str(store_env), OLLAPY_REGISTRY=registry.url, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "pull", name, *extra], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_resume_after_kill_sends_nothing_twice(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    size = smollm2_path.stat().st_size
+    registry.throttle = 0.03
+    proc = _pull_proc("tiny:q4", store_env, registry, "--quiet")
+    partial = store_env / "blobs" / f"sha256-{hexd}-partial"
+    deadline = time.time() + 30
+    while time.time() < deadline and (not partial.exists() or partial.stat().st_size < 20 << 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    held = partial.stat().st_size
+    assert 0 < held < size
+    registry.throttle = 0
+    served_before = registry.bytes_served[hexd]
+    pull_model("tiny:q4", quiet=True)
+    assert registry.ranges[hexd][-1] == f"bytes={held}-"
+    assert registry.bytes_served[hexd] - served_before == size - held  # nothing already held was sent again
+    assert Store(store_env).has_blob(hexd, size) and not partial.exists()
+
+
+@pytest.mark.parametrize("faults", [["500", "500"], ["truncate:5000000"], ["empty"], ["truncate:1000", "500", "norange"]])
+def test_transient_faults_are_retried(store_env, registry, smollm2_path, faults, capsys):
+    _, hexd = _publish(registry, smollm2_path)
+    registry.faults[hexd] = list(faults)
+    ref = resolve_model("tiny:q4", quiet=True)
+    assert ref.digest == hexd and ref.path.stat().st_size == smollm2_path.stat().st_size
+
+
+def test_retries_exhausted_is_clear_error(store_env, registry, smollm2_path, monkeypatch):
+    monkeypatch.setenv("OLLAPY_PULL_RETRIES", "2")
+    _, hexd = _publish(registry, smollm2_path)
+    registry.faults[hexd] = ["500"] * 3
+    with pytest.raises(DownloadError, match="gave up after 2 retries"):
+        pull_model("tiny:q4", quiet=True)
+    assert not (store_env / "manifests/registry.ollama.ai/library/tiny").exists()
+    assert list_models() == []
+
+
+def test_checksum_mismatch_deletes_partial(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    registry.faults[hexd] = ["corrupt"]
+    with pytest.raises(DownloadError, match="sha256 mismatch.*partial file deleted"):
+        pull_model("tiny:q4", quiet=True)
+    assert not (store_env / "blobs" / f"sha256-{hexd}-partial").exists()
+    assert not (store_env / "blobs" / f"sha256-{hexd}").exists()
+    assert list_models() == []
+    pull_model("tiny:q4", quiet=True)  # the next try works
+    assert [m.name for m in list_models()] == ["tiny:q4"]
+
+
+def test_blob_404_and_unknown_model(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    registry.faults[hexd] = ["404"]
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        pull_model("tiny:q4", quiet=True)
+    assert list_models() == []
+    with pytest.raises(ModelNotFound) as ei:
+        resolve_model("nosuch:thing", quiet=True)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(store_env) in msg and registry.url in msg and "ollapy list" in msg and "smollm2:135m" in msg
+
+
+def test_disk_full_keeps_partial_and_no_manifest(store_env, registry, smollm2_path, monkeypatch):
+    _, hexd = _publish(registry, smollm2_path)
+    written = {"n": 0}
+    real = download._write_chunk
+
+    def full(f, data):
+        if written["n"] > 10 << 20:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written["n"] += len(data)
+        real(f, data)
+
+    monkeypatch.setattr(download, "_write_chunk", full)
+    with pytest.raises(DiskFullError) as ei:
+        pull_model("tiny:q4", quiet=True)
+    assert str(store_env / "blobs") in str(ei.value) and "\n" not in str(ei.value)
+    partial = store_env / "blobs" / f"sha256-{hexd}-partial"
+    held = partial.stat().st_size
+    assert held > 10 << 20
+    assert not (store_env / "manifests/registry.ollama.ai/library/tiny/q4").exists()
+    monkeypatch.setattr(download, "_write_chunk", real)
+    pull_model("tiny:q4", quiet=True)
+    assert registry.ranges[hexd][-1] == f"bytes={held}-"
+
+
+def test_concurrent_pulls_download_once(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    registry.throttle = 0.01
+    procs = [_pull_proc("tiny:q4", store_env, registry) for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
+    for _out, err in outs:
+        assert "\x1b[" not in err  # not a TTY: plain lines
+    assert [m.name for m in list_models()] == ["tiny:q4"]
+
+
+def test_corrupt_manifest_listed_as_broken_and_removable(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    registry.add_model("library", "other", "latest", smollm2_path)
+    pull_model("tiny:q4", quiet=True)
+    pull_model("other", quiet=True)
+    mpath = store_env / "manifests/registry.ollama.ai/library/tiny/q4"
+    mpath.write_text("{ not json")
+    rows = {m.name: m for m in list_models()}
+    assert rows["tiny:q4"].broken and "unreadable manifest" in rows["tiny:q4"].broken
+    assert rows["other:latest"].broken is None
+    with pytest.raises(Exception, match="broken"):
+        resolve_model("tiny:q4", pull=False)
+    remove_model("tiny:q4")
+    assert not mpath.exists()
+    # the GGUF blob is shared with other:latest, so it stays
+    assert (store_env / "blobs" / f"sha256-{hexd}").is_file()
+    # hand-edited: layer points at a missing blob
+    opath = store_env / "manifests/registry.ollama.ai/library/other/latest"
+    data = json.loads(opath.read_text())
+    data["layers"][0]["digest"] = "sha256:" + "0" * 64
+    opath.write_text(json.dumps(data))
+    assert "missing blob" in list_models()[0].broken
+    remove_model("other")
+    assert list_models() == []
+
+
+def test_rm_deletes_only_unshared_blobs(store_env, registry, smollm2_path):
+    _, hexd = _publish(registry, smollm2_path)
+    pull_model("tiny:q4", quiet=True)
+    from ollapy.store import copy_model
+
+    copy_model("tiny:q4", "mine/tiny:copy")
+    remove_model("tiny:q4")
+    assert (store_env / "blobs" / f"sha256-{hexd}").is_file()
+    assert resolve_model("mine/tiny:copy", pull=False).digest == hexd
+    remove_model("mine/tiny:copy")
+    assert not (store_env / "blobs" / f"sha256-{hexd}").exists()
+    assert [p.name for p in (store_env / "blobs").iterdir()] == []
