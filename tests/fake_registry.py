@@ -164,3 +164,22 @@ class FakeRegistry:
                     self.close_connection = True
 
         return Handler
+
+
+def main() -> None:
+    """``python tests/fake_registry.py FILE [NAMESPACE/MODEL:TAG]``: serve one model, print the URL, run until killed."""
+    import sys
+
+    path = Path(sys.argv[1])
+    ref = sys.argv[2] if len(sys.argv) > 2 else "library/bench:big"
+    ns_model, tag = ref.rsplit(":", 1)
+    ns, model = ns_model.split("/")
+    reg = FakeRegistry()
+    m = reg.add_model(ns, model, tag, path)
+    reg.cache[m["layers"][0]["digest"].split(":")[1]] = path.read_bytes()
+    print(reg.url, m["layers"][0]["digest"], flush=True)
+    reg.server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -72,3 +72,33 @@ def registry(monkeypatch):
     with FakeRegistry() as reg:
         monkeypatch.setenv("OLLAPY_REGISTRY", reg.url)
         yield reg
+
+
+def make_split_gguf(src: Path, dst: Path, n_parts: int) -> list[Path]:
+    """Split a GGUF like ``llama-gguf-split`` (``model-0000i-of-0000n.gguf``, ``split.*`` keys) with gguf-py's writer."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src), "r")
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(dst / "model.gguf"), arch, split_max_tensors=-(-len(reader.tensors) // n_parts))
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        vtype = field.types[0]
+        writer.add_key_value(field.name, field.contents(), vtype,
+                             sub_type=field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in reader.tensors:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    return sorted(dst.glob("model-*-of-*.gguf"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_split(smollm2_path, tmp_path_factory) -> list[Path]:
+    """The real SmolLM2 GGUF split into 3 loadable parts (gguf-split naming and metadata)."""
+    return make_split_gguf(smollm2_path, tmp_path_factory.mktemp("split"), 3)

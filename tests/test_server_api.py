@@ -270,9 +270,9 @@ def test_cli_run_through_server_matches_in_process(server, smollm2_path):
 # ---- load ---------------------------------------------------------------------------------------------------
 WORDS = ["zebra", "mango", "violet", "copper", "falcon", "tulip", "walnut", "orchid", "raven", "maple", "saturn",
          "lemon", "tiger", "amber", "banana", "cactus", "dolphin", "eagle", "forest", "garden", "harbor", "island",
-         "jungle", "kettle", "ladder", "marble", "needle", "ocean", "pencil", "quartz", "rocket", "silver", "tomato",
+         "jungle", "kettle", "ladder", "marble", "needle", "ocean", "pencil", "quartz", "pumpkin", "silver", "tunnel",
          "umbrella", "velvet", "window", "yellow", "anchor", "bottle", "candle", "desert", "engine", "feather",
-         "guitar", "hammer", "jacket", "kitten", "lizard", "mirror", "napkin", "orange", "parrot", "rabbit", "salmon",
+         "guitar", "hammer", "jacket", "kitten", "glacier", "mirror", "napkin", "orange", "parrot", "rabbit", "salmon",
          "turtle", "valley", "wizard", "button", "cherry", "donkey", "muffin", "pirate", "sunset", "planet"]
 assert len(set(WORDS)) == 64
 
@@ -333,7 +333,7 @@ def test_64_concurrent_streaming_chats(server):
         own += word in low
         assert final["done_reason"] in ("stop", "length")
     # a 135M model repeats nearly every word; crossing answers between requests would break this entirely
-    assert own >= 56, [(w, t) for w, (t, _) in zip(WORDS, results) if w not in t.lower()]
+    assert own >= 60, [(w, t) for w, (t, _) in zip(WORDS, results) if w not in t.lower()]
     assert version_lat and max(version_lat) < 2.0, max(version_lat)
     models = _wait_idle(server, timeout=5)
     assert models and all(m["slots_busy"] == 0 for m in models)

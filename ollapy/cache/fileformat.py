@@ -55,6 +55,7 @@ class Header:
     payload_offset: int
     created: float
     size: int
+    preview: str = ""
 
 
 def _tokens_bytes(tokens) -> bytes:
@@ -64,10 +65,12 @@ def _tokens_bytes(tokens) -> bytes:
     return a.tobytes()
 
 
-def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes) -> tuple[bytes, bytes]:
+def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
+           preview: str = "") -> tuple[bytes, bytes]:
     """Return ``(head, payload)``: everything before the payload, and the payload itself."""
     tok = _tokens_bytes(tokens)
     hdr = json.dumps({
+        "preview": preview,
         "model_sha256": model_sha256,
         "salt": salt,
         "model_name": model_name,
@@ -81,11 +84,12 @@ def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], pa
     return head, payload
 
 
-def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes) -> int:
+def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
+               preview: str = "") -> int:
     """Write a state file atomically (temporary name + rename); returns its size in bytes."""
     if not payload:
         raise CacheFileError("refusing to write an empty state")
-    head, payload = encode(model_sha256, salt, model_name, tokens, payload)
+    head, payload = encode(model_sha256, salt, model_name, tokens, payload, preview)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
     try:
@@ -150,7 +154,7 @@ def read_header(path: Path, model_sha256: str | None = None, salt: dict | None =
         a.frombytes(tok)
     return Header(path=path, model_sha256=file_model, salt=file_salt, model_name=str(h.get("model_name", "")),
                   tokens=a.tolist(), payload_len=payload_len, payload_crc32=crc, payload_offset=offset,
-                  created=float(h.get("created", 0.0)), size=size)
+                  created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")))
 
 
 def read_payload(hdr: Header) -> bytearray:
@@ -173,4 +177,4 @@ def quick_info(path: Path) -> dict | None:
     except (OSError, CacheFileError):
         return None
     return {"model_sha256": hdr.model_sha256, "model_name": hdr.model_name, "salt": hdr.salt,
-            "n_tokens": len(hdr.tokens), "tokens": hdr.tokens, "size": hdr.size, "created": hdr.created}
+            "n_tokens": len(hdr.tokens), "size": hdr.size, "created": hdr.created, "preview": hdr.preview}

@@ -76,7 +76,9 @@ class PromptCache:
         path = Path(getattr(loaded_model, "path", None) or self.ref.path)
         digest = normalize_digest(getattr(loaded_model, "digest", None)) or normalize_digest(getattr(self.ref, "digest", None))
         name = getattr(loaded_model, "name", None) or getattr(self.ref, "name", None) or path.name
-        return BoundCache(self, path, digest, salt_from_backend(loaded_model.backend), name)
+        bound = BoundCache(self, path, digest, salt_from_backend(loaded_model.backend), name)
+        bound.piece = getattr(loaded_model.backend, "token_piece", None)
+        return bound
 
 
 class BoundCache:
@@ -89,6 +91,7 @@ class BoundCache:
         self.salt = salt
         self.model_name = model_name
         self.model_path = model_path
+        self.piece: Callable[[int], bytes] | None = None
         self.stats = Stats(self.root)
         self.ram = RamTier(parent.ram_bytes)
         self._sha: str | None = digest
@@ -240,7 +243,8 @@ class BoundCache:
             payload = get_state()
             if not payload:
                 return
-            e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned)
+            e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
+                      preview=self._preview(tokens))
             replaced = [r for r in self.index.covered_by(tokens) if pinned or not r.pinned]
             for r in replaced:
                 r.superseded = True
@@ -252,6 +256,15 @@ class BoundCache:
                     self._forget(dropped)
             self.disk.write_async(e, payload, replaced)
             self.stats.add(stores=1, bytes_written=len(payload))
+
+    def _preview(self, tokens: list[int]) -> str:
+        if self.piece is None:
+            return ""
+        try:
+            raw = b"".join(self.piece(t) for t in tokens[:48])
+            return " ".join(raw.decode("utf-8", "replace").split())[:120]
+        except Exception:  # noqa: BLE001 - a preview is cosmetic
+            return ""
 
     # ---- maintenance -----------------------------------------------------------------------
     def flush(self, timeout: float = 60.0) -> bool:

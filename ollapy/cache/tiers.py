@@ -50,6 +50,7 @@ class Entry:
     hits: int = 0
     last_used: float = field(default_factory=time.time)
     header: object = None
+    preview: str = ""
 
 
 def _unlink(p: Path) -> None:
@@ -322,7 +323,7 @@ class DiskTier:
             if e.pinned:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 e.path.with_suffix(PIN).touch()
-            write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload)
+            write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload, e.preview)
             e.on_disk = True
             for r in replaced:
                 if r.path is not None and r.path != e.path and not r.pending:

@@ -64,12 +64,12 @@ def model_field(data: dict, required: bool = True) -> str:
 
 
 def check_name(name: str) -> None:
-    """Validate a model name (no path traversal); paths to .gguf files are allowed for loading."""
+    """Validate a model name (no path traversal; InvalidModelName → 400); ``*.gguf`` paths without ``..`` are allowed."""
     from ..store import parse_name
     from ..store.names import looks_like_path
 
-    if looks_like_path(name):
-        return
+    if looks_like_path(name) and name.lower().endswith(".gguf") and ".." not in Path(name).parts:
+        return  # a GGUF file given by path (the CLI's `run ./model.gguf` through a server)
     parse_name(name)
 
 

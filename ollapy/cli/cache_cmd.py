@@ -1,0 +1,239 @@
+"""``ollapy cache``: list, count, prune, clear, warm (compute and pin a prefix) and unpin prompt-cache entries.
+
+Everything but ``warm`` works from the file headers alone and never loads
+llama.cpp.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from .. import config
+from ..errors import UsageError
+
+cache_app = typer.Typer(help="Inspect and manage the prompt cache (saved KV states of prompt prefixes).",
+                        no_args_is_help=True, add_completion=False)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _ago(t: float) -> str:
+    d = max(0.0, time.time() - t)
+    if d < 60:
+        return f"{d:.0f}s ago"
+    if d < 3600:
+        return f"{d / 60:.0f}m ago"
+    if d < 86400:
+        return f"{d / 3600:.0f}h ago"
+    return f"{d / 86400:.0f}d ago"
+
+
+def _entries(model: str | None = None) -> list[dict]:
+    from ..cache.fileformat import quick_info
+    from ..cache.tiers import iter_state_files
+
+    shas = _model_shas(model) if model else None
+    out = []
+    for path, st, pinned, hit in iter_state_files(config.cache_dir()):
+        info = quick_info(path)
+        if info is None:
+            continue
+        if model and not (info["model_name"] == model or info["model_sha256"] in shas
+                          or info["model_sha256"].startswith(model.lower())):
+            continue
+        info.update(path=path, bytes=st.st_size, last_used=st.st_mtime, pinned=pinned, hit=hit)
+        out.append(info)
+    out.sort(key=lambda i: -i["last_used"])
+    return out
+
+
+def _model_shas(model: str) -> set[str]:
+    """sha256 of MODEL when it resolves to a file (memoized hash), else an empty set."""
+    from ..cache.salt import file_sha256, normalize_digest
+
+    try:
+        from .runner import resolve
+
+        ref = resolve(model, pull=False)
+    except Exception:  # noqa: BLE001 - an unknown name still matches by header name
+        return set()
+    d = normalize_digest(getattr(ref, "digest", None))
+    if d:
+        return {d}
+    try:
+        return {file_sha256(ref.path, config.cache_dir())}
+    except OSError:
+        return set()
+
+
+@cache_app.command("ls")
+def ls(model: str | None = typer.Argument(None, help="Only entries of this model (name, path or sha256 prefix)."),
+       as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """List saved prefixes: model, tokens, bytes, last used, pinned, first words."""
+    rows = _entries(model)
+    if as_json:
+        typer.echo(json.dumps([{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows], indent=1))
+        return
+    if not rows:
+        typer.echo("no prompt-cache entries", err=True)
+        return
+    typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'SIZE':>9} {'LAST USED':>10} {'PIN':<3}  PREFIX")
+    for r in rows:
+        name = (r["model_name"] or r["model_sha256"][:12])[:28]
+        pin = "yes" if r["pinned"] else ""
+        typer.echo(f"{name:<28} {r['salt'].get('type_k', '?'):<5} {r['n_tokens']:>7} {_human(r['bytes']):>9} "
+                   f"{_ago(r['last_used']):>10} {pin:<3}  {r['preview'][:60]}")
+
+
+@cache_app.command("stats")
+def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Hits and misses by tier, tokens reused, bytes held (disk, pinned), over every process."""
+    from ..cache.stats import aggregate
+    from ..cache.tiers import disk_usage
+
+    root = config.cache_dir()
+    data = aggregate(root)
+    data.update(disk_usage(root))
+    data["disk_cap"] = config.cache_disk_bytes()
+    data["ram_cap"] = config.cache_ram_bytes()
+    data["directory"] = str(root)
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    lookups = data["hits_ram"] + data["hits_disk"] + data["misses"]
+    rate = (data["hits_ram"] + data["hits_disk"]) / lookups * 100 if lookups else 0.0
+    typer.echo(f"directory:      {data['directory']}")
+    typer.echo(f"hits:           {data['hits_ram']} ram, {data['hits_disk']} disk ({rate:.0f}% of {lookups} lookups)")
+    typer.echo(f"misses:         {data['misses']} (of which {data['refused']} refused by llama.cpp)")
+    typer.echo(f"tokens reused:  {data['tokens_reused']}")
+    typer.echo(f"stores:         {data['stores']} ({data['skipped_stores']} skipped as already covered), "
+               f"{data['corrupt']} bad file(s) dropped")
+    typer.echo(f"disk held:      {_human(data['disk_bytes'])} in {data['disk_files']} file(s) "
+               f"(cap {_human(data['disk_cap'])})")
+    typer.echo(f"pinned:         {_human(data['pinned_bytes'])} in {data['pinned_files']} file(s) (never evicted)")
+    typer.echo(f"ram cap:        {_human(data['ram_cap'])} per process")
+
+
+@cache_app.command("prune")
+def prune(max_bytes: str | None = typer.Option(None, "--max-bytes", help="Shrink the disk tier to this size "
+                                                  "(e.g. 2GiB; default OLLAPY_CACHE_DISK). Pinned entries stay.")) -> None:
+    """Evict least recently used (never-hit first) entries until the disk tier fits."""
+    from ..cache.tiers import disk_usage, enforce_disk_cap
+
+    if max_bytes is None:
+        cap = config.cache_disk_bytes()
+    else:
+        try:
+            cap = config.parse_size(max_bytes)
+        except ValueError:
+            raise UsageError(f"--max-bytes {max_bytes!r} is not a byte size", hint="e.g. --max-bytes 2GiB") from None
+    root = config.cache_dir()
+    deleted = enforce_disk_cap(root, cap)
+    u = disk_usage(root)
+    typer.echo(f"removed {len(deleted)} entr{'y' if len(deleted) == 1 else 'ies'}; "
+               f"{_human(u['disk_bytes'])} held ({_human(u['pinned_bytes'])} pinned)", err=True)
+
+
+@cache_app.command("clear")
+def clear(model: str | None = typer.Argument(None, help="Only this model's entries (name, path or sha256 prefix)."),
+          keep_pinned: bool = typer.Option(False, "--keep-pinned", help="Keep pinned entries.")) -> None:
+    """Delete prompt-cache entries (all of them, or one model's)."""
+    from ..cache.stats import reset
+    from ..cache.tiers import delete_entry_files
+
+    n = 0
+    if model is None:
+        from ..cache.tiers import iter_state_files
+
+        for path, _st, pinned, _hit in list(iter_state_files(config.cache_dir())):
+            if keep_pinned and pinned:
+                continue
+            delete_entry_files(path)
+            n += 1
+        if not keep_pinned:
+            reset(config.cache_dir())
+    else:
+        for r in _entries(model):
+            if keep_pinned and r["pinned"]:
+                continue
+            delete_entry_files(r["path"])
+            n += 1
+    typer.echo(f"removed {n} entr{'y' if n == 1 else 'ies'}", err=True)
+
+
+@cache_app.command("warm")
+def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf file."),
+         system: str | None = typer.Option(None, "--system", help="System prompt to compute and pin."),
+         file: Path | None = typer.Option(None, "--file", help="Read the system prompt from this file."),  # noqa: B008
+         option: list[str] | None = typer.Option(None, "--option", "-o",  # noqa: B008
+                                                 help="Load option key=value (num_ctx, kv_cache_type...: match later runs).",
+                                                 ),
+         ) -> None:
+    """Compute the KV state of a system prompt now and pin it (never evicted, survives restarts)."""
+    from ..cache import open_prompt_cache
+    from ..engine.model import LoadedModel
+    from ..options import parse_options
+    from .runner import base_options, resolve
+
+    if (system is None) == (file is None):
+        raise UsageError("give exactly one of --system TEXT or --file PATH")
+    if file is not None:
+        try:
+            system = file.read_text()
+        except OSError as exc:
+            raise UsageError(f"{file}: {exc.strerror or exc}") from None
+    if not system or not system.strip():
+        raise UsageError("the system prompt is empty")
+    ref = resolve(model)
+    options = base_options(ref, parse_options(option or []))
+    cache = open_prompt_cache(ref, options)
+    if cache is None:
+        raise UsageError("the prompt cache is off (OLLAPY_CACHE=0)")
+    t0 = time.perf_counter()
+    loaded = LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=cache,
+                         digest=getattr(ref, "digest", None))
+    try:
+        prompt = loaded.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": ""}])
+        req = loaded.submit(prompt, options.merged({"num_predict": 0}), pin=True)
+        _, final = req.result()
+        loaded.cache.flush(timeout=300)
+        n = len(final.tokens or prompt.tokens)
+        typer.echo(f"pinned {n} tokens of {ref.name} in {time.perf_counter() - t0:.2f}s", err=True)
+    finally:
+        loaded.close()
+
+
+@cache_app.command("unpin")
+def unpin(model: str | None = typer.Argument(None, help="Only this model's entries (default: all)."),
+          ) -> None:
+    """Unpin entries: they become ordinary LRU entries again."""
+    from ..cache.tiers import PIN
+
+    n = 0
+    for r in _entries(model):
+        if r["pinned"]:
+            try:
+                Path(r["path"]).with_suffix(PIN).unlink()
+                n += 1
+            except OSError:
+                pass
+    typer.echo(f"unpinned {n} entr{'y' if n == 1 else 'ies'}", err=True)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``cache`` sub-app."""
+    app.add_typer(cache_app, name="cache")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cache_app())

@@ -1,0 +1,167 @@
+"""Prompt cache without a model: file format checks, the block index under hash collisions, caps, stats."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ollapy import config
+from ollapy.cache import fileformat as ff
+from ollapy.cache.index import BlockIndex, common_prefix
+from ollapy.cache.salt import file_sha256, kv_salt, normalize_digest
+from ollapy.cache.stats import Stats, aggregate
+from ollapy.cache.tiers import PIN, RamTier, Entry, disk_usage, enforce_disk_cap
+
+SHA = "a" * 64
+SALT = kv_salt("f16", "auto", "0.3.36")
+
+
+def _write(path: Path, tokens=None, payload=b"x" * 1000, sha=SHA, salt=SALT) -> Path:
+    ff.write_file(path, sha, salt, "m", tokens or list(range(100)), payload)
+    return path
+
+
+def test_roundtrip(tmp_path):
+    p = _write(tmp_path / "a.kv", payload=os.urandom(5000))
+    h = ff.read_header(p, SHA, SALT)
+    assert h.tokens == list(range(100))
+    assert len(ff.read_payload(h)) == 5000
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "flip_payload", "flip_tokens", "flip_header", "version",
+                                    "magic", "pad"])
+def test_damaged_files_fail_checks(tmp_path, damage):
+    p = _write(tmp_path / "a.kv", payload=os.urandom(5000))
+    data = bytearray(p.read_bytes())
+    if damage == "truncate":
+        data = data[:-10]
+    elif damage == "empty":
+        data = bytearray()
+    elif damage == "flip_payload":
+        data[-100] ^= 1
+    elif damage == "flip_tokens":
+        h = ff.read_header(p)
+        data[h.payload_offset - 8] ^= 1
+    elif damage == "flip_header":
+        data[40] ^= 1
+    elif damage == "version":
+        data[8] = 99
+    elif damage == "magic":
+        data[0] ^= 0xFF
+    elif damage == "pad":
+        data += b"\0"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ff.CacheFileError):
+        ff.read_payload(ff.read_header(p, SHA, SALT))
+
+
+def test_foreign_model_and_other_kv_type(tmp_path):
+    p = _write(tmp_path / "a.kv")
+    with pytest.raises(ff.CacheFileError, match="foreign model"):
+        ff.read_header(p, "b" * 64, SALT)
+    with pytest.raises(ff.CacheFileError, match="other KV"):
+        ff.read_header(p, SHA, kv_salt("q8_0", "auto", "0.3.36"))
+
+
+def test_quantized_kv_forces_flash_attention_in_salt():
+    assert kv_salt("q4_0", "auto", "x")["flash_attn"] == "on"
+    assert kv_salt("f16", "auto", "x") != kv_salt("q8_0", "auto", "x")
+
+
+class _E:
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+
+def test_index_finds_longest_verified_prefix():
+    idx = BlockIndex(b"salt", block=4)
+    a, b = _E(list(range(20))), _E(list(range(10)) + [99] * 10)
+    idx.add(a)
+    idx.add(b)
+    e, n = idx.best(list(range(14)) + [7])
+    assert e is a and n == 14
+    assert idx.covering(list(range(12))) == [a]
+    assert idx.covered_by(list(range(30))) == [a]
+    idx.remove(a)
+    e, n = idx.best(list(range(14)))
+    assert e is b and n == 10
+
+
+def test_forced_hash_collisions_never_serve_a_wrong_prefix():
+    idx = BlockIndex(b"salt", block=4, hash_fn=lambda parent, block: b"same")
+    wrong = _E([5] * 40)
+    right = _E([1, 2, 3, 4, 5, 6])
+    idx.add(wrong)
+    idx.add(right)
+    e, n = idx.best([9] * 40)
+    assert e is None and n == 0  # hashes all collide, tokens don't match
+    e, n = idx.best([1, 2, 3, 4, 5, 0])
+    assert e is right and n == 5
+    assert idx.covering([5] * 8) == [wrong]
+
+
+def test_common_prefix():
+    a = list(range(1000))
+    assert common_prefix(a, a[:700] + [-1]) == 700
+    assert common_prefix(a, []) == 0
+
+
+def test_parse_size():
+    assert config.parse_size("1GiB") == 1 << 30
+    assert config.parse_size("500M") == 500_000_000
+    assert config.parse_size("1024") == 1024
+    with pytest.raises(ValueError):
+        config.parse_size("lots")
+
+
+def test_ram_tier_cap_and_order():
+    r = RamTier(3000)
+    es = [Entry(name=str(i), tokens=[i], nbytes=1000, last_used=i) for i in range(5)]
+    es[0].hits = 1
+    es[1].pinned = True
+    for e in es:
+        r.put(e, b"x" * 1000)
+        assert r.bytes <= 3000
+    assert set(r.entries) == {"1", "3", "4"} or r.bytes <= 3000
+    assert "1" in r.entries  # pinned kept over unpinned
+
+
+def test_disk_cap_keeps_pinned_and_hit_entries(tmp_path):
+    d = tmp_path / "v1" / "m-s"
+    paths = []
+    for i in range(6):
+        p = _write(d / f"{i}.kv", tokens=list(range(i, i + 100)), payload=b"y" * 10_000)
+        os.utime(p, (1000 + i, 1000 + i))
+        paths.append(p)
+    paths[0].with_suffix(PIN).touch()
+    paths[1].with_suffix(".hit").touch()
+    size = paths[0].stat().st_size
+    enforce_disk_cap(tmp_path, 3 * size)
+    left = sorted(p.name for p in d.glob("*.kv"))
+    assert disk_usage(tmp_path)["disk_bytes"] <= 3 * size
+    assert "0.kv" in left and "1.kv" in left and "5.kv" in left
+
+
+def test_stats_persist_across_processes(tmp_path):
+    s = Stats(tmp_path)
+    s.add(hits_disk=2, tokens_reused=100)
+    s.save()
+    dead = tmp_path / "stats" / "999999999-x.json"
+    dead.write_text('{"pid": 999999999, "misses": 3}')
+    tot = aggregate(tmp_path)
+    assert tot["hits_disk"] == 2 and tot["misses"] == 3
+    assert not dead.exists()  # folded into total.json
+    assert aggregate(tmp_path)["misses"] == 3
+
+
+def test_model_sha_is_memoized(tmp_path):
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"GGUF" + b"\0" * 1000)
+    d = file_sha256(f, tmp_path)
+    memo = next((tmp_path / "digests").glob("*.json"))
+    memo.write_text(memo.read_text().replace(d, "c" * 64))
+    assert file_sha256(f, tmp_path) == "c" * 64  # served from the memo, not re-hashed
+    f.write_bytes(b"GGUF" + b"\1" * 1001)
+    assert file_sha256(f, tmp_path) != "c" * 64  # size/mtime changed: re-hashed
+    assert normalize_digest("sha256:" + "A" * 64) == "a" * 64
