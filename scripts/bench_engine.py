@@ -18,11 +18,9 @@ Usage: python scripts/bench_engine.py [--model PATH] [--threads N] [--tokens N] 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import statistics
 import sys
 import time
-from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

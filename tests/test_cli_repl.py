@@ -8,7 +8,6 @@ import time
 
 import pexpect
 import pytest
-
 from conftest import ROOT, run_cli
 
 

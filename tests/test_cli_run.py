@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli
 
 Q = "What is the capital of France? Answer in one word."

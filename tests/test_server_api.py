@@ -20,7 +20,6 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-
 from conftest import ROOT, run_cli
 from fake_registry import FakeRegistry
 

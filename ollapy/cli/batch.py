@@ -8,6 +8,31 @@ from ..errors import describe
 from .output import warn
 
 
+class _Peeked:
+    """A stream whose first chunk has already been read (the prefill is done); replays it."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.it = iter(stream)
+        self.head = []
+        try:
+            self.head.append(next(self.it))
+        except StopIteration:
+            pass
+        except Exception as exc:  # noqa: BLE001 - re-raised when read
+            self.head.append(exc)
+
+    def __iter__(self):
+        for c in self.head:
+            if isinstance(c, BaseException):
+                raise c
+            yield c
+        yield from self.it
+
+    def cancel(self) -> None:
+        self.stream.cancel()
+
+
 def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) -> None:
     """Submit every line at once (the engine queues what exceeds the slots) and print answers in input order.
 
@@ -16,10 +41,14 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
     of prefilling it once per line.
     """
     streams = []
-    for line in lines:
+    for i, line in enumerate(lines):
         text = f"{line}\n\n{suffix}" if suffix else line
         msgs = conv.chat_messages(text, settings.system)
-        streams.append(conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache))
+        stream = conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache)
+        if i == 0 and len(lines) > 1 and (settings.system or conv.system):
+            # let the first request prefill the shared system prompt, so the others copy its KV
+            stream = _Peeked(stream)
+        streams.append(stream)
     failed = 0
     try:
         for i, (line, stream) in enumerate(zip(lines, streams)):

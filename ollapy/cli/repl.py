@@ -112,8 +112,34 @@ def run_repl(conv, settings) -> None:
     _save_history(hist, history_on)
 
 
+class _MarkdownSink:
+    """Renders the streamed reply as Markdown with rich (terminal only), redrawn as text arrives."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.text = ""
+        self.live = Live(console=Console(), refresh_per_second=8, vertical_overflow="visible")
+        self.live.start()
+
+    def write(self, text: str) -> None:
+        from rich.markdown import Markdown
+
+        self.text += text
+        self.live.update(Markdown(self.text))
+
+    def finish(self) -> None:
+        self.live.stop()
+
+
 def _reply(conv, settings, msg: str) -> None:
-    sink = TextSink(sys.stdout, wrap=settings.wrap)
+    from .output import is_tty
+
+    if settings.markdown and is_tty(sys.stdout):
+        sink = _MarkdownSink()
+    else:
+        sink = TextSink(sys.stdout, wrap=settings.wrap)
     final = None
     stream = None
     try:

@@ -134,7 +134,15 @@ def answer_once(loaded, text: str | None, settings) -> None:
         if m.get("truncated"):
             warn(f"the prompt was longer than num_ctx={loaded.num_ctx} tokens and was truncated")
         if settings.verbose:
-            info(format_stats(m))
+            template = _template_source(loaded)
+            info(format_stats(m) + (f"\nchat template:        {template}" if template else ""))
+
+
+def _template_source(loaded) -> str | None:
+    try:
+        return loaded.runner.info().get("template")
+    except Exception:  # noqa: BLE001 - a remote server may not say
+        return None
 
 
 def register(app: typer.Typer) -> None:

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.responses import StreamingResponse
 
 from .. import __version__
-from ..errors import ModelNotFound, OllapyError, OptionError, UsageError
+from ..errors import OptionError, UsageError
 from . import generation
 from .errors import ollama_error, stream_error_line
 
