@@ -11,7 +11,7 @@ from ollapy.cache import fileformat as ff
 from ollapy.cache.index import BlockIndex, common_prefix
 from ollapy.cache.salt import file_sha256, kv_salt, normalize_digest
 from ollapy.cache.stats import Stats, aggregate
-from ollapy.cache.tiers import PIN, RamTier, Entry, disk_usage, enforce_disk_cap
+from ollapy.cache.tiers import PIN, Entry, RamTier, disk_usage, enforce_disk_cap
 
 SHA = "a" * 64
 SALT = kv_salt("f16", "auto", "0.3.36")
