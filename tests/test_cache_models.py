@@ -132,9 +132,16 @@ def test_bad_files_are_misses_and_deleted(smol, tmp_path, damage):
         target = c2.directory / src.name
         shutil.copy(src, target)
         smol.engine.cache = c2
+    damaged = target.read_bytes()
     text, reused = _run(smol, p)
     assert text == cold and reused == 0
-    assert not target.exists()
+    # the bad file was deleted; the request's own (good) state may have been written under the same name since
+    c2.flush()
+    if target.exists():
+        assert target.read_bytes() != damaged
+        from ollapy.cache.fileformat import read_header
+
+        read_header(target, c2.model_sha256, c2.salt)
 
 
 def test_forced_hash_collision_never_serves_a_wrong_prefix(smol, tmp_path):
@@ -192,26 +199,34 @@ def gemma(gemma_path):
 
 
 def test_gemma_sliding_window_restores_equal_cold_or_miss(gemma, tmp_path):
-    """Gemma's greedy text depends on how the prompt is split into batches, so the cold reference
-    is computed with the same split (prefix, then the rest) without the cache."""
-    opts = Options(num_ctx=2048, temperature=0, num_predict=10)
+    """Gemma (sliding window 512), prompts longer than the window, restored from a longer saved state
+    and trimmed: the output equals a cold run (fresh prefill, no reuse) or the restore is a miss.
+
+    The prompt is a counting sequence, whose greedy continuation is robust: Gemma's Q4_K kernels are not
+    batch-invariant, so a fragile prompt can change its greedy text with the prefill split alone."""
+    opts = Options(num_ctx=2048, temperature=0, num_predict=12)
     c = PromptCache(_Ref(gemma.path, "g"), opts, root=tmp_path).bind(gemma)
     gemma.engine.cache = c
-    facts = " ".join(f"item{i} is {i * 7 % 13}." for i in range(95))
-    base = gemma.raw_prompt("Facts: " + facts + " Question: what is item5? Answer:")
-    assert len(base.tokens) > 600
+    base = gemma.raw_prompt(", ".join(str(i) for i in range(1, 330)) + ",")
+    assert len(base.tokens) > 1000
     _clear(gemma)
     gemma.submit(base, opts).result()
     c.flush()
-    tail = gemma.tokenize(" And item9? Answer:")[1:]
-    for cut in (200, len(base.tokens) - 2):
-        toks = base.tokens[:cut] + tail
-        _clear(gemma)  # split reference: prefill the prefix, then the rest (slot reuse, no cache)
-        gemma.submit(Prompt(toks[:cut + 1], 1, (), ""), opts.merged({"num_predict": 1}), cache=False).result()
-        ref, _ = gemma.submit(Prompt(toks, 1, (), ""), opts, cache=False).result()
+    comma = gemma.tokenize(",")[-1]
+    cuts = [i + 1 for i, t in enumerate(base.tokens) if t == comma and i > 0]
+    hits = 0
+    for cut in (cuts[40], cuts[200], cuts[-20]):  # inside the first window, past it, near the end
+        toks = base.tokens[:cut]
+        gemma.engine.cache = None
+        _clear(gemma)
+        cold, _ = gemma.submit(Prompt(toks, 1, (), ""), opts, cache=False).result()
         gemma.engine.cache = PromptCache(_Ref(gemma.path, "g"), opts, root=tmp_path).bind(gemma)
         _clear(gemma)
         text, last = gemma.submit(Prompt(toks, 1, (), ""), opts).result()
         reused = last.metrics.prompt_cache_tokens
-        assert reused in (0, cut), cut
-        assert text == ref, (cut, reused)
+        assert reused < cut, cut
+        hits += reused > 0
+        assert text == cold, (cut, reused)
+    # a saved sliding-window state is only restored whole (llama.cpp saves only in-window SWA cells),
+    # as a strict prefix of the prompt: e.g. an earlier request's prompt plus its generated tokens
+    assert hits >= 1

@@ -78,6 +78,9 @@ class PromptCache:
         name = getattr(loaded_model, "name", None) or getattr(self.ref, "name", None) or path.name
         bound = BoundCache(self, path, digest, salt_from_backend(loaded_model.backend), name)
         bound.piece = getattr(loaded_model.backend, "token_piece", None)
+        # llama.cpp saves only the in-window cells of sliding-window layers (llama_kv_cache::state_write
+        # skips SWA-masked cells), so such a state restores correctly only as a whole: never trimmed.
+        bound.trimmable = int(getattr(loaded_model.backend, "n_swa", 0) or 0) == 0
         return bound
 
 
@@ -92,6 +95,7 @@ class BoundCache:
         self.model_name = model_name
         self.model_path = model_path
         self.piece: Callable[[int], bytes] | None = None
+        self.trimmable = True
         self.stats = Stats(self.root)
         self.ram = RamTier(parent.ram_bytes)
         self._sha: str | None = digest
@@ -179,11 +183,14 @@ class BoundCache:
         with self._lock:
             self._refresh()
             tried: set[int] = set()
+            whole = (lambda x: len(x.tokens) < len(tokens)) if not self.trimmable else (lambda x: True)
             while True:
-                e, n = self.index.best(tokens, accept=lambda x: id(x) not in tried)
+                e, n = self.index.best(tokens, accept=lambda x: id(x) not in tried and whole(x))
                 if e is None:
                     return None
                 tried.add(id(e))
+                if not self.trimmable and n != len(e.tokens):
+                    continue  # a sliding-window state must be used whole, as a strict prefix of the prompt
                 if e.payload is not None:
                     return Hit(n, list(e.tokens), "ram", e, e.payload)
                 if not e.on_disk or e.path is None:
@@ -230,6 +237,8 @@ class BoundCache:
         tokens = list(tokens)
         with self._lock:
             covering = self.index.covering(tokens)
+            if not self.trimmable:  # states of sliding-window models cannot be trimmed: keep each prefix
+                covering = [e for e in covering if len(e.tokens) == len(tokens)]
             if covering:
                 if pinned:
                     for e in covering:
@@ -245,7 +254,7 @@ class BoundCache:
                 return
             e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
                       preview=self._preview(tokens))
-            replaced = [r for r in self.index.covered_by(tokens) if pinned or not r.pinned]
+            replaced = [r for r in self.index.covered_by(tokens) if pinned or not r.pinned] if self.trimmable else []
             for r in replaced:
                 r.superseded = True
                 self._forget(r)

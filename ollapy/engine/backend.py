@@ -384,17 +384,22 @@ class Backend:
         """Largest position held by ``seq`` (-1 when empty)."""
         return C.llama_memory_seq_pos_max(self.mem, seq)
 
-    def state_get(self, seq: int) -> bytes:
-        """Serialized KV state of ``seq`` (llama.cpp's seq state format)."""
+    def state_get(self, seq: int) -> bytearray:
+        """Serialized KV state of ``seq`` (llama.cpp's seq state format), as a bytearray."""
         size = C.llama_state_seq_get_size(self.ctx, seq)
-        buf = (ctypes.c_uint8 * size)()
-        n = C.llama_state_seq_get_data(self.ctx, buf, size, seq)
-        return bytes(memoryview(buf)[:n])
+        out = bytearray(size)
+        n = C.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(out), size, seq)
+        if n != size:
+            del out[n:]
+        return out  # a bytearray: no extra copy of a state that can be tens of MB
 
-    def state_set(self, seq: int, data: bytes) -> bool:
+    def state_set(self, seq: int, data: bytes | bytearray) -> bool:
         """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it."""
         self.seq_clear(seq)
-        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if isinstance(data, bytearray):  # zero-copy view of the caller's buffer
+            buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
+        else:
+            buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         n = C.llama_state_seq_set_data(self.ctx, buf, len(data), seq)
         if n == 0:
             self.seq_clear(seq)
