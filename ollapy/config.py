@@ -39,7 +39,11 @@ def _setting(env: str, default: str, description: str) -> Setting:
     return s
 
 
-HOST = _setting("OLLAPY_HOST", "127.0.0.1:11435", "Address of `ollapy serve` (host:port); the CLI uses a server there when one answers.")
+HOST = _setting(
+    "OLLAPY_HOST",
+    "127.0.0.1:11435",
+    "Address of `ollapy serve` (host:port); the CLI uses a server there when one answers.",
+)
 MODELS = _setting("OLLAPY_MODELS", "", "Model store directory (default: the platform's user data dir + /models).")
 CACHE_DIR = _setting("OLLAPY_CACHE_DIR", "", "Prompt-cache directory (default: the platform's user cache dir + /prompt-cache).")
 DEBUG = _setting("OLLAPY_DEBUG", "0", "1 shows debug logs (slot chosen, cache hits, shifts) and tracebacks on errors.")
@@ -52,13 +56,29 @@ EXTRA_BUFTS = _setting(
     "CPU extra buffer types (weight repacking, AMX): auto (off only on AMX CPUs with an AMX build, where ggml crashes), on, off.",
 )
 NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0", "CPU threads for decoding (0 = number of physical cores).")
-KEEP_ALIVE = _setting("OLLAPY_KEEP_ALIVE", "5m", "How long a server keeps an idle model loaded (negative = forever, 0 = unload at once).")
+KEEP_ALIVE = _setting(
+    "OLLAPY_KEEP_ALIVE",
+    "5m",
+    "How long a server keeps an idle model loaded (negative = forever, 0 = unload at once).",
+)
 MAX_LOADED = _setting("OLLAPY_MAX_LOADED_MODELS", "3", "Most models a server keeps loaded at once.")
 NOHISTORY = _setting("OLLAPY_NOHISTORY", "0", "1 disables the interactive chat history file.")
 TEST_MODELS = _setting("OLLAPY_TEST_MODELS", "", "Directory of the test GGUF models fetched by scripts/fetch_test_models.py.")
-REGISTRY = _setting("OLLAPY_REGISTRY", "https://registry.ollama.ai", "Ollama registry URL that names without a host are pulled from (a mirror may be set here).")
-CATALOGUE = _setting("OLLAPY_CATALOGUE", "", "Directory of catalogue files (*.toml) mapping aliases like smollm2:135m to sources (default: the bundled models/).")
-PULL_RETRIES = _setting("OLLAPY_PULL_RETRIES", "6", "Retries with backoff for a blob download after a network error or a 5xx answer.")
+REGISTRY = _setting(
+    "OLLAPY_REGISTRY",
+    "https://registry.ollama.ai",
+    "Ollama registry URL that names without a host are pulled from (a mirror may be set here).",
+)
+CATALOGUE = _setting(
+    "OLLAPY_CATALOGUE",
+    "",
+    "Directory of catalogue files (*.toml) mapping aliases like smollm2:135m to sources (default: the bundled models/).",
+)
+PULL_RETRIES = _setting(
+    "OLLAPY_PULL_RETRIES",
+    "6",
+    "Retries with backoff for a blob download after a network error or a 5xx answer.",
+)
 
 
 def _bool(s: Setting) -> bool:
@@ -138,10 +158,22 @@ ACCESSORS: dict[str, Callable[[], object]] = {}
 
 
 # ---- prompt cache (ollapy/cache) ------------------------------------------------------------
-CACHE_RAM = _setting("OLLAPY_CACHE_RAM", "1GiB", "Prompt-cache RAM tier cap per process in bytes (suffixes K, M, G, KiB, MiB, GiB; 0 = no RAM tier).")
-CACHE_DISK = _setting("OLLAPY_CACHE_DISK", "10GiB", "Prompt-cache disk tier cap in bytes, enforced on every write (pinned entries are not evicted).")
+CACHE_RAM = _setting(
+    "OLLAPY_CACHE_RAM",
+    "1GiB",
+    "Prompt-cache RAM tier cap per process in bytes (suffixes K, M, G, KiB, MiB, GiB; 0 = no RAM tier).",
+)
+CACHE_DISK = _setting(
+    "OLLAPY_CACHE_DISK",
+    "10GiB",
+    "Prompt-cache disk tier cap in bytes, enforced on every write (pinned entries are not evicted).",
+)
 CACHE_ENABLED = _setting("OLLAPY_CACHE", "1", "0 turns the prompt cache (RAM and disk tiers) off for every run.")
-KV_CACHE_TYPE = _setting("OLLAPY_KV_CACHE_TYPE", "f16", "Default KV cache type: f16, q8_0 or q4_0 (quantized types turn flash attention on).")
+KV_CACHE_TYPE = _setting(
+    "OLLAPY_KV_CACHE_TYPE",
+    "f16",
+    "Default KV cache type: f16, q8_0 or q4_0 (quantized types turn flash attention on).",
+)
 
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
                "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
@@ -195,7 +227,11 @@ def kv_cache_type() -> str:
 
 
 # ---- server (ollapy/server, ollapy/runtime.py) ------------------------------------------------
-ORIGINS = _setting("OLLAPY_ORIGINS", "", "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.")
+ORIGINS = _setting(
+    "OLLAPY_ORIGINS",
+    "",
+    "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.",
+)
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
 
 

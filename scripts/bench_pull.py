@@ -130,7 +130,8 @@ def _run(args, model, base: str, digest: str) -> int:
         for k in ("httpx", "curl", "pull"):
             if k in best:
                 print(f"  {k:<6} best {mb / best[k]:6.0f} MB/s ({best[k]:.2f} s)   median {mb / med[k]:6.0f} MB/s")
-        print(f"  pull/httpx ratio: best {best['httpx'] / best['pull']:.2f}, median {med['httpx'] / med['pull']:.2f} (target >= 0.9)")
+        print(f"  pull/httpx ratio: best {best['httpx'] / best['pull']:.2f}, "
+              f"median {med['httpx'] / med['pull']:.2f} (target >= 0.9)")
         if "curl" in best:
             print(f"  pull/curl ratio:  {best['curl'] / best['pull']:.2f}")
         print(f"  CPU seconds (median): httpx {med['cpu_httpx']:.2f}, pull {med['cpu_pull']:.2f} "

@@ -137,7 +137,8 @@ def wait_up(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 
 def table(name: str, rows: list[dict]) -> None:
     print(f"\n{name}")
-    print(f"{'clients':>7} {'reqs':>5} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'tok/s':>7} {'cache hit':>9}")
+    print(f"{'clients':>7} {'reqs':>5} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
+          f"{'tok/s':>7} {'cache hit':>9}")
     for r in rows:
         print(f"{r['clients']:>7} {r['requests']:>5} {r['ttft_p50'] * 1000:>7.0f}ms {r['ttft_p99'] * 1000:>7.0f}ms "
               f"{r['itl_p50'] * 1000:>6.1f}ms {r['itl_p99'] * 1000:>6.1f}ms {r['tok_s']:>7.1f} {r['hit'] * 100:>8.0f}%")
@@ -184,7 +185,8 @@ def main() -> None:
         unc, cac = asyncio.run(cached_vs_uncached(base, args.model, args.num_predict, "ollama"))
         rows = [asyncio.run(run_level(base, args.model, c, max(args.requests, c), args.num_predict, "ollama"))
                 for c in levels]
-        print(f"ollapy serve (n_parallel 4, num_ctx {args.num_ctx}, num_predict {args.num_predict}), model {Path(args.model).name}")
+        print(f"ollapy serve (n_parallel 4, num_ctx {args.num_ctx}, num_predict {args.num_predict}), "
+              f"model {Path(args.model).name}")
         print(f"TTFT shared prefix: uncached {unc * 1000:.0f} ms, cached p50 {cac * 1000:.0f} ms (ratio {cac / unc:.2f})")
         table("ollapy serve", rows)
     finally:

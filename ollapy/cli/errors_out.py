@@ -7,6 +7,7 @@ import traceback
 import typer
 
 from .. import config
+from ..errors import OllapyError, describe
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click.exceptions import ClickException as _ClickException
@@ -17,7 +18,6 @@ except ImportError:  # pragma: no cover - older typer on real click
 
 _EXIT = tuple({typer.Exit, *(c for c in (getattr(__import__("click").exceptions, "Exit", None),) if c)})
 _ABORT = tuple({typer.Abort, *(c for c in (getattr(__import__("click").exceptions, "Abort", None),) if c)})
-from ..errors import OllapyError, describe
 
 
 def run_app(app) -> int:
@@ -57,7 +57,7 @@ def run_app(app) -> int:
 def _flush() -> None:
     try:
         sys.stdout.flush()
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: stdout may be closed or broken while reporting an error
         pass
 
 

@@ -31,7 +31,8 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", "-v", help="Show the version and exit.", callback=_version_callback, is_eager=True),
+    version: bool = typer.Option(False, "--version", "-v", help="Show the version and exit.", callback=_version_callback,
+                                 is_eager=True),
 ) -> None:
     """Run local LLMs (GGUF, llama.cpp) from the command line, Ollama-style."""
 

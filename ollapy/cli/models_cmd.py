@@ -37,8 +37,8 @@ def pull_cmd(
     stored = pull_model(name, quiet=quiet, insecure=insecure)
     found = find_entry(stored)
     if not quiet:
-        print(f"success: {stored.display()}" + (f" ({found[1].display()})" if found and found[1].display() != stored.display() else ""),
-              file=sys.stderr)
+        alias = f" ({found[1].display()})" if found and found[1].display() != stored.display() else ""
+        print(f"success: {stored.display()}" + alias, file=sys.stderr)
 
 
 def list_cmd() -> None:
@@ -114,7 +114,10 @@ def rm_cmd(names: Annotated[list[str], typer.Argument(help="Models to remove.")]
         print(f"deleted '{n}'")
 
 
-def cp_cmd(source: str = typer.Argument(..., help="Existing model."), destination: str = typer.Argument(..., help="New name.")) -> None:
+def cp_cmd(
+    source: str = typer.Argument(..., help="Existing model."),
+    destination: str = typer.Argument(..., help="New name."),
+) -> None:
     """Copy a model to a new name (no bytes copied)."""
     from ..store import copy_model
 

@@ -49,9 +49,11 @@ def run(
     verbose: bool = typer.Option(False, "--verbose", help="Print timings and token counts to stderr."),
     nowordwrap: bool = typer.Option(False, "--nowordwrap", help="Do not wrap words on a terminal."),
     keepalive: Optional[str] = typer.Option(None, "--keepalive", help="How long a server keeps the model loaded (e.g. 5m)."),
-    option: Optional[List[str]] = typer.Option(None, "--option", "-o", help="Model option key=value (repeatable), e.g. -o temperature=0."),
+    option: Optional[List[str]] = typer.Option(None, "--option", "-o",
+                                               help="Model option key=value (repeatable), e.g. -o temperature=0."),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="Parallel slots (num_parallel)."),
-    each_line: bool = typer.Option(False, "--each-line", help="Treat every stdin line as its own prompt; answers in input order."),
+    each_line: bool = typer.Option(False, "--each-line",
+                                   help="Treat every stdin line as its own prompt; answers in input order."),
     as_json: bool = typer.Option(False, "--json", help="With --each-line: print JSON Lines with stats."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the prompt cache for this run."),
     session: Optional[str] = typer.Option(None, "--session", help="Named conversation to continue and save."),
@@ -73,7 +75,8 @@ def run(
                            session=session, markdown=markdown, keepalive=keepalive)
     if each_line:
         if stdin_text is None:
-            raise UsageError("--each-line reads prompts from stdin", hint="pipe a file: ollapy run MODEL --each-line < prompts.txt")
+            raise UsageError("--each-line reads prompts from stdin",
+                             hint="pipe a file: ollapy run MODEL --each-line < prompts.txt")
         from .batch import run_each_line
 
         lines = [ln for ln in stdin_text.splitlines() if ln.strip()]

@@ -188,7 +188,8 @@ class Sampler:
             add(g)
         if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
             last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
-            add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty, o.presence_penalty))
+            add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
+                                               o.presence_penalty))
         if o.temperature <= 0:
             add(C.llama_sampler_init_greedy())
             return
@@ -431,5 +432,5 @@ class Backend:
     def __del__(self) -> None:  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: __del__ must never raise (interpreter shutdown, half-built object)
             pass

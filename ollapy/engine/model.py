@@ -81,7 +81,7 @@ class LoadedModel:
         """Render chat messages to prompt text with the selected template."""
         try:
             return render_chat_template(self.template.text, messages, self.bos_text, self.eos_text, add_generation_prompt)
-        except Exception as exc:  # jinja errors, raise_exception() in templates
+        except Exception as exc:  # noqa: BLE001 - jinja errors, raise_exception() in templates: all become OptionError
             raise OptionError(f"chat template error: {exc}", hint="check the message roles and order") from None
 
     def chat_prompt(self, messages: list[dict]) -> Prompt:

@@ -1,7 +1,8 @@
 """The FastAPI application of ``ollapy serve``.
 
 :func:`create_app` wires the runtime (loaded models), the metrics registry,
-the Ollama routes (``/``, ``/api/*``), the OpenAI routes (``/v1/*``) and
+the Ollama routes (``/``, ``/api/*``: generation in ``ollama_routes``, model
+management in ``model_routes``), the OpenAI routes (``/v1/*``) and
 ``/metrics``; CORS allows local origins by default (``OLLAPY_ORIGINS`` adds
 more, like Ollama's ``OLLAMA_ORIGINS``); request bodies are capped at
 ``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store).
@@ -117,9 +118,10 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
                   openapi_url=None)
     app.state.ollapy = state
 
-    from . import ollama_routes, openai_routes
+    from . import model_routes, ollama_routes, openai_routes
 
     app.include_router(ollama_routes.router)
+    app.include_router(model_routes.router)
     app.include_router(openai_routes.router)
 
     @app.get("/metrics", include_in_schema=False)

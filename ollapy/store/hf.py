@@ -49,7 +49,8 @@ def list_gguf(repo_id: str, revision: str | None = None) -> dict[str, tuple[int 
     except Exception as exc:  # noqa: BLE001 - network errors come in several library types
         if getattr(getattr(exc, "response", None), "status_code", None) == 404:
             raise NotAtSource(f"Hugging Face repo {repo_id} not found", hint="check the repo name") from None
-        raise DownloadError(f"cannot list Hugging Face repo {repo_id}: {str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__}",
+        why = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+        raise DownloadError(f"cannot list Hugging Face repo {repo_id}: {why}",
                             hint="check the network, HF_ENDPOINT and HF_TOKEN") from None
     out: dict[str, tuple[int | None, str | None]] = {}
     for it in items:
@@ -79,7 +80,8 @@ def select_files(files: list[str], tag: str) -> list[str]:
             chosen = [min(files)]
     if not chosen:
         quants = sorted({q for f in files for q in QUANT_PREFERENCE if q.lower() in f.lower()})
-        raise ModelNotFound(f"no GGUF file for tag {tag!r}", hint="available: " + (", ".join(quants or files[:8]) or "no .gguf files"))
+        raise ModelNotFound(f"no GGUF file for tag {tag!r}",
+                            hint="available: " + (", ".join(quants or files[:8]) or "no .gguf files"))
     first = min(chosen)
     m = _SPLIT.search(first)
     if not m:
@@ -119,7 +121,8 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
         try:
             local = Path(hf_hub_download(repo_id, fname, revision=revision, endpoint=_endpoint()))
         except Exception as exc:  # noqa: BLE001 - huggingface_hub raises many types
-            raise DownloadError(f"download of {fname} from Hugging Face failed: {str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__}",
+            why = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+            raise DownloadError(f"download of {fname} from Hugging Face failed: {why}",
                                 hint="pull again to resume; check HF_ENDPOINT / HF_TOKEN") from None
         real = local.resolve()
         want = expect_sha256 if (expect_sha256 and len(files) == 1) else oid
@@ -144,7 +147,8 @@ def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool 
     except NotAtSource as exc:
         raise ModelNotFound(exc.message, hint="check the repo name; set HF_TOKEN for gated or private repos") from None
     if not meta:
-        raise ModelNotFound(f"Hugging Face repo {name.repo_id} has no .gguf files", hint="pick a GGUF repo, e.g. one ending in -GGUF")
+        raise ModelNotFound(f"Hugging Face repo {name.repo_id} has no .gguf files",
+                            hint="pick a GGUF repo, e.g. one ending in -GGUF")
     files = select_files(list(meta), name.tag)
     layers = fetch_hf_files(store, name.repo_id, files, meta, progress, quiet)
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",

@@ -128,7 +128,8 @@ def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None,
         out.append(f"SYSTEM {_quote(system)}")
     for k, v in parameters.items():
         for item in (v if isinstance(v, (list, tuple)) else [v]):
-            out.append(f"PARAMETER {k} {json.dumps(item) if isinstance(item, str) else str(item).lower() if isinstance(item, bool) else item}")
+            value = json.dumps(item) if isinstance(item, str) else str(item).lower() if isinstance(item, bool) else item
+            out.append(f"PARAMETER {k} {value}")
     for m in messages:
         out.append(f"MESSAGE {m.get('role')} {_quote(str(m.get('content', '')))}")
     if license:

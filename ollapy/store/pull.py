@@ -131,7 +131,8 @@ def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,
         except ModelNotFound:
             raise not_found(name, f"not in registry {registry_base(name, insecure)}") from None
         except RegistryUnreachable as exc:
-            raise not_found(name, f"and registry {registry_base(name, insecure)} is unreachable ({exc.message.split(' while')[0]})") from None
+            why = exc.message.split(" while")[0]
+            raise not_found(name, f"and registry {registry_base(name, insecure)} is unreachable ({why})") from None
         return name
     finally:
         if own:

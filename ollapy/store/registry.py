@@ -62,7 +62,8 @@ def fetch_manifest(client: Any, base: str, name: ModelName, tries: int = 3) -> d
             last = f"HTTP {r.status_code} from {base}"
         if attempt + 1 < tries:
             time.sleep(min(download.BACKOFF_S * 2**attempt, 4.0))
-    raise RegistryUnreachable(f"{last} while fetching the manifest of {name.display()}", hint="check the network or OLLAPY_REGISTRY")
+    raise RegistryUnreachable(f"{last} while fetching the manifest of {name.display()}",
+                              hint="check the network or OLLAPY_REGISTRY")
 
 
 def pull_registry(store: Store, name: ModelName, progress: QuietProgress, insecure: bool = False) -> dict[str, Any]:
