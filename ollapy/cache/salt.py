@@ -94,7 +94,7 @@ def salt_key(salt: dict) -> str:
 def salt_from_backend(backend) -> dict:
     """The KV salt of a loaded :class:`ollapy.engine.backend.Backend`."""
     cfg = backend.cfg
-    return kv_salt(cfg.kv_cache_type, cfg.flash_attn, library_version())
+    return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version())
 
 
 def library_version() -> str:

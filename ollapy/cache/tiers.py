@@ -112,6 +112,25 @@ class RamTier:
         return sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
 
 
+def lower_thread_priority() -> None:
+    """Run the calling thread only when a CPU is otherwise idle (Linux SCHED_IDLE; else nice 19).
+
+    llama.cpp's CPU threads wait for each other at spin barriers, so a busy
+    extra thread that preempts one of them stalls the whole decode step: the
+    disk writer must never take a core from them.
+    """
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, 19)
+    except (AttributeError, OSError):
+        pass
+
+
 def iter_state_files(root: Path):
     """Yield ``(path, stat, pinned, hit)`` for every state file under ``root`` (all models)."""
     base = root / LAYOUT
@@ -301,6 +320,7 @@ class DiskTier:
                 self._thread.start()
 
     def _writer(self) -> None:
+        lower_thread_priority()
         while True:
             job = self._q.get()
             try:

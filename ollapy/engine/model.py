@@ -158,6 +158,7 @@ class LoadedModel:
             "kv_bytes_per_token": kv,
             "kv_bytes_per_slot": kv * b.num_ctx,
             "extra_bufts": b.extra_bufts_reason,
+            "flash_attn": b.flash_attn,
             "can_shift": b.can_shift,
             "threads": b.threads,
         }
