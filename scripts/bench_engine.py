@@ -81,7 +81,7 @@ def bench_bare(path: Path, threads: int, n_tokens: int, slots: list[int], prefil
     """A bare ctypes loop: same context settings, one llama_decode per step, no sampling (feeds a fixed token)."""
     from llama_cpp import llama_cpp as C
 
-    from ollapy.engine.backend import choose_extra_bufts
+    from ollapy.engine.backend import choose_extra_bufts, choose_flash_attn
 
     C.llama_backend_init()
     mp = C.llama_model_default_params()
@@ -101,6 +101,9 @@ def bench_bare(path: Path, threads: int, n_tokens: int, slots: list[int], prefil
         cp.kv_unified = False
         cp.swa_full = True
         cp.no_perf = True
+        fa = choose_flash_attn("auto", "f16", mp.n_gpu_layers > 0)  # the same choice ollapy makes
+        cp.flash_attn_type = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                              "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}[fa]
         return C.llama_init_from_model(model, cp)
 
     def tokenize(text: str) -> list[int]:

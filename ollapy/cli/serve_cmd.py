@@ -59,13 +59,13 @@ def _until(expires: str | None) -> str:
 
 
 def ps() -> None:
-    """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS UNTIL)."""
+    """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS KV/SLOT UNTIL)."""
     from ..client import Client
     from ..store.progress import human_size
 
     client = Client(timeout=10)
     models = client.ps()
-    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "UNTIL")]
+    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV/SLOT", "UNTIL")]
     for m in models:
         size = int(m.get("size") or 0)
         vram = int(m.get("size_vram") or 0)
@@ -77,8 +77,10 @@ def ps() -> None:
         else:
             proc = "100% CPU"
         slots = f"{m.get('slots_busy', 0)}/{m.get('num_parallel', '?')}"
+        kv = int(m.get("kv_bytes_per_slot") or 0)
+        kv_text = f"{human_size(kv)} {m.get('kv_cache_type') or ''}".strip() if kv else "-"
         rows.append((m.get("name", ""), (m.get("digest") or "")[:12] or "-", human_size(size), proc,
-                     str(m.get("context_length", "")), slots, _until(m.get("expires_at"))))
+                     str(m.get("context_length", "")), slots, kv_text, _until(m.get("expires_at"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())

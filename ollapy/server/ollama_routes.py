@@ -325,6 +325,9 @@ async def api_ps(request: Request):
             "num_parallel": s["num_parallel"], "slots_busy": stats.get("slots_busy", 0),
             "queue_depth": stats.get("queue_depth", 0), "active_requests": s["active"],
             "prompt_cache": s["cache"],
+            "kv_bytes_per_token": (s["info"] or {}).get("kv_bytes_per_token", 0),
+            "kv_bytes_per_slot": (s["info"] or {}).get("kv_bytes_per_slot", 0),
+            "kv_cache_type": e.options.kv_cache_type if e is not None else None,
         })
     return {"models": out}
 
