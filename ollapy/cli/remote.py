@@ -112,12 +112,29 @@ class RemoteRunner:
         self.client.close()
 
 
+def _port_open(timeout: float = 0.3) -> bool:
+    """True when something accepts TCP connections at OLLAPY_HOST (a refused connect answers at once)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from .. import config
+
+    u = urlsplit(config.host())
+    try:
+        with socket.create_connection((u.hostname or "127.0.0.1", u.port or 11435), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def probe_server(name: str, cli_options: dict, settings):
     """``(RemoteRunner, RemoteRef)`` when a server answers at OLLAPY_HOST, else None.
 
     Raises the server's error (unknown model 404, bad options 400...) as the
     matching OllapyError, like the in-process path would.
     """
+    if not _port_open():
+        return None  # nothing listens: skip importing httpx at all (fast start of in-process runs)
     try:
         from ..client import Client
     except ImportError:
