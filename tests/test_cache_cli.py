@@ -1,0 +1,54 @@
+"""The prompt cache across processes, through the real CLI: disk hits in a new process, --no-cache,
+two `ollapy run` at once on one cache directory, and the `cache` commands."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT, run_cli
+
+SYSTEM = "You are a concise assistant for a travel agency. " + " ".join(
+    f"Rule {i}: answer politely and never invent prices." for i in range(20))
+Q = "What is the capital of France? Answer in one word."
+
+
+def _reused(stderr: bytes) -> int:
+    m = re.search(rb"prompt cache: +(\d+) token", stderr)
+    assert m, stderr.decode()[-800:]
+    return int(m.group(1))
+
+
+def _args(model, *extra):
+    return ("run", str(model), "--verbose", "-o", "temperature=0", "-o", "num_predict=12", "--system", SYSTEM, *extra, Q)
+
+
+def test_disk_hit_in_new_process_and_no_cache(smollm2_path):
+    cold = run_cli(*_args(smollm2_path))
+    assert cold.returncode == 0, cold.stderr
+    assert _reused(cold.stderr) == 0
+    warm = run_cli(*_args(smollm2_path))
+    assert warm.returncode == 0, warm.stderr
+    assert _reused(warm.stderr) > 200  # the system prompt (and more) came from the disk tier
+    assert warm.stdout == cold.stdout
+    off = run_cli(*_args(smollm2_path, "--no-cache"))
+    assert _reused(off.stderr) == 0 and off.stdout == cold.stdout
+    ls = run_cli("cache", "ls")
+    assert ls.returncode == 0 and smollm2_path.name.split(".")[0][:6].lower() in ls.stdout.decode().lower()
+    stats = run_cli("cache", "stats")
+    assert stats.returncode == 0 and b"hit" in stats.stdout.lower()
+
+
+def test_two_processes_share_one_cache_dir_safely(smollm2_path):
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "ollapy.cli.main", *_args(smollm2_path)]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
+             for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
+    assert outs[0][0] == outs[1][0]
+    third = run_cli(*_args(smollm2_path))
+    assert third.returncode == 0 and third.stdout == outs[0][0]
+    assert _reused(third.stderr) > 200
+    assert b"Traceback" not in third.stderr
