@@ -126,3 +126,24 @@ def test_num_keep_nearly_filling_the_window_is_clamped(smollm2_path):
         assert final.metrics.shifts >= 2
     finally:
         m.close()
+
+
+def test_long_chat_is_truncated_by_message_keeping_the_template(smollm2_path):
+    m = _load(smollm2_path, num_ctx=256)
+    try:
+        doc = " ".join(f"Paragraph {i} talks about topic number {i}." for i in range(200))
+        msgs = [{"role": "system", "content": "You are a summariser."},
+                {"role": "user", "content": "old question"}, {"role": "assistant", "content": "old answer"},
+                {"role": "user", "content": doc + "\n\nSummarise this."}]
+        opts = Options(temperature=0, num_predict=8, num_ctx=256)
+        p = m.chat_prompt(msgs, opts)
+        assert p.truncated and len(p.tokens) <= 128
+        assert "<|im_start|>system\nYou are a summariser.<|im_end|>" in p.text
+        assert "old question" not in p.text
+        assert p.text.rstrip().endswith("<|im_start|>assistant") and "Summarise this." in p.text
+        _, final = m.submit(p, opts).result()
+        assert final.metrics.truncated and final.metrics.eval_count >= 1
+        with pytest.raises(ContextError):
+            m.submit(m.chat_prompt(msgs, opts.merged({"truncate": False})), opts.merged({"truncate": False}))
+    finally:
+        m.close()

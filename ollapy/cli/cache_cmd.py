@@ -204,6 +204,10 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
                          digest=getattr(ref, "digest", None))
     try:
         prompt = loaded.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": ""}])
+        block = getattr(loaded.cache, "block", 64)
+        if len(prompt.tokens) < block:
+            raise UsageError(f"the prompt is only {len(prompt.tokens)} tokens; the cache saves prefixes of at least "
+                             f"{block} tokens", hint="a prompt this short is prefilled in milliseconds: no need to warm it")
         req = loaded.submit(prompt, options.merged({"num_predict": 0}), pin=True)
         _, final = req.result()
         loaded.cache.flush(timeout=300)

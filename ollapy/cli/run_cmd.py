@@ -135,7 +135,8 @@ def answer_once(loaded, text: str | None, settings) -> None:
     if final is not None and final.metrics is not None:
         m = final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
         if m.get("truncated"):
-            warn(f"the prompt was longer than num_ctx={loaded.num_ctx} tokens and was truncated")
+            warn(f"the prompt did not fit num_ctx={loaded.num_ctx} tokens and was truncated to "
+                 f"{m.get('prompt_eval_count')} tokens (raise it with -o num_ctx=N to keep more)")
         if settings.verbose:
             template = _template_source(loaded)
             info(format_stats(m) + (f"\nchat template:        {template}" if template else ""))

@@ -12,7 +12,7 @@ import time
 import typer
 
 from .. import config
-from ..errors import UsageError
+from ..errors import OllapyError
 
 
 def serve(
@@ -93,7 +93,7 @@ def stop(model: str = typer.Argument(..., help="Model to unload from the running
     client = Client(timeout=30)
     loaded = {m.get("name") for m in client.ps()} | {m.get("model") for m in client.ps()}
     if model not in loaded and f"{model}:latest" not in loaded:
-        raise UsageError(f"model {model!r} is not loaded on the server at {client.host}", hint="see `ollapy ps`")
+        raise OllapyError(f"model {model!r} is not loaded on the server at {client.host}", hint="see `ollapy ps`")
     client.stop(model if model in loaded else f"{model}:latest")
 
 

@@ -70,7 +70,7 @@ class Engine:
 
     def submit(self, tokens: list[int], options: Options, *, grammar: str | None = None, keep: int = -1,
                cache: bool = True, save_points: tuple[int, ...] = (), loop: asyncio.AbstractEventLoop | None = None,
-               first: bool = False, pin: bool = False) -> Request:
+               first: bool = False, pin: bool = False, truncated: bool = False) -> Request:
         """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
 
         Raises ContextError when the prompt does not fit ``num_ctx`` and
@@ -79,7 +79,6 @@ class Engine:
         if not tokens:
             raise ContextError("empty prompt", hint="give the model some text")
         tokens = list(tokens)
-        truncated = False
         n_ctx = self.num_ctx
         if len(tokens) >= n_ctx:
             if not options.truncate:

@@ -37,6 +37,7 @@ class Prompt:
     keep: int
     save_points: tuple[int, ...]
     text: str
+    truncated: bool = False
 
 
 class LoadedModel:
@@ -84,8 +85,40 @@ class LoadedModel:
         except Exception as exc:  # noqa: BLE001 - jinja errors, raise_exception() in templates: all become OptionError
             raise OptionError(f"chat template error: {exc}", hint="check the message roles and order") from None
 
-    def chat_prompt(self, messages: list[dict]) -> Prompt:
-        """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points."""
+    def chat_prompt(self, messages: list[dict], options: Options | None = None) -> Prompt:
+        """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points.
+
+        With ``options`` whose ``truncate`` is true, a chat that does not fit
+        ``num_ctx`` is shortened message by message so the template's structure
+        survives: the system prompt stays, the oldest turns go first, then the
+        start of the last message (its most recent text is kept). The result
+        leaves half the context for the answer and has ``truncated`` set.
+        """
+        prompt = self._chat_prompt(messages)
+        if options is None or not options.truncate or len(prompt.tokens) < self.backend.num_ctx:
+            return prompt
+        return self._fit_chat(list(messages), prompt)
+
+    def _fit_chat(self, msgs: list[dict], prompt: Prompt) -> Prompt:
+        budget = max(1, self.backend.num_ctx // 2)
+        while len(prompt.tokens) > budget:
+            idx = next((i for i, m in enumerate(msgs[:-1]) if m.get("role") != "system"), None)
+            if idx is None:
+                break
+            del msgs[idx]
+            prompt = self._chat_prompt(msgs)
+        if len(prompt.tokens) > budget and msgs and msgs[-1].get("role") != "system":
+            last = dict(msgs[-1])
+            ctoks = self.backend.tokenize(last.get("content") or "", add_special=False, parse_special=False)
+            keep_n = max(0, len(ctoks) - (len(prompt.tokens) - budget) - 8)
+            tail = b"".join(self.backend.token_piece(t, special=False) for t in ctoks[len(ctoks) - keep_n:])
+            last["content"] = tail.decode("utf-8", "ignore")
+            msgs[-1] = last
+            prompt = self._chat_prompt(msgs)
+        log.debug("chat truncated to %d tokens (num_ctx %d)", len(prompt.tokens), self.backend.num_ctx)
+        return Prompt(prompt.tokens, prompt.keep, prompt.save_points, prompt.text, truncated=True)
+
+    def _chat_prompt(self, messages: list[dict]) -> Prompt:
         text = self.render(messages)
         tokens = self.tokenize(text)
         log.debug("chat prompt (%d messages, %d tokens): %r", len(messages), len(tokens), text)
@@ -135,11 +168,13 @@ class LoadedModel:
         (never evicted); ``cache=False`` bypasses the prompt cache.
         """
         return self.engine.submit(prompt.tokens, options, grammar=self.grammar_for(fmt), keep=prompt.keep,
-                                  cache=cache, save_points=prompt.save_points, loop=loop, pin=pin)
+                                  cache=cache, save_points=prompt.save_points, loop=loop, pin=pin,
+                                  truncated=prompt.truncated)
 
     def chat(self, messages: list[dict], options: Options | None = None, **kw) -> Request:
         """Render ``messages`` and submit; keyword arguments as in :meth:`submit`."""
-        return self.submit(self.chat_prompt(messages), options or self.options, **kw)
+        options = options or self.options
+        return self.submit(self.chat_prompt(messages, options), options, **kw)
 
     def info(self) -> dict:
         """Model facts for ``show``/``ps``/``--verbose``: architecture, sizes, template source, KV bytes."""

@@ -132,7 +132,7 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
         model = entry.model
         if messages is not None:
             msgs = model_messages(ref, messages)
-            p = await asyncio.to_thread(model.chat_prompt, msgs)
+            p = await asyncio.to_thread(model.chat_prompt, msgs, opts)
         elif raw:
             p = await asyncio.to_thread(model.raw_prompt, prompt or "")
         else:
@@ -141,7 +141,7 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
             if sys_text:
                 msgs.append({"role": "system", "content": sys_text})
             msgs.append({"role": "user", "content": prompt or ""})
-            p = await asyncio.to_thread(model.chat_prompt, model_messages(_NoSystem(ref), msgs))
+            p = await asyncio.to_thread(model.chat_prompt, model_messages(_NoSystem(ref), msgs), opts)
         req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop())
     except BaseException:
         rt.release_nowait(entry)

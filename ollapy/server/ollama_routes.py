@@ -306,10 +306,26 @@ def model_details(info: dict | None) -> dict:
     return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
             "parameter_size": str(info.get("parameters") or ""), "quantization_level": str(info.get("quantization") or "")}
 
+def _manifest_ids() -> dict[str, str]:
+    """name -> sha256 of its manifest file: the same ID `list` and /api/tags show."""
+    import hashlib
+
+    from ..store import list_models
+
+    out = {}
+    for m in list_models():
+        try:
+            out[m.name] = hashlib.sha256(m.entry.path.read_bytes()).hexdigest()
+        except (OSError, AttributeError):
+            continue
+    return out
+
+
 @router.get("/api/ps")
 async def api_ps(request: Request):
     st = state_of(request)
     out = []
+    ids = await asyncio.to_thread(_manifest_ids) if st.runtime.ps() else {}
     for s in st.runtime.ps():
         e = st.runtime.models.get(s["key"])
         ref = e.ref if e is not None else None
@@ -317,7 +333,7 @@ async def api_ps(request: Request):
         stats = s["stats"] or {}
         out.append({
             "name": s["key"], "model": s["key"], "size": s["size"],
-            "digest": getattr(ref, "digest", None) or "",
+            "digest": ids.get(s["key"]) or getattr(ref, "digest", None) or "",
             "details": model_details(gguf),
             "expires_at": iso_time(s["expires_at"]) if s["expires_at"] is not None else "2318-01-01T00:00:00Z",
             "size_vram": s["size_vram"], "context_length": s["num_ctx"],
