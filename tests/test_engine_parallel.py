@@ -230,3 +230,22 @@ def test_seed_reproducible(model4):
     b = _chat(model4, "Tell me a story.", opts)
     b.result()
     assert a.output_tokens == b.output_tokens
+
+
+@pytest.mark.parametrize("extra", [{}, {"repeat_penalty": 1.5, "repeat_last_n": 16}, {"presence_penalty": 0.8}])
+def test_greedy_fast_path_matches_the_llama_sampler_chain(model4, monkeypatch, extra):
+    from ollapy.engine import backend
+
+    opts = GREEDY.merged({"num_predict": 48, **extra})
+    fast = _chat(model4, "Write a short poem about rivers and rain.", opts)
+    fast.result()
+    real_init = backend.Sampler.__init__
+
+    def chain_only(self, *a, **kw):
+        real_init(self, *a, **kw)
+        self._fast = False
+
+    monkeypatch.setattr(backend.Sampler, "__init__", chain_only)
+    slow = _chat(model4, "Write a short poem about rivers and rain.", opts)
+    slow.result()
+    assert fast.output_tokens == slow.output_tokens

@@ -15,6 +15,7 @@ option override it.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import logging
 import os
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
+import numpy as np
 from llama_cpp import llama_cpp as C
 
 from ..errors import DecodeError, ModelLoadError
@@ -206,6 +208,16 @@ class Sampler:
             last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
             add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
                                                o.presence_penalty))
+        # greedy fast path: the argmax of the raw logits is the chain's answer unless the penalties touched it
+        # (llama.cpp's penalties only lower the logits of recently generated tokens when repeat_penalty >= 1
+        # and presence/frequency penalties >= 0), so most steps skip building the full candidate array
+        self._fast = (o.temperature <= 0 and not grammar and o.repeat_penalty >= 1.0
+                      and o.presence_penalty >= 0 and o.frequency_penalty >= 0)
+        self._n_vocab = backend.n_vocab
+        self._last_n = backend.num_ctx if o.repeat_last_n == -1 else max(0, o.repeat_last_n)
+        self._penalized = o.repeat_penalty != 1.0 or bool(o.presence_penalty) or bool(o.frequency_penalty)
+        self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
+        self._counts: collections.Counter[int] = collections.Counter()
         if o.temperature <= 0:
             add(C.llama_sampler_init_greedy())
             return
@@ -223,7 +235,28 @@ class Sampler:
 
     def sample(self, backend: "Backend", row: int) -> int:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""
-        return C.llama_sampler_sample(self._ptr, backend.ctx, row)
+        if self._fast:
+            ptr = C.llama_get_logits_ith(backend.ctx, row)
+            tok = int(np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).argmax())
+            if not (self._penalized and self._last_n and self._counts[tok]):
+                C.llama_sampler_accept(self._ptr, tok)
+                self._remember(tok)
+                return tok
+        tok = C.llama_sampler_sample(self._ptr, backend.ctx, row)
+        if self._fast:
+            self._remember(tok)
+        return tok
+
+    def _remember(self, tok: int) -> None:
+        if not self._last_n:
+            return
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            self._counts[old] -= 1
+            if not self._counts[old]:
+                del self._counts[old]
+        self._recent.append(tok)
+        self._counts[tok] += 1
 
     def close(self) -> None:
         """Free the chain (idempotent)."""
