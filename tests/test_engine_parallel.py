@@ -232,12 +232,13 @@ def test_seed_reproducible(model4):
     assert a.output_tokens == b.output_tokens
 
 
-@pytest.mark.parametrize("extra", [{}, {"repeat_penalty": 1.5, "repeat_last_n": 16}, {"presence_penalty": 0.8}])
+@pytest.mark.parametrize("extra", [{}, {"repeat_penalty": 1.5, "repeat_last_n": 16}, {"repeat_penalty": 1.3},
+                                   {"presence_penalty": 0.8}, {"repeat_penalty": 1.0}])
 def test_greedy_fast_path_matches_the_llama_sampler_chain(model4, monkeypatch, extra):
     from ollapy.engine import backend
 
     opts = GREEDY.merged({"num_predict": 48, **extra})
-    fast = _chat(model4, "Write a short poem about rivers and rain.", opts)
+    fast = model4.submit(model4.raw_prompt("1, 2, 3, 1, 2, 3, 1, 2,"), opts)
     fast.result()
     real_init = backend.Sampler.__init__
 
@@ -246,6 +247,6 @@ def test_greedy_fast_path_matches_the_llama_sampler_chain(model4, monkeypatch, e
         self._fast = False
 
     monkeypatch.setattr(backend.Sampler, "__init__", chain_only)
-    slow = _chat(model4, "Write a short poem about rivers and rain.", opts)
+    slow = model4.submit(model4.raw_prompt("1, 2, 3, 1, 2, 3, 1, 2,"), opts)
     slow.result()
     assert fast.output_tokens == slow.output_tokens

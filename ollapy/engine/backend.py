@@ -216,6 +216,10 @@ class Sampler:
         self._n_vocab = backend.n_vocab
         self._last_n = backend.num_ctx if o.repeat_last_n == -1 else max(0, o.repeat_last_n)
         self._penalized = o.repeat_penalty != 1.0 or bool(o.presence_penalty) or bool(o.frequency_penalty)
+        # repeat penalty alone is reproduced exactly in float32 below (llama_sampler_penalties: logit <= 0 ?
+        # logit * penalty : logit / penalty); presence/frequency penalties always go through the chain
+        self._repeat_only = not o.presence_penalty and not o.frequency_penalty
+        self._rp = np.float32(o.repeat_penalty)
         self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
         self._counts: collections.Counter[int] = collections.Counter()
         if o.temperature <= 0:
@@ -237,7 +241,17 @@ class Sampler:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""
         if self._fast:
             ptr = C.llama_get_logits_ith(backend.ctx, row)
-            tok = int(np.ctypeslib.as_array(ptr, shape=(self._n_vocab,)).argmax())
+            logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            tok = int(logits.argmax())
+            if self._penalized and self._last_n and self._counts[tok] and self._repeat_only:
+                seen = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+                vals = logits[seen]
+                adjusted = logits.copy()
+                adjusted[seen] = np.where(vals <= 0, vals * self._rp, vals / self._rp)
+                tok = int(adjusted.argmax())
+                C.llama_sampler_accept(self._ptr, tok)
+                self._remember(tok)
+                return tok
             if not (self._penalized and self._last_n and self._counts[tok]):
                 C.llama_sampler_accept(self._ptr, tok)
                 self._remember(tok)
