@@ -45,8 +45,9 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
         text = f"{line}\n\n{suffix}" if suffix else line
         msgs = conv.chat_messages(text, settings.system)
         stream = conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache)
-        if i == 0 and len(lines) > 1 and (settings.system or conv.system):
-            # let the first request prefill the shared system prompt, so the others copy its KV
+        if i == 0 and len(lines) > 1:
+            # let the first request prefill the shared prefix (system prompt, template header) alone, so the
+            # others copy its KV in-context instead of all prefilling it at once
             stream = _Peeked(stream)
         streams.append(stream)
     failed = 0
