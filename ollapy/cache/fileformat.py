@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
-import queue
 import struct
-import threading
 import time
 import zlib
 from array import array
@@ -159,54 +158,22 @@ def read_header(path: Path, model_sha256: str | None = None, salt: dict | None =
                   created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")))
 
 
-def read_payload(hdr: Header) -> bytearray:
-    """Read the payload of a checked header and verify its checksum; raises CacheFileError or OSError."""
-    buf = bytearray(hdr.payload_len)
-    with open(hdr.path, "rb", buffering=0) as f:
-        f.seek(hdr.payload_offset)
-        n, crc = _read_with_crc(f, memoryview(buf))
-    if n != hdr.payload_len:
-        raise CacheFileError("truncated payload")
-    if crc != hdr.payload_crc32:
-        raise CacheFileError("payload checksum mismatch")
-    return buf  # a bytearray: accepted wherever bytes are read, and saves a copy
+def read_payload(hdr: Header) -> memoryview:
+    """Map the payload of a checked header and verify its checksum; raises CacheFileError or OSError.
 
-
-_CHUNK = 4 << 20
-
-
-def _read_with_crc(f, view: memoryview) -> tuple[int, int]:
-    """Read into ``view`` in chunks while a helper thread checksums the chunks already read.
-
-    ``readinto`` and ``zlib.crc32`` both release the GIL, so on two cores the
-    checksum costs almost nothing over the read itself. Returns ``(bytes read, crc32)``.
+    The file is memory-mapped copy-on-write, so neither the checksum nor
+    llama.cpp's restore copies it first: the returned writable memoryview
+    goes straight to ``llama_state_seq_set_data``. A file replaced or deleted
+    later (another process evicting it) keeps its mapped pages valid.
     """
-    if len(view) <= 2 * _CHUNK:
-        n = f.readinto(view)
-        return n, zlib.crc32(view[:n])
-    ready: queue.SimpleQueue = queue.SimpleQueue()
-    result = [0]
-
-    def checksum() -> None:
-        crc = 0
-        while (part := ready.get()) is not None:
-            crc = zlib.crc32(part, crc)
-        result[0] = crc
-
-    worker = threading.Thread(target=checksum, name="ollapy-cache-crc", daemon=True)
-    worker.start()
-    n = 0
-    try:
-        while n < len(view):
-            got = f.readinto(view[n:n + _CHUNK])
-            if not got:
-                break
-            ready.put(view[n:n + got])
-            n += got
-    finally:
-        ready.put(None)
-        worker.join()
-    return n, result[0]
+    with open(hdr.path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < hdr.payload_offset + hdr.payload_len:
+            raise CacheFileError("truncated payload")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    view = memoryview(mm)[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
+    if zlib.crc32(view) != hdr.payload_crc32:
+        raise CacheFileError("payload checksum mismatch")
+    return view
 
 
 def quick_info(path: Path) -> dict | None:

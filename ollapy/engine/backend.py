@@ -456,12 +456,12 @@ class Backend:
             del out[n:]
         return out  # a bytearray: no extra copy of a state that can be tens of MB
 
-    def state_set(self, seq: int, data: bytes | bytearray) -> bool:
+    def state_set(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
         """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it."""
         self.seq_clear(seq)
-        if isinstance(data, bytearray):  # zero-copy view of the caller's buffer
+        try:  # zero-copy view of a writable buffer (bytearray, copy-on-write mmap)
             buf = (ctypes.c_uint8 * len(data)).from_buffer(data)
-        else:
+        except TypeError:  # read-only bytes
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         n = C.llama_state_seq_set_data(self.ctx, buf, len(data), seq)
         if n == 0:
