@@ -165,3 +165,33 @@ def test_model_sha_is_memoized(tmp_path):
     f.write_bytes(b"GGUF" + b"\1" * 1001)
     assert file_sha256(f, tmp_path) != "c" * 64  # size/mtime changed: re-hashed
     assert normalize_digest("sha256:" + "A" * 64) == "a" * 64
+
+
+def test_writer_killed_mid_write_leaves_nothing_trusted(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from ollapy.cache.tiers import iter_state_files
+
+    d = tmp_path / "v1" / "m-s"
+    target = d / "big.kv"
+    code = (
+        "import sys; from pathlib import Path; from ollapy.cache import fileformat as ff\n"
+        f"ff.write_file(Path({str(target)!r}), {SHA!r}, {SALT!r}, 'm', list(range(100)), b'z' * (600 << 20))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 60
+    tmp = []
+    while time.monotonic() < deadline and not tmp:
+        tmp = [p for p in d.glob(ff.TMP_PREFIX + "*") if p.stat().st_size > 0] if d.exists() else []
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert tmp, "the writer never started"
+    assert not target.exists()  # only the temporary file was written: nothing under a trusted name
+    assert [p for p, *_ in iter_state_files(tmp_path)] == []  # ignored while fresh
+    os.utime(tmp[0], (1, 1))
+    list(iter_state_files(tmp_path))
+    assert not tmp[0].exists()  # a stale temporary file is cleaned up
