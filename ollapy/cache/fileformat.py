@@ -30,6 +30,8 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..fsutil import write_atomically
+
 MAGIC = b"OLLAPYKV"
 FORMAT_VERSION = 1
 SUFFIX = ".kv"
@@ -91,19 +93,12 @@ def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, token
     if not payload:
         raise CacheFileError("refusing to write an empty state")
     head, payload = encode(model_sha256, salt, model_name, tokens, payload, preview)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}{SUFFIX}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(head)
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    def write(f) -> None:
+        f.write(head)
+        f.write(payload)
+
+    write_atomically(path, write, prefix=f"{TMP_PREFIX}{os.getpid()}-", suffix=SUFFIX)
     return len(head) + len(payload)
 
 

@@ -9,14 +9,13 @@ new process can continue it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
 from ..errors import UsageError
+from ..fsutil import write_atomically
 
 
 @dataclass
@@ -58,11 +57,7 @@ def load_session(name: str) -> dict | None:
 def save_session(name: str, data: dict) -> Path:
     """Write a session atomically (temp file + rename); returns its path."""
     p = session_path(name)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tmp-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, ensure_ascii=False, indent=1)
-    os.replace(tmp, p)
+    write_atomically(p, lambda f: f.write(json.dumps(data, ensure_ascii=False, indent=1).encode()), suffix=".json")
     return p
 
 
