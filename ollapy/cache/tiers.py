@@ -249,24 +249,16 @@ class DiskTier:
 
     def load(self, e: Entry):
         """The entry's payload from disk, checked; None (file deleted when bad) on any failure."""
-        if e.header is None:
-            try:
-                e.header = read_header(e.path, self.model_sha256, self.salt)
-            except CacheFileError as exc:
-                log.debug("prompt cache: dropping %s: %s", e.path.name, exc)
-                delete_entry_files(e.path)
-                return None
-            except OSError:
-                return None
         try:
-            data = read_payload(e.header)
+            if e.header is None:
+                e.header = read_header(e.path, self.model_sha256, self.salt)
+            return read_payload(e.header)
         except CacheFileError as exc:
             log.debug("prompt cache: dropping %s: %s", e.path.name, exc)
             delete_entry_files(e.path)
             return None
         except OSError:
-            return None
-        return data
+            return None  # vanished (another process evicted it)
 
     def touch(self, e: Entry) -> None:
         """Mark a hit: mtime = now (LRU) and the ``.hit`` sidecar (kept over never-hit entries)."""
