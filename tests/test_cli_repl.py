@@ -133,3 +133,21 @@ def test_ctrl_c_one_shot_exits_130(smollm2_path, sig):
     c.expect(pexpect.EOF)
     c.close()
     assert c.exitstatus == 130 or c.signalstatus is None and c.exitstatus == 130
+    assert "llama_" not in c.before  # llama.cpp's own log stays silent unless OLLAPY_DEBUG is set
+
+
+def test_ctrl_c_during_model_load_aborts_it(smollm2_path):
+    # Python code runs only in ctypes callbacks while llama.cpp loads, where ctypes swallows KeyboardInterrupt:
+    # the load must still stop (progress callback returns false) and the command exit 130
+    env = dict(os.environ, OLLAPY_DEBUG="1")
+    c = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "run", str(smollm2_path), "hi"],
+                      env=env, encoding="utf-8", timeout=60, cwd=str(ROOT))
+    c.expect_exact("llama_model_loader: - kv")  # llama.cpp is reading the file
+    t0 = time.monotonic()
+    c.sendintr()
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 130, c.before[-2000:]
+    assert "ollapy.engine: loaded" not in c.before  # aborted, not finished and then interrupted
+    assert "Traceback" not in c.before and "Exception ignored" not in c.before
+    assert time.monotonic() - t0 < 10

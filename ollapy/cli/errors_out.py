@@ -16,8 +16,10 @@ except ImportError:  # pragma: no cover - older typer on real click
     from click.exceptions import ClickException as _ClickException
     from click.exceptions import UsageError as _UsageError
 
-_EXIT = tuple({typer.Exit, *(c for c in (getattr(__import__("click").exceptions, "Exit", None),) if c)})
-_ABORT = tuple({typer.Abort, *(c for c in (getattr(__import__("click").exceptions, "Abort", None),) if c)})
+# real click's Exit/Abort too, when something already imported click (typer's own vendored copy is used otherwise)
+_click = sys.modules.get("click")
+_EXIT = tuple({typer.Exit, *(c for c in (getattr(getattr(_click, "exceptions", None), "Exit", None),) if c)})
+_ABORT = tuple({typer.Abort, *(c for c in (getattr(getattr(_click, "exceptions", None), "Abort", None),) if c)})
 
 
 def run_app(app) -> int:

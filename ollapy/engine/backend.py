@@ -17,52 +17,124 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import importlib.util
 import logging
 import os
+import signal
+import sys
+import threading
+import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-
-import llama_cpp
-import numpy as np
-from llama_cpp import llama_cpp as C
+from typing import TYPE_CHECKING
 
 from ..errors import DecodeError, ModelLoadError
 
+if TYPE_CHECKING:
+    import numpy as np
+
 log = logging.getLogger("ollapy.engine")
+
+
+def _import_bindings():
+    """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``), without running the package's ``__init__``.
+
+    ``import llama_cpp`` first imports the high-level ``Llama`` class and with it
+    numpy, jinja2 and the chat formats (0.15 s here, half of a one-shot
+    ``ollapy run``'s own overhead). The bindings alone are enough to load a
+    model, so the package module is registered unexecuted and
+    :func:`finish_imports` runs its ``__init__`` in a thread while the model
+    loads (``llama_model_load_from_file`` releases the GIL).
+    """
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is not None and spec.loader is not None and spec.submodule_search_locations is not None:
+            sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    from llama_cpp import llama_cpp as bindings
+
+    return bindings
+
+
+C = _import_bindings()
+np = None  # numpy: bound by _complete_imports(), which every Backend waits for
+_imports_thread: threading.Thread | None = None
+_imports_error: BaseException | None = None
+_imports_lock = threading.Lock()
+
+
+def _complete_imports() -> None:
+    global np, _imports_error
+    try:
+        pkg = sys.modules["llama_cpp"]
+        if not hasattr(pkg, "__version__"):  # registered unexecuted by _import_bindings
+            pkg.__spec__.loader.exec_module(pkg)
+            if _initialised and not _debug():
+                _silence_llama_log()  # the package just installed its own callback
+        import llama_cpp.llama_chat_format  # noqa: F401 - the template renderer, warmed up
+        import numpy
+
+        np = numpy
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by finish_imports()
+        _imports_error = exc
+
+
+def start_imports() -> None:
+    """Start importing the rest of llama-cpp-python (and numpy) in a background thread; idempotent."""
+    global _imports_thread
+    with _imports_lock:
+        if _imports_thread is None:
+            _imports_thread = threading.Thread(target=_complete_imports, name="ollapy-imports", daemon=True)
+            _imports_thread.start()
+
+
+def finish_imports() -> None:
+    """Wait for :func:`start_imports` (starting it if needed); raises what the imports raised."""
+    start_imports()
+    assert _imports_thread is not None
+    _imports_thread.join()
+    if _imports_error is not None:
+        raise _imports_error
 
 _KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 _FLASH = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 _initialised = False
 
 
+def _debug() -> bool:
+    return os.environ.get("OLLAPY_DEBUG", "0") in {"1", "true", "yes"}
+
+
 def _init_backend() -> None:
     global _initialised
     if not _initialised:
-        if os.environ.get("OLLAPY_DEBUG", "0") not in {"1", "true", "yes"}:
+        if not _debug():
+            # llama-cpp-python's own log callback (installed when its package finishes importing, see
+            # _complete_imports) prints whatever its logger's level lets through: let nothing through
+            logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
             _silence_llama_log()
         C.llama_backend_init()
         _initialised = True
 
 
-_LOG_CB = None
+@C.llama_log_callback
+def _discard_log(level, text, user_data):  # pragma: no cover - C callback
+    return None
 
 
 def _silence_llama_log() -> None:
-    """Route llama.cpp's own logging to nothing (errors still surface as return codes)."""
-    global _LOG_CB
+    """Route llama.cpp's own logging to nothing (errors still surface as return codes).
 
-    @C.llama_log_callback
-    def _cb(level, text, user_data):  # pragma: no cover - C callback
-        return None
-
-    _LOG_CB = _cb
-    C.llama_log_set(_LOG_CB, ctypes.c_void_p(0))
+    The callback is one module-level object that is never freed: another
+    thread may be inside a log call while the callback is swapped.
+    """
+    C.llama_log_set(_discard_log, ctypes.c_void_p(0))
 
 
 def library_version() -> str:
     """Version of the installed llama-cpp-python package."""
-    return getattr(llama_cpp, "__version__", "unknown")
+    finish_imports()
+    return getattr(sys.modules["llama_cpp"], "__version__", "unknown")
 
 
 def system_info() -> str:
@@ -146,6 +218,7 @@ def render_chat_template(template: str, messages: list[dict], bos: str, eos: str
 
     Raises ValueError when the template itself raises (e.g. bad role order).
     """
+    finish_imports()
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
     fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
@@ -154,6 +227,7 @@ def render_chat_template(template: str, messages: list[dict], bos: str, eos: str
 
 def json_schema_grammar(schema_json: str | None) -> str:
     """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json``."""
+    finish_imports()
     from llama_cpp import llama_grammar
 
     if schema_json is None:
@@ -175,6 +249,40 @@ def choose_flash_attn(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
     if kv_cache_type != "f16":
         return "on"
     return "auto" if on_gpu else "off"
+
+
+def _load_model_interruptibly(path: Path, mp):
+    """``llama_model_load_from_file`` that Ctrl-C can stop (raises KeyboardInterrupt; nothing stays loaded).
+
+    While llama.cpp loads, Python runs only inside ctypes callbacks (logging,
+    progress), and a KeyboardInterrupt raised there is swallowed by ctypes, so
+    Ctrl-C would be lost until a large model finished loading. On the main
+    thread, SIGINT therefore only sets a flag here, and the progress callback
+    returns false on the next progress report, which makes llama.cpp abort the
+    load (llama.h: "If the provided progress_callback returns true, model
+    loading continues. If it returns false, model loading is immediately aborted").
+    """
+    interrupted = threading.Event()
+
+    @C.llama_progress_callback
+    def progress(fraction, user_data):  # pragma: no cover - C callback
+        return not interrupted.is_set()
+
+    mp.progress_callback = progress
+    own_sigint = (threading.current_thread() is threading.main_thread()
+                  and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if own_sigint:
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        model = C.llama_model_load_from_file(str(path).encode(), mp)
+    finally:
+        if own_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+    if interrupted.is_set():
+        if model:
+            C.llama_model_free(model)
+        raise KeyboardInterrupt
+    return model
 
 
 @dataclass(frozen=True)
@@ -240,22 +348,23 @@ class Sampler:
     def sample(self, backend: "Backend", row: int) -> int:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""
         if self._fast:
-            ptr = C.llama_get_logits_ith(backend.ctx, row)
-            logits = np.ctypeslib.as_array(ptr, shape=(self._n_vocab,))
+            logits = backend.logits_row(row)
             tok = int(logits.argmax())
-            if self._penalized and self._last_n and self._counts[tok] and self._repeat_only:
-                seen = np.fromiter(self._counts.keys(), dtype=np.int64, count=len(self._counts))
+            if self._penalized and self._last_n and tok in self._counts:
+                if not self._repeat_only:
+                    return self._sample_chain(backend, row)
+                # penalties only lower logits: apply them to the recent tokens in place, take the argmax, restore
+                seen = np.fromiter(self._counts, dtype=np.intp, count=len(self._counts))
                 vals = logits[seen]
-                adjusted = logits.copy()
-                adjusted[seen] = np.where(vals <= 0, vals * self._rp, vals / self._rp)
-                tok = int(adjusted.argmax())
-                C.llama_sampler_accept(self._ptr, tok)
-                self._remember(tok)
-                return tok
-            if not (self._penalized and self._last_n and self._counts[tok]):
-                C.llama_sampler_accept(self._ptr, tok)
-                self._remember(tok)
-                return tok
+                logits[seen] = np.where(vals <= 0, vals * self._rp, vals / self._rp)
+                tok = int(logits.argmax())
+                logits[seen] = vals
+            C.llama_sampler_accept(self._ptr, tok)
+            self._remember(tok)
+            return tok
+        return self._sample_chain(backend, row)
+
+    def _sample_chain(self, backend: "Backend", row: int) -> int:
         tok = C.llama_sampler_sample(self._ptr, backend.ctx, row)
         if self._fast:
             self._remember(tok)
@@ -296,6 +405,7 @@ class Backend:
             if f.read(4) != b"GGUF":
                 raise ModelLoadError(f"{path} is not a GGUF file", hint="ollapy runs llama.cpp GGUF models")
         _init_backend()
+        start_imports()  # numpy and the chat formatter import while llama.cpp reads the weights
         self.path = path
         self.cfg = cfg
         self.extra_bufts, self.extra_bufts_reason = choose_extra_bufts(cfg.extra_bufts)
@@ -303,7 +413,7 @@ class Backend:
         offload = C.llama_supports_gpu_offload()
         mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
         mp.use_extra_bufts = self.extra_bufts
-        self.model = C.llama_model_load_from_file(str(path).encode(), mp)
+        self.model = _load_model_interruptibly(path, mp)
         if not self.model:
             raise ModelLoadError(f"{path}: llama.cpp could not load this model (truncated or unsupported GGUF)",
                                  hint="re-download it, or set OLLAPY_DEBUG=1 to see llama.cpp's log")
@@ -339,11 +449,18 @@ class Backend:
         self.n_swa = C.llama_model_n_swa(self.model)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(256)
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
+        self._logit_views: dict[int, np.ndarray] = {}
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
-        log.debug("loaded %s: n_ctx=%d (x%d slots) n_batch=%d threads=%d extra_bufts=%s can_shift=%s",
-                  path, self.num_ctx, self.n_parallel, self.n_batch, threads, self.extra_bufts_reason, self.can_shift)
+        t_wait = time.perf_counter_ns()
+        finish_imports()
+        self.imports_wait_ns = time.perf_counter_ns() - t_wait  # not model loading: excluded from load_duration
+        log.debug("loaded %s: n_ctx=%d (x%d slots) n_batch=%d threads=%d extra_bufts=%s can_shift=%s "
+                  "(waited %.0f ms for imports)", path, self.num_ctx, self.n_parallel, self.n_batch, threads,
+                  self.extra_bufts_reason, self.can_shift, self.imports_wait_ns / 1e6)
 
     # ---- metadata -------------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -386,16 +503,43 @@ class Backend:
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
         """Raw bytes of one token (may be part of a UTF-8 character); control tokens give b'' unless ``special``."""
+        cache = self._pieces if not special else None
+        if cache is not None:
+            piece = cache.get(token)
+            if piece is not None:
+                return piece
         n = C.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            return buf.raw[:n]
-        return self._piece.raw[:n]
+            piece = buf.raw[:n]
+        else:
+            piece = self._piece.raw[:n]
+        if cache is not None:
+            cache[token] = piece
+        return piece
 
     def is_eog(self, token: int) -> bool:
         """True for end-of-generation tokens (EOS, EOT, <|im_end|>, <end_of_turn>...)."""
-        return bool(C.llama_vocab_is_eog(self.vocab, token))
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(C.llama_vocab_is_eog(self.vocab, token))
+        return eog
+
+    def logits_row(self, row: int) -> np.ndarray:
+        """Logits of output row ``row`` of the last decode: a float32 view of shape ``(n_vocab,)``, valid until
+        the next decode (writes go to llama.cpp's buffer). Views are cached by address: building one costs more
+        than the argmax over it."""
+        ptr = C.llama_get_logits_ith(self.ctx, row)
+        if not ptr:
+            raise DecodeError(f"no logits for batch row {row}")
+        addr = ctypes.cast(ptr, ctypes.c_void_p).value
+        view = self._logit_views.get(addr)
+        if view is None:
+            if len(self._logit_views) > 4096:
+                self._logit_views.clear()
+            view = self._logit_views[addr] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return view
 
     # ---- decode ---------------------------------------------------------------------------
     def decode(self, tokens: array, pos: array, seqs: array, want_logits: array) -> None:

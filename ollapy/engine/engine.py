@@ -19,18 +19,22 @@ prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import threading
 import time
 from array import array
+from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options
 from .backend import Backend, Sampler
 from .request import Chunk, Request
 from .slot import Slot, SlotState, common_prefix
+
+if TYPE_CHECKING:
+    import asyncio
+
 
 log = logging.getLogger("ollapy.engine")
 
@@ -259,6 +263,8 @@ class Engine:
         for s in self.slots:
             if s.busy and s.request.cancelled:
                 self._fail(s, Cancelled("request cancelled"))
+        if not self._waiting:  # the common case, read without the lock: submit() only appends
+            return
         with self._cv:
             if any(r.cancelled for r in self._waiting):
                 keep = collections.deque()
@@ -270,7 +276,7 @@ class Engine:
                 self._waiting = keep
 
     def _assign_waiting(self) -> None:
-        while True:
+        while self._waiting:  # read without the lock first: most steps have nothing waiting
             idle = [s for s in self.slots if not s.busy]
             if not idle:
                 return

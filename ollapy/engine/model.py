@@ -7,12 +7,12 @@ system prompt, end of the previous turn), and submits to the :class:`Engine`.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import chat
 from ..errors import OptionError
@@ -21,6 +21,10 @@ from .backend import Backend, ContextConfig, json_schema_grammar, render_chat_te
 from .engine import Engine
 from .request import Request
 from .slot import common_prefix
+
+if TYPE_CHECKING:
+    import asyncio
+
 
 log = logging.getLogger("ollapy.engine")
 
@@ -64,7 +68,7 @@ class LoadedModel:
         self.eos_text = self.backend.token_text(eos) if eos >= 0 else ""
         if cache is not None and hasattr(cache, "bind"):
             cache = cache.bind(self)
-        self.load_duration_ns = time.perf_counter_ns() - t0
+        self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
         self.cache = cache
         log.debug("template for %s: %s", self.name, self.template.source)

@@ -8,15 +8,17 @@ called from any thread: the slot is freed within one engine step.
 """
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Cancelled, OllapyError
 from ..options import Options
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 @dataclass
@@ -76,7 +78,12 @@ class Request:
     _closed: bool = False
 
     def __post_init__(self) -> None:
-        self._q = asyncio.Queue() if self.loop is not None else queue.SimpleQueue()
+        if self.loop is not None:
+            import asyncio  # only servers pass a loop: the CLI never pays for importing asyncio
+
+            self._q = asyncio.Queue()
+        else:
+            self._q = queue.SimpleQueue()
 
     # -- engine side ----------------------------------------------------------------------
     def push(self, item: Chunk | BaseException) -> None:
