@@ -6,8 +6,12 @@ temporary store/cache, then for each concurrency level (default 1, 4, 16)
 sends ``--requests`` chats and reports p50/p99 time to first token,
 inter-token latency, aggregate generated tokens/s and the prompt-cache hit
 rate (share of prompt tokens served from cache). It also reports TTFT of
-the first (uncached) request vs cached ones. When ``llama-server`` is on PATH,
-the same load runs against it (``-np 4``); otherwise it prints "not found".
+the first (uncached) request vs cached ones. When ``llama-server`` is on PATH
+(``scripts/build_native_baselines.sh`` builds it from the same llama.cpp
+version), the same load runs against it (``-np 4``, same threads, same CPU
+choices) through the OpenAI API, which ollapy also serves, and the
+aggregate tokens/s are compared. Targets (issue 6): aggregate tokens/s at 4
+and 16 clients >= 0.9x llama-server; cached-prefix TTFT <= 1/5 of uncached.
 
     python scripts/bench_server.py --model ~/.cache/ollapy/test-models/SmolLM2-135M-Instruct.Q4_1.gguf
 """
@@ -49,6 +53,14 @@ def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     k = min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))
     return xs[k]
+
+
+def new_client(base: str, clients: int) -> httpx.AsyncClient:
+    """One connection per request, for both servers: llama-server (cpp-httplib) drops a kept-alive connection
+    after a streamed answer now and then ("Server disconnected without sending a response"); on loopback a
+    new connection costs well under a millisecond."""
+    return httpx.AsyncClient(base_url=base, timeout=600,
+                             limits=httpx.Limits(max_connections=clients + 4, max_keepalive_connections=0))
 
 
 async def one_ollama(client: httpx.AsyncClient, model: str, q: str, num_predict: int) -> dict:
@@ -93,8 +105,7 @@ async def run_level(base: str, model: str, clients: int, requests: int, num_pred
     fn = one_ollama if api == "ollama" else one_openai
     queue = list(range(requests))
     results: list[dict] = []
-    async with httpx.AsyncClient(base_url=base, timeout=600,
-                                 limits=httpx.Limits(max_connections=clients + 4)) as client:
+    async with new_client(base, clients) as client:
         async def worker():
             while queue:
                 i = queue.pop()
@@ -113,8 +124,9 @@ async def run_level(base: str, model: str, clients: int, requests: int, num_pred
             "hit": cached / prompt if prompt else 0.0, "wall": wall}
 
 
-def start_ollapy(model: str, port: int, tmp: Path, num_ctx: int) -> subprocess.Popen:
+def start_ollapy(model: str, port: int, tmp: Path, num_ctx: int, threads: int) -> subprocess.Popen:
     env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL="4", OLLAPY_CONTEXT_LENGTH=str(num_ctx),
+               OLLAPY_NUM_THREAD=str(threads),
                OLLAPY_MODELS=str(tmp / "models"), OLLAPY_CACHE_DIR=str(tmp / "cache"), OLLAPY_KEEP_ALIVE="-1")
     env.pop("OLLAPY_DEBUG", None)
     return subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve"], env=env, cwd=str(ROOT),
@@ -151,7 +163,7 @@ async def cached_vs_uncached(base: str, model: str, num_predict: int, api: str) 
     saved = SYSTEM
     SYSTEM = f"[session {time.time_ns()}] " + saved
     try:
-        async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        async with new_client(base, 1) as client:
             first = await fn(client, model, QUESTIONS[0], num_predict)
             again = [await fn(client, model, q, num_predict) for q in QUESTIONS[1:4]]
     finally:
@@ -161,65 +173,120 @@ async def cached_vs_uncached(base: str, model: str, num_predict: int, api: str) 
     return unc, cac
 
 
-def main() -> None:
+def start_llama_server(exe: str, model: str, port: int, tmp: Path, num_ctx: int, threads: int) -> subprocess.Popen:
+    """Native llama-server with the settings ollapy serve uses: 4 slots of num_ctx, same threads, flash
+    attention off on the CPU, weight repacking as ollapy chooses it for this CPU (off on AMX: it crashes)."""
+    sys.path.insert(0, str(ROOT))
+    from ollapy.engine.backend import choose_extra_bufts
+
+    cmd = [exe, "-m", model, "--port", str(port), "--host", "127.0.0.1", "-np", "4", "-c", str(num_ctx * 4),
+           "-t", str(threads), "-fa", "off"]
+    if not choose_extra_bufts("auto")[0]:
+        cmd.append("--no-repack")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "llama-server.log", "wb"))
+
+
+def wait_native(base: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(base + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit("llama-server did not start")
+
+
+def stop(proc: subprocess.Popen | None) -> None:
+    if proc is None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def level(base: str, model: str, clients: int, args, api: str) -> dict:
+    return asyncio.run(run_level(base, model, clients, max(args.requests, clients), args.num_predict, api))
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=str(Path.home() / ".cache/ollapy/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"))
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--requests", type=int, default=32, help="requests per concurrency level")
     ap.add_argument("--num-predict", type=int, default=32)
     ap.add_argument("--num-ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="decode threads of both servers")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating ollapy/llama-server rounds per level")
     ap.add_argument("--url", help="benchmark an already running ollapy serve instead of starting one")
+    ap.add_argument("--llama-server", help="llama-server executable (default: from PATH)")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="ollapy-bench-"))
-    proc = None
+    exe = args.llama_server or shutil.which("llama-server")
+    procs: list[subprocess.Popen] = []
     try:
         if args.url:
             base = args.url.rstrip("/")
         else:
             port = free_port()
             base = f"http://127.0.0.1:{port}"
-            proc = start_ollapy(args.model, port, tmp, args.num_ctx)
-            wait_up(base, proc)
+            procs.append(start_ollapy(args.model, port, tmp, args.num_ctx, args.threads))
+            wait_up(base, procs[-1])
         httpx.post(base + "/api/generate", json={"model": args.model}, timeout=600)  # load
+        nbase = None
+        if exe is not None:  # both servers stay up; an idle one sleeps, so they take turns on the same machine
+            nport = free_port()
+            nbase = f"http://127.0.0.1:{nport}"
+            procs.append(start_llama_server(exe, args.model, nport, tmp, args.num_ctx, args.threads))
+            wait_native(nbase, procs[-1], tmp / "llama-server.log")
         unc, cac = asyncio.run(cached_vs_uncached(base, args.model, args.num_predict, "ollama"))
-        rows = [asyncio.run(run_level(base, args.model, c, max(args.requests, c), args.num_predict, "ollama"))
-                for c in levels]
-        print(f"ollapy serve (n_parallel 4, num_ctx {args.num_ctx}, num_predict {args.num_predict}), "
-              f"model {Path(args.model).name}")
-        print(f"TTFT shared prefix: uncached {unc * 1000:.0f} ms, cached p50 {cac * 1000:.0f} ms (ratio {cac / unc:.2f})")
-        table("ollapy serve", rows)
+        ollama_rows = [level(base, args.model, c, args, "ollama") for c in levels]
+        if nbase is not None:
+            nunc, ncac = asyncio.run(cached_vs_uncached(nbase, args.model, args.num_predict, "openai"))
+            ours: dict[int, list[dict]] = {c: [] for c in levels}
+            native: dict[int, list[dict]] = {c: [] for c in levels}
+            for r in range(args.rounds):
+                for c in levels:
+                    for who in (("ours", "native") if r % 2 == 0 else ("native", "ours")):
+                        if who == "ours":
+                            ours[c].append(level(base, args.model, c, args, "openai"))
+                        else:
+                            native[c].append(level(nbase, args.model, c, args, "openai"))
     finally:
-        if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-    exe = shutil.which("llama-server")
-    if exe is None:
-        print("\nllama-server: not found (put it on PATH to compare against native llama.cpp -np 4)")
-        return
-    port = free_port()
-    lp = subprocess.Popen([exe, "-m", args.model, "--port", str(port), "--host", "127.0.0.1", "-np", "4",
-                           "-c", str(args.num_ctx * 4)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        rows = [asyncio.run(run_level(base, args.model, c, max(args.requests, c), args.num_predict, "openai"))
-                for c in levels]
-        table("llama-server -np 4", rows)
-    finally:
-        lp.terminate()
-        lp.wait(timeout=20)
+        for p in procs:
+            stop(p)
+    print(f"ollapy serve (n_parallel 4, num_ctx {args.num_ctx}, num_predict {args.num_predict}, "
+          f"threads {args.threads}), model {Path(args.model).name}")
+    ok = cac / unc <= 0.2
+    print(f"TTFT shared prefix: uncached {unc * 1000:.0f} ms, cached p50 {cac * 1000:.0f} ms "
+          f"(ratio {cac / unc:.2f}, target <= 0.2 {'ok' if ok else 'MISSED'})")
+    table("ollapy serve, Ollama API (/api/chat)", ollama_rows)
+    if nbase is None:
+        print("\nllama-server: not found (scripts/build_native_baselines.sh builds it; put it on PATH)")
+        return 0 if ok else 1
+    table("ollapy serve, OpenAI API (/v1/chat/completions), first round", [ours[c][0] for c in levels])
+    print(f"\nllama-server TTFT shared prefix: uncached {nunc * 1000:.0f} ms, cached p50 {ncac * 1000:.0f} ms")
+    table(f"llama-server -np 4 ({exe}), OpenAI API, first round", [native[c][0] for c in levels])
+    print(f"\naggregate tokens/s, ollapy /v1 vs llama-server /v1 (same client and load; {args.rounds} alternating "
+          "rounds: medians, and the median of the per-round ratios)")
+    print(f"{'clients':>7} {'ollapy':>8} {'native':>8} {'ratio':>6}  target")
+    for c in levels:
+        o = statistics.median(x["tok_s"] for x in ours[c])
+        n = statistics.median(x["tok_s"] for x in native[c])
+        ratio = statistics.median(a["tok_s"] / b["tok_s"] for a, b in zip(ours[c], native[c]) if b["tok_s"])
+        mark = ""
+        if c >= 4:
+            mark = ">= 0.90 " + ("ok" if ratio >= 0.9 else "MISSED")
+            ok &= ratio >= 0.9
+        print(f"{c:>7} {o:>8.1f} {n:>8.1f} {ratio:>6.3f}  {mark}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

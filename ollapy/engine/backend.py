@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -95,6 +96,7 @@ def finish_imports() -> None:
     _imports_thread.join()
     if _imports_error is not None:
         raise _imports_error
+
 
 _KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 _FLASH = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -218,11 +220,17 @@ def render_chat_template(template: str, messages: list[dict], bos: str, eos: str
 
     Raises ValueError when the template itself raises (e.g. bad role order).
     """
+    return _chat_formatter(template, bos, eos, add_generation_prompt)(messages=messages).prompt
+
+
+@functools.lru_cache(maxsize=32)
+def _chat_formatter(template: str, bos: str, eos: str, add_generation_prompt: bool):
+    """A compiled formatter per template: compiling the Jinja2 source took longer than rendering with it (a
+    server profile at 16 clients: 90 of 150 prompt-building samples). Rendering is stateless and thread-safe."""
     finish_imports()
     from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    fmt = Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
-    return fmt(messages=messages).prompt
+    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
 
 
 def json_schema_grammar(schema_json: str | None) -> str:

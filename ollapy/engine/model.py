@@ -7,8 +7,10 @@ system prompt, end of the previous turn), and submits to the :class:`Engine`.
 """
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +73,8 @@ class LoadedModel:
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
         self.cache = cache
+        self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
+        self._prefix_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -80,6 +84,21 @@ class LoadedModel:
         bos = self.backend.bos
         while len(toks) >= 2 and toks[0] == bos and toks[1] == bos:
             toks.pop(0)
+        return toks
+
+    def _tokenize_prefix(self, text: str) -> list[int]:
+        """:meth:`tokenize` for the system-prompt and earlier-turns prefixes that every turn of a chat (and every
+        client sharing a system prompt) renders again: the last 64 texts are kept."""
+        with self._prefix_lock:
+            toks = self._prefix_tokens.get(text)
+            if toks is not None:
+                self._prefix_tokens.move_to_end(text)
+                return list(toks)
+        toks = self.tokenize(text)
+        with self._prefix_lock:
+            self._prefix_tokens[text] = tuple(toks)
+            while len(self._prefix_tokens) > 64:
+                self._prefix_tokens.popitem(last=False)
         return toks
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
@@ -131,14 +150,14 @@ class LoadedModel:
         sys_msgs = [m for m in messages if m.get("role") == "system"]
         if sys_msgs and len(messages) > len(sys_msgs):
             try:
-                head = self.tokenize(self.render(sys_msgs, add_generation_prompt=False))
+                head = self._tokenize_prefix(self.render(sys_msgs, add_generation_prompt=False))
                 keep = max(keep, common_prefix(head, tokens))
                 points.append(keep)
             except OptionError:
                 pass
         if len(messages) >= 2 and messages[-1].get("role") == "user":
             try:
-                prev = self.tokenize(self.render(messages[:-1], add_generation_prompt=False))
+                prev = self._tokenize_prefix(self.render(messages[:-1], add_generation_prompt=False))
                 points.append(common_prefix(prev, tokens))
             except OptionError:
                 pass

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Build llama.cpp's own llama-batched-bench, llama-bench and llama-server from the llama-cpp-python source
+# distribution ollapy runs on (so the same llama.cpp version), as the native baselines of
+# scripts/bench_engine.py and scripts/bench_server.py. Build outputs stay outside the repository.
+#
+#   bash scripts/build_native_baselines.sh [DEST]      # default DEST: ~/.cache/ollapy/native
+#   export PATH="$DEST/build/bin:$PATH"                # the benchmarks then find them
+#
+# About 25 minutes on 2 cores (llama-server is most of it). Set PYTHON to the interpreter ollapy uses.
+set -euo pipefail
+dest="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/native}"
+py="${PYTHON:-python3}"
+ver=$("$py" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))")
+mkdir -p "$dest"
+if [ ! -f "$dest/src/vendor/llama.cpp/CMakeLists.txt" ]; then
+  "$py" -m pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$ver" -d "$dest/sdist"
+  rm -rf "$dest/src" && mkdir -p "$dest/src"
+  tar -xzf "$dest/sdist/llama_cpp_python-$ver.tar.gz" -C "$dest/src" --strip-components=1
+fi
+cmake -S "$dest/src/vendor/llama.cpp" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
+cmake --build "$dest/build" -j"$(nproc)" --target llama-server llama-batched-bench llama-bench
+echo "built llama.cpp $ver tools in $dest/build/bin; use: export PATH=\"$dest/build/bin:\$PATH\""
