@@ -13,7 +13,7 @@ py="${PYTHON:-python3}"
 ver=$("$py" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))")
 mkdir -p "$dest"
 if [ ! -f "$dest/src/vendor/llama.cpp/CMakeLists.txt" ]; then
-  "$py" -m pip download --no-deps --no-binary :all: --no-build-isolation "llama-cpp-python==$ver" -d "$dest/sdist"
+  "$py" -m pip download --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$dest/sdist"
   rm -rf "$dest/src" && mkdir -p "$dest/src"
   tar -xzf "$dest/sdist/llama_cpp_python-$ver.tar.gz" -C "$dest/src" --strip-components=1
 fi

@@ -1,10 +1,14 @@
 """Real-model tests of the engine's slots and continuous batching (SmolLM2, greedy)."""
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ollapy.errors import BusyError, Cancelled
 from ollapy.options import Options
@@ -235,18 +239,38 @@ def test_seed_reproducible(model4):
 @pytest.mark.parametrize("extra", [{}, {"repeat_penalty": 1.5, "repeat_last_n": 16}, {"repeat_penalty": 1.3},
                                    {"presence_penalty": 0.8}, {"repeat_penalty": 1.0}])
 def test_greedy_fast_path_matches_the_llama_sampler_chain(model4, monkeypatch, extra):
-    from ollapy.engine import backend
+    from ollapy.engine import sampler
 
     opts = GREEDY.merged({"num_predict": 48, **extra})
     fast = model4.submit(model4.raw_prompt("1, 2, 3, 1, 2, 3, 1, 2,"), opts)
     fast.result()
-    real_init = backend.Sampler.__init__
+    real_init = sampler.Sampler.__init__
 
     def chain_only(self, *a, **kw):
         real_init(self, *a, **kw)
         self._fast = False
 
-    monkeypatch.setattr(backend.Sampler, "__init__", chain_only)
+    monkeypatch.setattr(sampler.Sampler, "__init__", chain_only)
     slow = model4.submit(model4.raw_prompt("1, 2, 3, 1, 2, 3, 1, 2,"), opts)
     slow.result()
     assert fast.output_tokens == slow.output_tokens
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(-4, 4), min_size=2, max_size=40), st.data(), st.sampled_from([1.0, 1.1, 1.3, 2.0]))
+def test_penalized_argmax_equals_penalizing_every_recent_token(values, data, penalty):
+    # integer logits make ties common: the first index of the maximum must win, as with one full argmax
+    from ollapy.engine.sampler import Sampler
+
+    logits = np.array(values, dtype=np.float32) * np.float32(0.5)
+    recent = data.draw(st.sets(st.integers(0, len(values) - 1), max_size=len(values)))
+    s = Sampler.__new__(Sampler)  # only the penalty state is needed, not a llama.cpp chain
+    s._counts = collections.Counter(recent)
+    s._rp = np.float32(penalty)
+    full = logits.copy()
+    for t in recent:
+        full[t] = full[t] * s._rp if full[t] <= 0 else full[t] / s._rp
+    before = logits.copy()
+    got = s._penalized_argmax(logits, int(logits.argmax())) if int(logits.argmax()) in recent else int(logits.argmax())
+    assert got == int(full.argmax())
+    assert np.array_equal(logits, before)  # the buffer is restored

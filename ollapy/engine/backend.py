@@ -15,7 +15,6 @@ option override it.
 """
 from __future__ import annotations
 
-import collections
 import ctypes
 import functools
 import importlib.util
@@ -97,6 +96,19 @@ def finish_imports() -> None:
     if _imports_error is not None:
         raise _imports_error
 
+
+
+
+def _logits_address_fn():
+    """``llama_get_logits_ith`` returning the address as an int: the binding's ``POINTER(c_float)`` result
+    costs a cast per token. Falls back to the binding if its library handle is not where it used to be."""
+    lib = getattr(C, "_lib", None)
+    if lib is not None and hasattr(lib, "llama_get_logits_ith"):
+        return ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(("llama_get_logits_ith", lib))
+    return lambda ctx, row: ctypes.cast(C.llama_get_logits_ith(ctx, row), ctypes.c_void_p).value
+
+
+_logits_address = _logits_address_fn()
 
 _KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 _FLASH = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
@@ -307,95 +319,6 @@ class ContextConfig:
     extra_bufts: str = "auto"
 
 
-class Sampler:
-    """One llama.cpp sampler chain (penalties, top_k, top_p, min_p, temperature, dist; greedy at temperature 0;
-    an optional GBNF grammar first). Free with :meth:`close`."""
-
-    def __init__(self, backend: "Backend", o, grammar: str | None = None) -> None:
-        self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        add = lambda s: C.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
-        if grammar:
-            g = C.llama_sampler_init_grammar(backend.vocab, grammar.encode(), b"root")
-            if not g:
-                C.llama_sampler_free(self._ptr)
-                raise ValueError("invalid grammar")
-            add(g)
-        if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
-            last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
-            add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
-                                               o.presence_penalty))
-        # greedy fast path: the argmax of the raw logits is the chain's answer unless the penalties touched it
-        # (llama.cpp's penalties only lower the logits of recently generated tokens when repeat_penalty >= 1
-        # and presence/frequency penalties >= 0), so most steps skip building the full candidate array
-        self._fast = (o.temperature <= 0 and not grammar and o.repeat_penalty >= 1.0
-                      and o.presence_penalty >= 0 and o.frequency_penalty >= 0)
-        self._n_vocab = backend.n_vocab
-        self._last_n = backend.num_ctx if o.repeat_last_n == -1 else max(0, o.repeat_last_n)
-        self._penalized = o.repeat_penalty != 1.0 or bool(o.presence_penalty) or bool(o.frequency_penalty)
-        # repeat penalty alone is reproduced exactly in float32 below (llama_sampler_penalties: logit <= 0 ?
-        # logit * penalty : logit / penalty); presence/frequency penalties always go through the chain
-        self._repeat_only = not o.presence_penalty and not o.frequency_penalty
-        self._rp = np.float32(o.repeat_penalty)
-        self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
-        self._counts: collections.Counter[int] = collections.Counter()
-        if o.temperature <= 0:
-            add(C.llama_sampler_init_greedy())
-            return
-        if o.top_k > 0:
-            add(C.llama_sampler_init_top_k(o.top_k))
-        if o.typical_p < 1.0:
-            add(C.llama_sampler_init_typical(o.typical_p, 1))
-        if o.top_p < 1.0:
-            add(C.llama_sampler_init_top_p(o.top_p, 1))
-        if o.min_p > 0.0:
-            add(C.llama_sampler_init_min_p(o.min_p, 1))
-        add(C.llama_sampler_init_temp(o.temperature))
-        seed = o.seed if o.seed >= 0 else C.LLAMA_DEFAULT_SEED
-        add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-
-    def sample(self, backend: "Backend", row: int) -> int:
-        """Sample (and accept) a token from logits row ``row`` of the last decode."""
-        if self._fast:
-            logits = backend.logits_row(row)
-            tok = int(logits.argmax())
-            if self._penalized and self._last_n and tok in self._counts:
-                if not self._repeat_only:
-                    return self._sample_chain(backend, row)
-                # penalties only lower logits: apply them to the recent tokens in place, take the argmax, restore
-                seen = np.fromiter(self._counts, dtype=np.intp, count=len(self._counts))
-                vals = logits[seen]
-                logits[seen] = np.where(vals <= 0, vals * self._rp, vals / self._rp)
-                tok = int(logits.argmax())
-                logits[seen] = vals
-            C.llama_sampler_accept(self._ptr, tok)
-            self._remember(tok)
-            return tok
-        return self._sample_chain(backend, row)
-
-    def _sample_chain(self, backend: "Backend", row: int) -> int:
-        tok = C.llama_sampler_sample(self._ptr, backend.ctx, row)
-        if self._fast:
-            self._remember(tok)
-        return tok
-
-    def _remember(self, tok: int) -> None:
-        if not self._last_n:
-            return
-        if len(self._recent) == self._recent.maxlen:
-            old = self._recent[0]
-            self._counts[old] -= 1
-            if not self._counts[old]:
-                del self._counts[old]
-        self._recent.append(tok)
-        self._counts[tok] += 1
-
-    def close(self) -> None:
-        """Free the chain (idempotent)."""
-        if self._ptr:
-            C.llama_sampler_free(self._ptr)
-            self._ptr = None
-
-
 class Backend:
     """One loaded model and its single multi-sequence context.
 
@@ -538,15 +461,14 @@ class Backend:
         """Logits of output row ``row`` of the last decode: a float32 view of shape ``(n_vocab,)``, valid until
         the next decode (writes go to llama.cpp's buffer). Views are cached by address: building one costs more
         than the argmax over it."""
-        ptr = C.llama_get_logits_ith(self.ctx, row)
-        if not ptr:
+        addr = _logits_address(self.ctx, row)
+        if not addr:
             raise DecodeError(f"no logits for batch row {row}")
-        addr = ctypes.cast(ptr, ctypes.c_void_p).value
         view = self._logit_views.get(addr)
         if view is None:
             if len(self._logit_views) > 4096:
                 self._logit_views.clear()
-            view = self._logit_views[addr] = np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+            view = self._logit_views[addr] = np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(addr))
         return view
 
     # ---- decode ---------------------------------------------------------------------------

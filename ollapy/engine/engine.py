@@ -28,8 +28,9 @@ from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options
-from .backend import Backend, Sampler
+from .backend import Backend
 from .request import Chunk, Request
+from .sampler import Sampler
 from .slot import Slot, SlotState, common_prefix
 
 if TYPE_CHECKING:

@@ -1,0 +1,136 @@
+"""Per-request token sampling: llama.cpp's sampler chain, with a greedy fast path.
+
+The chain (penalties, top_k, typical, top_p, min_p, temperature, dist; greedy
+at temperature 0; an optional GBNF grammar first) is llama.cpp's own
+``llama_sampler_chain``. Greedy requests without a grammar skip building the
+full candidate array: the argmax of the raw logits is the chain's answer
+unless the repeat penalty touched it, and that case is reproduced exactly in
+float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
+always go through the chain. llama.cpp itself is reached through
+:mod:`ollapy.engine.backend` (the only module that imports ``llama_cpp``).
+"""
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+from . import backend as _backend
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .backend import Backend
+
+C = _backend.C
+
+
+class Sampler:
+    """One llama.cpp sampler chain (penalties, top_k, top_p, min_p, temperature, dist; greedy at temperature 0;
+    an optional GBNF grammar first). Free with :meth:`close`."""
+
+    def __init__(self, backend: "Backend", o, grammar: str | None = None) -> None:
+        self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
+        if grammar:
+            g = C.llama_sampler_init_grammar(backend.vocab, grammar.encode(), b"root")
+            if not g:
+                C.llama_sampler_free(self._ptr)
+                raise ValueError("invalid grammar")
+            add(g)
+        if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
+            last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
+            add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
+                                               o.presence_penalty))
+        # greedy fast path: the argmax of the raw logits is the chain's answer unless the penalties touched it
+        # (llama.cpp's penalties only lower the logits of recently generated tokens when repeat_penalty >= 1
+        # and presence/frequency penalties >= 0), so most steps skip building the full candidate array
+        self._fast = (o.temperature <= 0 and not grammar and o.repeat_penalty >= 1.0
+                      and o.presence_penalty >= 0 and o.frequency_penalty >= 0)
+        self._n_vocab = backend.n_vocab
+        self._last_n = backend.num_ctx if o.repeat_last_n == -1 else max(0, o.repeat_last_n)
+        self._penalized = o.repeat_penalty != 1.0 or bool(o.presence_penalty) or bool(o.frequency_penalty)
+        # repeat penalty alone is reproduced exactly in float32 below (llama_sampler_penalties: logit <= 0 ?
+        # logit * penalty : logit / penalty); presence/frequency penalties always go through the chain
+        self._repeat_only = not o.presence_penalty and not o.frequency_penalty
+        # the chain samples on the fast path only for presence/frequency penalties: only then must it see the history
+        self._chain_history = self._penalized and not self._repeat_only
+        self._rp = _backend.np.float32(o.repeat_penalty)
+        self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
+        self._counts: collections.Counter[int] = collections.Counter()
+        if o.temperature <= 0:
+            add(C.llama_sampler_init_greedy())
+            return
+        if o.top_k > 0:
+            add(C.llama_sampler_init_top_k(o.top_k))
+        if o.typical_p < 1.0:
+            add(C.llama_sampler_init_typical(o.typical_p, 1))
+        if o.top_p < 1.0:
+            add(C.llama_sampler_init_top_p(o.top_p, 1))
+        if o.min_p > 0.0:
+            add(C.llama_sampler_init_min_p(o.min_p, 1))
+        add(C.llama_sampler_init_temp(o.temperature))
+        seed = o.seed if o.seed >= 0 else C.LLAMA_DEFAULT_SEED
+        add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, backend: "Backend", row: int) -> int:
+        """Sample (and accept) a token from logits row ``row`` of the last decode."""
+        if self._fast:
+            logits = backend.logits_row(row)
+            tok = int(logits.argmax())
+            if self._penalized and self._last_n and tok in self._counts:
+                if not self._repeat_only:
+                    return self._sample_chain(backend, row)
+                tok = self._penalized_argmax(logits, tok)
+            if self._chain_history:
+                C.llama_sampler_accept(self._ptr, tok)
+            if self._penalized:
+                self._remember(tok)
+            return tok
+        return self._sample_chain(backend, row)
+
+    def _penalized_argmax(self, logits: np.ndarray, tok: int) -> int:
+        """The argmax after llama.cpp's repeat penalty, given the raw argmax ``tok`` (a recent token).
+
+        The penalty only lowers the logits of recent tokens, so rather than
+        penalizing all of them, penalize the current winner in place while it is
+        a recent token not yet penalized, and take the argmax again; restore the
+        buffer after. Ends with the same token, ties included (the first index of
+        the maximum), as penalizing every recent token before one argmax, usually
+        after 1-2 extra argmax passes. Penalty as in ``llama_sampler_penalties``:
+        ``logit <= 0 ? logit * penalty : logit / penalty`` in float32.
+        """
+        rp = self._rp
+        changed: list[tuple[int, np.float32]] = []
+        try:
+            while tok in self._counts and all(tok != t for t, _ in changed):
+                raw = logits[tok]
+                changed.append((tok, raw))
+                logits[tok] = raw * rp if raw <= 0 else raw / rp
+                tok = int(logits.argmax())
+        finally:
+            for t, raw in changed:
+                logits[t] = raw
+        return tok
+
+    def _sample_chain(self, backend: "Backend", row: int) -> int:
+        tok = C.llama_sampler_sample(self._ptr, backend.ctx, row)
+        if self._fast:
+            self._remember(tok)
+        return tok
+
+    def _remember(self, tok: int) -> None:
+        if not self._last_n:
+            return
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            self._counts[old] -= 1
+            if not self._counts[old]:
+                del self._counts[old]
+        self._recent.append(tok)
+        self._counts[tok] += 1
+
+    def close(self) -> None:
+        """Free the chain (idempotent)."""
+        if self._ptr:
+            C.llama_sampler_free(self._ptr)
+            self._ptr = None
