@@ -151,3 +151,21 @@ def test_ctrl_c_during_model_load_aborts_it(smollm2_path):
     assert "ollapy.engine: loaded" not in c.before  # aborted, not finished and then interrupted
     assert "Traceback" not in c.before and "Exception ignored" not in c.before
     assert time.monotonic() - t0 < 10
+
+
+def test_ctrl_c_during_prompt_eval_exits_130_without_crashing(smollm2_path, tmp_path):
+    # the interrupt lands while the engine thread is inside llama_decode: the process must not exit (and unload
+    # llama.cpp) under it, which segfaulted before engines were stopped and joined at exit
+    long_text = tmp_path / "long.txt"
+    long_text.write_text(" ".join(f"word{i}" for i in range(3000)))
+    env = dict(os.environ, OLLAPY_DEBUG="1")
+    for _ in range(3):
+        c = pexpect.spawn("/bin/bash", ["-c", f"exec {sys.executable} -m ollapy.cli.main run {smollm2_path} "
+                                              f"-o num_ctx=8192 'Summarise' < {long_text}"],
+                          env=env, encoding="utf-8", timeout=90, cwd=str(ROOT))
+        c.expect_exact("prompt tokens")  # the engine has started the request: prefill is running
+        c.sendintr()
+        c.expect(pexpect.EOF)
+        c.close()
+        assert c.signalstatus is None and c.exitstatus == 130, c.before[-2000:]
+        assert "Traceback" not in c.before and "Exception ignored" not in c.before

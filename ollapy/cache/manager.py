@@ -36,6 +36,8 @@ def _flush_all() -> None:  # pragma: no cover - exercised by subprocess tests
     for c in list(_LIVE):
         try:
             c.flush(timeout=120)
+        except KeyboardInterrupt:  # Ctrl-C while saving at exit: unsaved states are dropped, none half-written
+            return
         except Exception:
             log.debug("prompt cache flush at exit failed", exc_info=True)
 

@@ -15,6 +15,7 @@ option override it.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import importlib.util
@@ -271,38 +272,37 @@ def choose_flash_attn(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
     return "auto" if on_gpu else "off"
 
 
-def _load_model_interruptibly(path: Path, mp):
-    """``llama_model_load_from_file`` that Ctrl-C can stop (raises KeyboardInterrupt; nothing stays loaded).
+@contextlib.contextmanager
+def _deferred_sigint():
+    """Within the block, Ctrl-C on the main thread only sets the yielded Event (raise afterwards yourself).
 
-    While llama.cpp loads, Python runs only inside ctypes callbacks (logging,
-    progress), and a KeyboardInterrupt raised there is swallowed by ctypes, so
-    Ctrl-C would be lost until a large model finished loading. On the main
-    thread, SIGINT therefore only sets a flag here, and the progress callback
-    returns false on the next progress report, which makes llama.cpp abort the
-    load (llama.h: "If the provided progress_callback returns true, model
-    loading continues. If it returns false, model loading is immediately aborted").
+    While llama.cpp loads a model or builds a context, Python runs only inside
+    ctypes callbacks (logging, progress), and a KeyboardInterrupt raised there
+    is swallowed by ctypes: Ctrl-C would be lost. Elsewhere (other threads, a
+    custom SIGINT handler already installed) the Event just never gets set.
     """
     interrupted = threading.Event()
+    own = (threading.current_thread() is threading.main_thread()
+           and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    if own:
+        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
+    try:
+        yield interrupted
+    finally:
+        if own:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _load_model(path: Path, mp, interrupted: threading.Event):
+    """``llama_model_load_from_file`` that stops early once ``interrupted`` is set: the progress callback then
+    returns false (llama.h: "If it returns false, model loading is immediately aborted")."""
 
     @C.llama_progress_callback
     def progress(fraction, user_data):  # pragma: no cover - C callback
         return not interrupted.is_set()
 
     mp.progress_callback = progress
-    own_sigint = (threading.current_thread() is threading.main_thread()
-                  and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    if own_sigint:
-        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
-    try:
-        model = C.llama_model_load_from_file(str(path).encode(), mp)
-    finally:
-        if own_sigint:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-    if interrupted.is_set():
-        if model:
-            C.llama_model_free(model)
-        raise KeyboardInterrupt
-    return model
+    return C.llama_model_load_from_file(str(path).encode(), mp)
 
 
 @dataclass(frozen=True)
@@ -344,32 +344,40 @@ class Backend:
         offload = C.llama_supports_gpu_offload()
         mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
         mp.use_extra_bufts = self.extra_bufts
-        self.model = _load_model_interruptibly(path, mp)
-        if not self.model:
-            raise ModelLoadError(f"{path}: llama.cpp could not load this model (truncated or unsupported GGUF)",
-                                 hint="re-download it, or set OLLAPY_DEBUG=1 to see llama.cpp's log")
-        self.vocab = C.llama_model_get_vocab(self.model)
-        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
-        self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
-        self.n_parallel = max(1, cfg.n_parallel)
-        self.num_ctx = cfg.num_ctx
-        self.n_batch = max(cfg.num_batch, self.n_parallel)
-        cp = C.llama_context_default_params()
-        cp.n_ctx = self.num_ctx * self.n_parallel
-        cp.n_batch = self.n_batch
-        cp.n_ubatch = min(self.n_batch, 512)
-        cp.n_seq_max = self.n_parallel
-        threads = cfg.num_thread or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
-        cp.n_threads = threads
-        cp.n_threads_batch = threads
-        cp.type_k = cp.type_v = _KV_TYPES[cfg.kv_cache_type]
-        self.flash_attn = choose_flash_attn(cfg.flash_attn, cfg.kv_cache_type, bool(offload) and mp.n_gpu_layers > 0)
-        cp.flash_attn_type = _FLASH[self.flash_attn]
-        cp.kv_unified = False
-        cp.swa_full = True
-        cp.no_perf = True
-        self.threads = threads
-        self.ctx = C.llama_init_from_model(self.model, cp)
+        # Ctrl-C is deferred while llama.cpp works (it would be swallowed in a ctypes callback) and raised here
+        with _deferred_sigint() as interrupted:
+            self.model = _load_model(path, mp, interrupted)
+            if interrupted.is_set():
+                self.close()
+                raise KeyboardInterrupt
+            if not self.model:
+                raise ModelLoadError(f"{path}: llama.cpp could not load this model (truncated or unsupported GGUF)",
+                                     hint="re-download it, or set OLLAPY_DEBUG=1 to see llama.cpp's log")
+            self.vocab = C.llama_model_get_vocab(self.model)
+            self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+            self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
+            self.n_parallel = max(1, cfg.n_parallel)
+            self.num_ctx = cfg.num_ctx
+            self.n_batch = max(cfg.num_batch, self.n_parallel)
+            cp = C.llama_context_default_params()
+            cp.n_ctx = self.num_ctx * self.n_parallel
+            cp.n_batch = self.n_batch
+            cp.n_ubatch = min(self.n_batch, 512)
+            cp.n_seq_max = self.n_parallel
+            threads = cfg.num_thread or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
+            cp.n_threads = threads
+            cp.n_threads_batch = threads
+            cp.type_k = cp.type_v = _KV_TYPES[cfg.kv_cache_type]
+            self.flash_attn = choose_flash_attn(cfg.flash_attn, cfg.kv_cache_type, bool(offload) and mp.n_gpu_layers > 0)
+            cp.flash_attn_type = _FLASH[self.flash_attn]
+            cp.kv_unified = False
+            cp.swa_full = True
+            cp.no_perf = True
+            self.threads = threads
+            self.ctx = C.llama_init_from_model(self.model, cp)
+            if interrupted.is_set():
+                self.close()
+                raise KeyboardInterrupt
         if not self.ctx:
             C.llama_model_free(self.model)
             self.model = None

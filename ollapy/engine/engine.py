@@ -19,10 +19,12 @@ prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import threading
 import time
+import weakref
 from array import array
 from typing import TYPE_CHECKING
 
@@ -41,6 +43,18 @@ log = logging.getLogger("ollapy.engine")
 
 MAX_SHIFTS = 64
 MIN_COPY_GAIN = 16
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _stop_engines() -> None:  # pragma: no cover - exercised by the CLI's Ctrl-C tests
+    """At interpreter exit, stop every engine loop and wait for its step to end (not freeing the model).
+
+    The loop thread is a daemon: without this, ``exit()`` could unload
+    llama.cpp's libraries while that thread is inside ``llama_decode``
+    (a segfault seen when Ctrl-C landed during a prompt's evaluation).
+    """
+    for e in list(_LIVE):
+        e.stop(timeout=30)
 
 
 class Engine:
@@ -66,6 +80,9 @@ class Engine:
         self.requests_done = 0
         self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
         self._thread.start()
+        if not _LIVE:  # registered at the first engine, after the prompt cache's exit flush: runs before it
+            atexit.register(_stop_engines)
+        _LIVE.add(self)
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -130,12 +147,17 @@ class Engine:
             "requests_done": self.requests_done,
         }
 
-    def close(self) -> None:
-        """Stop the loop (cancelling active and waiting requests) and free the model."""
+    def stop(self, timeout: float = 30) -> None:
+        """Stop the loop (cancelling active and waiting requests) and wait for the current step to end."""
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout=30)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=timeout)
+
+    def close(self) -> None:
+        """Stop the loop (cancelling active and waiting requests) and free the model."""
+        self.stop()
         self.backend.close()
 
     # ---- loop ---------------------------------------------------------------------------------
