@@ -29,6 +29,7 @@ from .ollama_routes import (
     GenStream,
     check_name,
     err,
+    errors_as_json,
     gguf_info,
     iso_time,
     model_details,
@@ -43,99 +44,91 @@ router = APIRouter()
 
 # ---- tags / show ----------------------------------------------------------------------------------
 @router.get("/api/tags")
+@errors_as_json
 async def api_tags(request: Request):
-    try:
-        from ..store import list_models
+    from ..store import list_models
 
-        models = await asyncio.to_thread(list_models)
-        out = []
-        for m in models:
-            if m.broken:
-                continue
+    models = await asyncio.to_thread(list_models)
+    out = []
+    for m in models:
+        if m.broken:
+            continue
+        path = None
+        try:
+            layers = m.entry.model_layers()
+            if layers:
+                from ..store.pull import local_store
+
+                path = local_store().layer_file(layers[0]) if m.store == "ollapy" else None
+        except Exception:  # noqa: BLE001
             path = None
-            try:
-                layers = m.entry.model_layers()
-                if layers:
-                    from ..store.pull import local_store
-
-                    path = local_store().layer_file(layers[0]) if m.store == "ollapy" else None
-            except Exception:  # noqa: BLE001
-                path = None
-            info = await asyncio.to_thread(gguf_info, path)
-            digest = hashlib.sha256(m.entry.path.read_bytes()).hexdigest() if m.entry.path.is_file() else m.id
-            out.append({"name": m.name, "model": m.name, "modified_at": iso_time(m.modified), "size": m.size,
-                        "digest": digest, "details": model_details(info)})
-        return {"models": out}
-    except Exception as exc:  # noqa: BLE001
-        return err(exc)
+        info = await asyncio.to_thread(gguf_info, path)
+        digest = hashlib.sha256(m.entry.path.read_bytes()).hexdigest() if m.entry.path.is_file() else m.id
+        out.append({"name": m.name, "model": m.name, "modified_at": iso_time(m.modified), "size": m.size,
+                    "digest": digest, "details": model_details(info)})
+    return {"models": out}
 
 
 @router.post("/api/show")
+@errors_as_json
 async def api_show(request: Request):
-    try:
-        data = await read_body(request)
-        name = model_field(data)
-        check_name(name)
-        ref = await state_of(request).runtime.resolve(name)
-        info = await asyncio.to_thread(gguf_info, ref.path)
-        from ..store.modelfile import format_modelfile
+    data = await read_body(request)
+    name = model_field(data)
+    check_name(name)
+    ref = await state_of(request).runtime.resolve(name)
+    info = await asyncio.to_thread(gguf_info, ref.path)
+    from ..store.modelfile import format_modelfile
 
-        params = dict(ref.parameters or {})
-        param_text = "\n".join(f"{k:<30} {json.dumps(x) if isinstance(x, str) else x}"
-                               for k, v in params.items() for x in (v if isinstance(v, (list, tuple)) else [v]))
-        template = ref.template or info.get("chat_template") or ""
-        arch = info.get("architecture") or ""
-        model_info = {"general.architecture": arch, "general.parameter_count": info.get("parameter_count"),
-                      f"{arch}.context_length": info.get("context_length"),
-                      f"{arch}.embedding_length": info.get("embedding_length")}
-        return {
-            "modelfile": format_modelfile(str(ref.path), params, ref.system, ref.template, ref.license,
-                                          list(ref.messages or [])),
-            "parameters": param_text,
-            "template": template,
-            "system": ref.system or "",
-            "license": ref.license or "",
-            "details": model_details(info),
-            "model_info": {k: v for k, v in model_info.items() if v is not None},
-            "messages": list(ref.messages or []),
-            "capabilities": ["completion"],
-            "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
-        }
-    except Exception as exc:  # noqa: BLE001
-        return err(exc)
+    params = dict(ref.parameters or {})
+    param_text = "\n".join(f"{k:<30} {json.dumps(x) if isinstance(x, str) else x}"
+                           for k, v in params.items() for x in (v if isinstance(v, (list, tuple)) else [v]))
+    template = ref.template or info.get("chat_template") or ""
+    arch = info.get("architecture") or ""
+    model_info = {"general.architecture": arch, "general.parameter_count": info.get("parameter_count"),
+                  f"{arch}.context_length": info.get("context_length"),
+                  f"{arch}.embedding_length": info.get("embedding_length")}
+    return {
+        "modelfile": format_modelfile(str(ref.path), params, ref.system, ref.template, ref.license,
+                                      list(ref.messages or [])),
+        "parameters": param_text,
+        "template": template,
+        "system": ref.system or "",
+        "license": ref.license or "",
+        "details": model_details(info),
+        "model_info": {k: v for k, v in model_info.items() if v is not None},
+        "messages": list(ref.messages or []),
+        "capabilities": ["completion"],
+        "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
+    }
 
 
 # ---- delete / copy ------------------------------------------------------------------------------
 @router.delete("/api/delete")
+@errors_as_json
 async def api_delete(request: Request):
-    try:
-        data = await read_body(request)
-        name = model_field(data)
-        from ..store import parse_name, remove_model
+    data = await read_body(request)
+    name = model_field(data)
+    from ..store import parse_name, remove_model
 
-        parse_name(name)
-        await state_of(request).runtime.unload(name)
-        await asyncio.to_thread(remove_model, name)
-        return Response(status_code=200)
-    except Exception as exc:  # noqa: BLE001
-        return err(exc)
+    parse_name(name)
+    await state_of(request).runtime.unload(name)
+    await asyncio.to_thread(remove_model, name)
+    return Response(status_code=200)
 
 
 @router.post("/api/copy")
+@errors_as_json
 async def api_copy(request: Request):
-    try:
-        data = await read_body(request)
-        src, dst = data.get("source"), data.get("destination")
-        if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
-            raise UsageError("source and destination are required")
-        from ..store import copy_model, parse_name
+    data = await read_body(request)
+    src, dst = data.get("source"), data.get("destination")
+    if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
+        raise UsageError("source and destination are required")
+    from ..store import copy_model, parse_name
 
-        parse_name(src)
-        parse_name(dst)
-        await asyncio.to_thread(copy_model, src, dst)
-        return Response(status_code=200)
-    except Exception as exc:  # noqa: BLE001
-        return err(exc)
+    parse_name(src)
+    parse_name(dst)
+    await asyncio.to_thread(copy_model, src, dst)
+    return Response(status_code=200)
 
 
 # ---- pull / create / blobs (long-running: progress streamed from a worker thread) -----------------

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import functools
 import json
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 from fastapi import APIRouter, Request
@@ -73,6 +74,20 @@ def err(exc: BaseException) -> JSONResponse:
     """Ollama-style JSON error response."""
     status, body = ollama_error(exc)
     return JSONResponse(body, status_code=status)
+
+
+def errors_as_json(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Decorate a route whose every exception becomes :func:`err`'s JSON error (FastAPI still sees the
+    route's own signature through ``functools.wraps``)."""
+
+    @functools.wraps(route)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await route(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+            return err(exc)
+
+    return wrapper
 
 
 class GenStream(StreamingResponse):
