@@ -3,7 +3,7 @@
 ``GET /v2/<ns>/<model>/manifests/<tag>`` returns a Docker v2 manifest;
 ``GET /v2/<ns>/<model>/blobs/sha256:<hex>`` returns the bytes, honouring
 ``Range``. Counters (``bytes_served``, ``ranges``) and injectable faults
-(``faults[hex] = ["500", "truncate:N", "empty", "corrupt", "404", "norange", "slow"]``,
+(``faults[hex] = ["500", "truncate:N", "empty", "corrupt", "404", "norange", "slow", "gzip"]``,
 consumed one per request) let tests prove resume and retry behaviour.
 """
 from __future__ import annotations
@@ -37,7 +37,9 @@ class FakeRegistry:
         self.faults: dict[str, list[str]] = defaultdict(list)
         self.bytes_served: dict[str, int] = defaultdict(int)
         self.ranges: dict[str, list[str | None]] = defaultdict(list)
+        self.accept_encodings: dict[str, list[str | None]] = defaultdict(list)
         self.throttle: float = 0.0  # seconds slept per 1 MiB sent
+        self.rate: float = 0.0  # when > 0: bytes per second per response (paced like a network link)
         self.cache: dict[str, bytes] = {}
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -115,12 +117,27 @@ class FakeRegistry:
                 with reg.lock:
                     fault = reg.faults[hexd].pop(0) if reg.faults[hexd] else ""
                     reg.ranges[hexd].append(self.headers.get("Range"))
+                    reg.accept_encodings[hexd].append(self.headers.get("Accept-Encoding"))
                 if src is None or fault == "404":
                     return self._send(404, b"{}")
                 if fault == "500":
                     return self._send(500, b"{}")
                 if fault == "empty":
                     return self._send(200, b"", "application/octet-stream")
+                if fault == "gzip":  # a server that compresses whatever the client asked for
+                    import gzip
+
+                    raw = src.read_bytes() if isinstance(src, Path) else src
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/octet-stream")
+                    body = gzip.compress(raw, compresslevel=1)
+                    self.send_header("Content-Encoding", "gzip")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    with reg.lock:
+                        reg.bytes_served[hexd] += len(body)
+                    return None
                 if isinstance(src, Path):
                     with reg.lock:
                         if hexd not in reg.cache:
@@ -148,16 +165,19 @@ class FakeRegistry:
                 if code == 206:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.end_headers()
-                sent = 0
+                sent, t0 = 0, time.perf_counter()
+                step = 1 << 20 if not reg.rate else max(1 << 16, int(reg.rate / 100))  # ~10 ms per step when paced
                 try:
                     while sent < limit:
-                        n = min(1 << 20, limit - sent)
+                        n = min(step, limit - sent)
                         self.wfile.write(body[sent:sent + n])
                         sent += n
                         with reg.lock:
                             reg.bytes_served[hexd] += n
                         if reg.throttle:
                             time.sleep(reg.throttle)
+                        if reg.rate and (ahead := t0 + sent / reg.rate - time.perf_counter()) > 0:
+                            time.sleep(ahead)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
                 if limit < len(body):
@@ -167,7 +187,11 @@ class FakeRegistry:
 
 
 def main() -> None:
-    """``python tests/fake_registry.py FILE [NAMESPACE/MODEL:TAG]``: serve one model, print the URL, run until killed."""
+    """``python tests/fake_registry.py FILE [NAMESPACE/MODEL:TAG] [RATE_MB_S]``: serve one model, print the URL, run until killed.
+
+    RATE_MB_S (decimal MB/s, default 0 = as fast as loopback goes) paces every
+    blob response like a network link of that speed.
+    """
     import sys
 
     path = Path(sys.argv[1])
@@ -175,6 +199,7 @@ def main() -> None:
     ns_model, tag = ref.rsplit(":", 1)
     ns, model = ns_model.split("/")
     reg = FakeRegistry()
+    reg.rate = float(sys.argv[3]) * 1e6 if len(sys.argv) > 3 else 0.0
     m = reg.add_model(ns, model, tag, path)
     reg.cache[m["layers"][0]["digest"].split(":")[1]] = path.read_bytes()
     print(reg.url, m["layers"][0]["digest"], flush=True)

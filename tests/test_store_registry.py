@@ -77,6 +77,17 @@ def test_transient_faults_are_retried(store_env, registry, smollm2_path, faults,
     assert ref.digest == hexd and ref.path.stat().st_size == smollm2_path.stat().st_size
 
 
+def test_blobs_asked_unencoded_and_gzip_answer_still_verified(store_env, registry, smollm2_path):
+    """Ranges count bytes as sent, so blobs are requested with Accept-Encoding: identity; a server that
+    gzips anyway is decoded before hashing, and the blob is the original bytes."""
+    _, hexd = _publish(registry, smollm2_path)
+    registry.faults[hexd] = ["gzip"]
+    ref = resolve_model("tiny:q4", quiet=True)
+    assert registry.accept_encodings[hexd] == ["identity"]
+    assert registry.bytes_served[hexd] < smollm2_path.stat().st_size  # it really was compressed
+    assert ref.path.read_bytes() == smollm2_path.read_bytes()
+
+
 def test_retries_exhausted_is_clear_error(store_env, registry, smollm2_path, monkeypatch):
     monkeypatch.setenv("OLLAPY_PULL_RETRIES", "2")
     _, hexd = _publish(registry, smollm2_path)
@@ -185,3 +196,21 @@ def test_rm_deletes_only_unshared_blobs(store_env, registry, smollm2_path):
     remove_model("mine/tiny:copy")
     assert not (store_env / "blobs" / f"sha256-{hexd}").exists()
     assert [p.name for p in (store_env / "blobs").iterdir()] == []
+
+
+def test_short_raw_writes_are_completed(tmp_path):
+    """A raw write may take only part of a block (near ENOSPC, signals): the rest must still reach the file."""
+    data = os.urandom(100_000)
+
+    class ShortWriter:
+        def __init__(self, f):
+            self.f, self.calls = f, 0
+
+        def write(self, b):
+            self.calls += 1
+            return self.f.write(bytes(b[:4096]))
+
+    with open(tmp_path / "out", "wb", buffering=0) as f:
+        w = ShortWriter(f)
+        download._write_chunk(w, data)
+    assert (tmp_path / "out").read_bytes() == data and w.calls == -(-len(data) // 4096)
