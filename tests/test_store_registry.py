@@ -40,6 +40,13 @@ def test_pull_registry_and_resolve(store_env, registry, smollm2_path):
     # already present: no second download
     resolve_model("tiny:q4", quiet=True)
     assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
+    # Store files get the mode a plain open() gives (Ollama's are world-readable), not mkstemp's 0600,
+    # so a server running as another user can read a shared store.
+    plain = store_env / "plain-file"
+    plain.write_text("x")
+    want = plain.stat().st_mode & 0o777
+    made = [store_env / "manifests/registry.ollama.ai/library/tiny/q4", *(store_env / "blobs").glob("sha256-*")]
+    assert len(made) == 7 and {p.name: p.stat().st_mode & 0o777 for p in made} == {p.name: want for p in made}
 
 
 def _pull_proc(name, store_env, registry, *extra):
@@ -155,6 +162,7 @@ def test_concurrent_pulls_download_once(store_env, registry, smollm2_path):
     assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
     for _out, err in outs:
         assert "\x1b[" not in err  # not a TTY: plain lines
+    assert sum("another pull is fetching it; waiting" in err for _, err in outs) == 1, outs  # the second one says why
     assert [m.name for m in list_models()] == ["tiny:q4"]
 
 

@@ -25,6 +25,12 @@ def _age(ts: float) -> str:
     return "Less than a minute ago" if d >= 1 else "Just now"
 
 
+def _print_if_set(text: str | None) -> None:
+    """Print ``text`` (one trailing newline), or nothing at all when it is unset or empty."""
+    if text:
+        print(text, end="" if text.endswith("\n") else "\n")
+
+
 def pull_cmd(
     name: str = typer.Argument(..., help="Model name: smollm2:135m, hf.co/org/repo:Q4_K_M, [host/][ns/]model[:tag]."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress output."),
@@ -35,10 +41,9 @@ def pull_cmd(
     from ..store.resolve import find_entry
 
     stored = pull_model(name, quiet=quiet, insecure=insecure)
-    found = find_entry(stored)
     if not quiet:
-        alias = f" ({found[1].display()})" if found and found[1].display() != stored.display() else ""
-        print(f"success: {stored.display()}" + alias, file=sys.stderr)
+        found = find_entry(stored)  # the name as written in the store, the one `ollapy list` shows
+        print(f"success: {found[1].display() if found else stored.display()}", file=sys.stderr)
 
 
 def list_cmd() -> None:
@@ -65,7 +70,7 @@ def show_cmd(
 ) -> None:
     """Show a model's architecture, size, context length, template, parameters and license (GGUF metadata)."""
     from ..store import resolve_model
-    from ..store.info import read_gguf_info
+    from ..store.info import parameter_rows, read_gguf_info
     from ..store.modelfile import format_modelfile
     from ..store.resolve import model_file_note
 
@@ -74,19 +79,19 @@ def show_cmd(
         print(format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages), end="")
         return
     info = read_gguf_info(ref.path)
+    # like Ollama: each value on its own line, strings JSON-quoted; an unset template, license or system prints nothing
     if template:
-        print(ref.template or info["chat_template"] or "")
+        _print_if_set(ref.template or info["chat_template"])
         return
     if parameters:
-        for k, v in ref.parameters.items():
-            for item in v if isinstance(v, (list, tuple)) else [v]:
-                print(f"{k:<16}{item!r}" if isinstance(item, str) else f"{k:<16}{item}")
+        for k, text in parameter_rows(ref.parameters):
+            print(f"{k:<30} {text}")
         return
     if license_:
-        print(ref.license or "")
+        _print_if_set(ref.license)
         return
     if system:
-        print(ref.system or "")
+        _print_if_set(ref.system)
         return
     print("  Model")
     for label, key in (("architecture", "architecture"), ("parameters", "parameters"), ("context length", "context_length"),
@@ -97,8 +102,8 @@ def show_cmd(
         print(f"    {'source':<20}{ref.source}")
     if ref.parameters:
         print("\n  Parameters")
-        for k, v in ref.parameters.items():
-            print(f"    {k:<20}{v}")
+        for k, text in parameter_rows(ref.parameters):
+            print(f"    {k:<20}{text}")
     if ref.system:
         print("\n  System\n    " + ref.system.strip().replace("\n", "\n    "))
     if ref.license:

@@ -55,9 +55,14 @@ class CatalogueTag:
 
 
 def catalogue_dir() -> Path:
-    """``OLLAPY_CATALOGUE`` or the repository's top-level ``models/`` directory."""
+    """``OLLAPY_CATALOGUE``, else the repository's top-level ``models/`` (a source checkout or editable
+    install), else the copy a wheel carries as ``ollapy/models``."""
     raw = config.CATALOGUE.raw()
-    return Path(raw).expanduser() if raw else Path(__file__).resolve().parents[2] / "models"
+    if raw:
+        return Path(raw).expanduser()
+    here = Path(__file__).resolve().parents[1]
+    checkout = here.parent / "models"
+    return checkout if (here.parent / "pyproject.toml").is_file() and checkout.is_dir() else here / "models"
 
 
 def load_family(path: Path) -> tuple[str, str | None, list[CatalogueTag]]:

@@ -16,7 +16,7 @@ import errno
 import hashlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +49,33 @@ def pull_retries() -> int:
 
 
 @contextlib.contextmanager
-def blob_lock(store: Store, digest: str) -> Iterator[None]:
-    """Hold an exclusive lock for one blob (``fcntl.flock`` on ``locks/sha256-<hex>.lock``); blocks while held elsewhere."""
+def blob_lock(store: Store, digest: str, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold an exclusive lock for one blob (``fcntl.flock`` on ``locks/sha256-<hex>.lock``).
+
+    Blocks while another process holds it, calling ``on_wait()`` once first
+    (to tell the user why nothing moves).
+    """
     d = store.root / "locks"
     d.mkdir(parents=True, exist_ok=True)
     with open(d / f"sha256-{digest_hex(digest)}.lock", "a+b") as f:
         try:
             import fcntl
 
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if on_wait is not None:
+                    on_wait()
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         except ImportError:  # Windows
             import msvcrt
 
             msvcrt.locking(f.fileno(), msvcrt.LK_LOCK, 1)
         yield
+
+
+def _waiting(progress: QuietProgress, label: str) -> Callable[[], None]:
+    return lambda: progress.stage(f"{label}: another pull is fetching it; waiting for that one to finish")
 
 
 def _write_chunk(f: Any, data: bytes) -> None:
@@ -198,7 +211,7 @@ def download_blob(store: Store, url: str, digest: str, size: int | None, *, labe
     own = client is None
     client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, connect=10.0))
     try:
-        with blob_lock(store, hexd):
+        with blob_lock(store, hexd, _waiting(progress, label)):
             if store.has_blob(hexd, size):
                 return store.blob_path(hexd)
             partial = store.partial_path(hexd)
@@ -271,7 +284,7 @@ def write_blob(store: Store, digest: str, size: int | None, chunks: Iterable[byt
     hexd = digest_hex(digest)
     progress = progress or QuietProgress()
     store.blobs.mkdir(parents=True, exist_ok=True)
-    with blob_lock(store, hexd):
+    with blob_lock(store, hexd, _waiting(progress, label)):
         if store.has_blob(hexd, size):
             return store.blob_path(hexd)
         h, got = hashlib.sha256(), 0

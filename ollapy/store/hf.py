@@ -141,7 +141,15 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
 
 
 def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool = False) -> dict[str, Any]:
-    """Pull ``hf.co/org/repo:tag`` into the store; returns the written manifest."""
+    """Pull ``hf.co/org/repo:tag`` into the store; returns the written manifest.
+
+    Raises DownloadError at once when the Hub does not answer (one probe, instead of
+    huggingface_hub's ~20 s of retries), ModelNotFound for a missing repo, file or quant.
+    """
+    if not hf_reachable(name.repo_id):
+        base = (_endpoint() or "https://huggingface.co").rstrip("/")
+        raise DownloadError(f"cannot pull {name.display()}: Hugging Face ({base}) is unreachable from here",
+                            hint="check the network, or set HF_ENDPOINT to a reachable mirror")
     try:
         meta = list_gguf(name.repo_id)
     except NotAtSource as exc:

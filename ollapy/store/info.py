@@ -107,3 +107,21 @@ def read_gguf_info(path: Path) -> dict[str, Any]:
         "chat_template": meta.get("tokenizer.chat_template"),
         "split_count": meta.get("split.count"),
     }
+
+
+def parameter_text(value: Any) -> str:
+    """One parameter value as Ollama prints it: strings in double quotes (JSON escapes), numbers bare, true/false."""
+    import json
+
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def parameter_rows(parameters: dict[str, Any]) -> list[tuple[str, str]]:
+    """(name, value text) rows for ``show``: one row per value, so a list (``stop``) gives one row each."""
+    return [(k, parameter_text(item)) for k, v in parameters.items() for item in (v if isinstance(v, (list, tuple)) else [v])]

