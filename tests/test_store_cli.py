@@ -38,7 +38,10 @@ def test_cli_commands(store_env, registry, smollm2_path, tmp_path):
     assert "PARAMETER temperature 0.3" in cli("show", "tiny:q4", "--modelfile").stdout
     assert cli("show", "tiny:q4", "--license").stdout.strip() == "Apache-2.0"
     assert cli("cp", "tiny:q4", "copy:v1").returncode == 0
-    assert cli("ls").stdout.count("\n") == 3
+    listed = cli("ls").stdout
+    assert listed.count("\n") == 3
+    ids = {line.split()[0]: line.split()[1] for line in listed.splitlines()[1:]}
+    assert ids["copy:v1"] == ids["tiny:q4"]  # as in Ollama, a copy has the same ID: same manifest content
     assert cli("rm", "tiny:q4").returncode == 0
     r = cli("show", "copy:v1")
     assert r.returncode == 0 and "Q4_1" in r.stdout
@@ -230,3 +233,16 @@ def test_pull_too_long_name_is_one_line_that_says_so(store_env):
     r = cli("pull", "a" * 300)
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "model is too long (300 characters, the limit is 80)" in r.stderr and "a…'" in r.stderr, r.stderr
+
+
+def test_show_template_is_the_one_run_uses(store_env, gemma_path, tmp_path):
+    """A GGUF without a chat template: `show --template` prints the built-in template `run` falls back to."""
+    from ollapy.chat import select_template
+    from ollapy.store.info import read_gguf_info
+
+    info = read_gguf_info(gemma_path)
+    (tmp_path / "Modelfile").write_text(f"FROM {gemma_path}\n")
+    assert cli("create", "g", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    shown = cli("show", "g", "--template").stdout
+    assert shown.strip() and shown.rstrip("\n") == select_template(info["chat_template"], info["architecture"]).text.rstrip("\n")
+    assert not info["chat_template"] and "<start_of_turn>" in shown  # this GGUF has none: gemma's built-in one

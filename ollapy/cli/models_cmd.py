@@ -80,8 +80,10 @@ def show_cmd(
         return
     info = read_gguf_info(ref.path)
     # like Ollama: each value on its own line, strings JSON-quoted; an unset template, license or system prints nothing
-    if template:
-        _print_if_set(ref.template or info["chat_template"])
+    if template:  # the template `run` uses: the Modelfile's, else the GGUF's, else the architecture's built-in one
+        from ..chat import select_template
+
+        _print_if_set(select_template(info["chat_template"], info["architecture"], ref.template).text)
         return
     if parameters:
         for k, text in parameter_rows(ref.parameters):

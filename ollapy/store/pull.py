@@ -41,7 +41,8 @@ def _source_label(src: dict[str, Any]) -> str:
     if src.get("kind") == "hf":
         return f"hf.co/{src.get('repo')}" + (f"/{src['file']}" if src.get("file") else f":{src.get('quant', 'latest')}")
     parts = src.get("parts") or []
-    return "pip " + ", ".join(p[0] for p in parts[:2]) + (" ..." if len(parts) > 2 else "")
+    more = f" (+{len(parts) - 1} more)" if len(parts) > 1 else ""  # short enough for `list`'s SOURCE column
+    return f"pip {parts[0][0] if parts else '?'}{more}"
 
 
 class SourceSkipped(DownloadError):

@@ -125,10 +125,23 @@ def resolve_model(name: str, *, pull: bool = True, quiet: bool = False) -> Model
 
 
 def _manifest_id(path: Path) -> str:
+    """First 12 hex digits of the manifest's sha256, as Ollama shows IDs.
+
+    For ollapy's own manifests the name recorded inside (``ollapy.name``) is left
+    out, so a ``cp`` keeps the ID, as in Ollama; others are hashed as they are.
+    """
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        data = path.read_bytes()
     except OSError:
         return "?" * 12
+    try:
+        manifest = json.loads(data)
+        if isinstance(manifest, dict) and isinstance(manifest.get("ollapy"), dict) and "name" in manifest["ollapy"]:
+            manifest["ollapy"] = {k: v for k, v in manifest["ollapy"].items() if k != "name"}
+            data = json.dumps(manifest, indent=2).encode("utf-8")
+    except ValueError:
+        pass
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def list_models() -> list[ModelInfo]:
