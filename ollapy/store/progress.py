@@ -121,7 +121,7 @@ class RichProgress(QuietProgress):
         self._bar_cells = _BAR_MAX
         self._fixed = (DownloadColumn(table_column=cell()), TransferSpeedColumn(table_column=cell()),
                        TimeRemainingColumn(table_column=cell()))
-        self.bar = Progress(LabelColumn("{task.description}", markup=False), FlexBarColumn(), *self._fixed,
+        self.bar = Progress(LabelColumn("{task.description}", markup=False), FlexBarColumn(finished_style="green"), *self._fixed,
                             console=self.console, transient=False)
         self.bar.start()
 
@@ -154,7 +154,7 @@ class RichProgress(QuietProgress):
     def finish(self, task: Any) -> None:
         """Fill a bar."""
         t = self.bar.tasks[[x.id for x in self.bar.tasks].index(task)]
-        self.bar.update(task, completed=t.total or t.completed)
+        self.bar.update(task, completed=t.total or t.completed, refresh=True)  # drawn full before any later line
 
     def close(self) -> None:
         """Stop the live display."""
