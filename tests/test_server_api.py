@@ -139,7 +139,7 @@ def test_list_show_ps_copy_delete(oc, server):
     assert "smol:latest" in names
     s = oc.show("smol")
     assert s.details.family == "llama" and s.details.format == "gguf"
-    assert "FROM" in s.modelfile
+    assert "FROM" in s.modelfile and "<|im_start|>" in s.template  # the template generation uses
     oc.generate(model="smol", prompt="hi", options={"num_predict": 1})
     ps = oc.ps().models
     assert any(m.model == "smol:latest" and m.context_length == 1024 for m in ps)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -77,13 +76,14 @@ async def api_show(request: Request):
     check_name(name)
     ref = await state_of(request).runtime.resolve(name)
     info = await asyncio.to_thread(gguf_info, ref.path)
+    from ..chat import select_template
+    from ..store.info import parameter_rows
     from ..store.modelfile import format_modelfile
 
     params = dict(ref.parameters or {})
-    param_text = "\n".join(f"{k:<30} {json.dumps(x) if isinstance(x, str) else x}"
-                           for k, v in params.items() for x in (v if isinstance(v, (list, tuple)) else [v]))
-    template = ref.template or info.get("chat_template") or ""
+    param_text = "\n".join(f"{k:<30} {text}" for k, text in parameter_rows(params))  # as `ollapy show --parameters`
     arch = info.get("architecture") or ""
+    template = select_template(info.get("chat_template"), arch, ref.template).text  # the one generation uses
     model_info = {"general.architecture": arch, "general.parameter_count": info.get("parameter_count"),
                   f"{arch}.context_length": info.get("context_length"),
                   f"{arch}.embedding_length": info.get("embedding_length")}
