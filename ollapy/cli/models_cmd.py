@@ -56,8 +56,14 @@ def list_cmd() -> None:
         src = f"BROKEN: {m.broken}" if m.broken else m.source
         rows.append((m.name, m.id, human_size(m.size) if not m.broken else "-", _age(m.modified), src))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    room = None
+    if sys.stdout.isatty():  # on a terminal SOURCE (last, and the only long column) is cut to fit; piped: whole
+        import shutil
+
+        room = max(12, shutil.get_terminal_size().columns - 1 - sum(widths) - 4 * 4)
     for r in rows:
-        print("    ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "    " + r[4])
+        src = r[4] if room is None or len(r[4]) <= room else r[4][:room - 1] + "…"
+        print("    ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "    " + src)
 
 
 def show_cmd(

@@ -97,7 +97,7 @@ def _check(value: str, what: str, full: str) -> None:
     if length > limit:
         raise InvalidModelName(
             f"invalid model name {_shown(full)}: {what} is too long ({length} characters, the limit is {limit})",
-            hint=f"shorten the {what}",
+            hint=f"use a {what} of at most {limit} characters",
         )
     if not _RULES[what].fullmatch(value) or value in {".", ".."} or ".." in value:
         raise InvalidModelName(
@@ -112,7 +112,7 @@ def parse_name(text: str) -> ModelName:
     if len(raw) > MAX_NAME:
         raise InvalidModelName(
             f"invalid model name {_shown(raw)}: name is too long ({len(raw)} characters, the limit is {MAX_NAME})",
-            hint="shorten the name",
+            hint=f"use a name of at most {MAX_NAME} characters",
         )
     if not raw or "\x00" in raw or "\\" in raw or raw.startswith("/"):
         raise InvalidModelName(f"invalid model name {_shown(raw)}", hint="use [host/][namespace/]model[:tag]")

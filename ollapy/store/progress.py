@@ -133,7 +133,7 @@ class RichProgress(QuietProgress):
         tasks = [t for t in bar.tasks if t.visible] if bar is not None else []
         fixed = sum(max([typical] + [self.console.measure(col(t)).maximum for t in tasks])
                     for col, typical in zip(self._fixed, _TYPICAL_CELLS))
-        room = self.console.width - fixed - _GAPS
+        room = self.console.width - 1 - fixed - _GAPS  # one column spare: some terminals wrap on the last one
         label_max = max(_LABEL_MIN, room - _BAR_MIN)
         label = max((cell_len(t.description) for t in tasks), default=0)
         self._bar_cells = max(1, min(_BAR_MAX, room - min(label, label_max)))
@@ -141,7 +141,7 @@ class RichProgress(QuietProgress):
 
     def stage(self, text: str) -> None:
         """Print a line above the bars."""
-        self.console.print(text, markup=False, highlight=False)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)  # the terminal wraps, not rich
 
     def start(self, label: str, total: int | None, done: int = 0) -> Any:
         """Add a bar."""

@@ -76,16 +76,19 @@ def pull_catalogue(store: Store, name: ModelName, entry: catalogue.CatalogueTag,
 
     Raises DownloadError listing every source's failure, or DiskFullError at once.
     """
+    if entry.sha256 and store.has_blob(entry.sha256, entry.size):  # already here: no source is asked
+        old = store.find(name)
+        source = ((old.manifest or {}).get("ollapy") or {}).get("source") if old and not old.broken else None
+        progress.stage(f"{entry.alias}: sha256:{entry.sha256[:12]} is already in the store"
+                       + (f" ({source})" if source else ""))
+        layers = [{"mediaType": MT_MODEL, "digest": f"sha256:{entry.sha256}",
+                   "size": store.blob_path(entry.sha256).stat().st_size, "filename": entry.file}]
+        return _write_catalogue_manifest(store, name, entry, layers, source or "catalogue (blob already in the store)")
     failures = []
     for i, src in enumerate(entry.sources):
         label = _source_label(src)
         try:
-            if entry.sha256 and store.has_blob(entry.sha256, entry.size):  # already here: no source needed
-                label = "the local store"
-                layers = [{"mediaType": MT_MODEL, "digest": f"sha256:{entry.sha256}",
-                           "size": store.blob_path(entry.sha256).stat().st_size, "filename": entry.file}]
-            else:
-                layers = _pull_source(store, entry, src, progress, quiet)
+            layers = _pull_source(store, entry, src, progress, quiet)
         except DiskFullError:
             raise
         except (DownloadError, ModelNotFound) as exc:
@@ -95,14 +98,19 @@ def pull_catalogue(store: Store, name: ModelName, entry: catalogue.CatalogueTag,
             progress.stage(f"source {label} {verb}: {exc.message}{more}")
             continue
         progress.stage(f"{entry.alias} served by {label}")
-        layers += extra_layers(store, template=entry.template, system=entry.system, params=entry.params,
-                               license=entry.license)
-        manifest = {"schemaVersion": 2, "mediaType": MT_MANIFEST, "layers": layers,
-                    "ollapy": {"source": f"catalogue {label}"}}
-        store.write_manifest(name, manifest)
-        return manifest
+        return _write_catalogue_manifest(store, name, entry, layers, f"catalogue {label}")
     raise DownloadError(f"could not pull {entry.alias} from any source: " + " | ".join(failures),
                         hint="check the network and pip's index settings, then pull again")
+
+
+def _write_catalogue_manifest(store: Store, name: ModelName, entry: catalogue.CatalogueTag, layers: list[dict[str, Any]],
+                              source: str) -> dict[str, Any]:
+    """The model layers plus the entry's template/system/params/license blobs, as ``name``'s manifest."""
+    layers = layers + extra_layers(store, template=entry.template, system=entry.system, params=entry.params,
+                                   license=entry.license)
+    manifest = {"schemaVersion": 2, "mediaType": MT_MANIFEST, "layers": layers, "ollapy": {"source": source}}
+    store.write_manifest(name, manifest)
+    return manifest
 
 
 def not_found(name: ModelName, why: str = "") -> ModelNotFound:

@@ -127,8 +127,10 @@ def resolve_model(name: str, *, pull: bool = True, quiet: bool = False) -> Model
 def _manifest_id(path: Path) -> str:
     """First 12 hex digits of the manifest's sha256, as Ollama shows IDs.
 
-    For ollapy's own manifests the name recorded inside (``ollapy.name``) is left
-    out, so a ``cp`` keeps the ID, as in Ollama; others are hashed as they are.
+    ollapy's own bookkeeping inside a manifest (``ollapy``: the name and the
+    source it came from) is left out, so the ID names the content: a ``cp``
+    keeps it, as in Ollama, and so does pulling the same blob again from another
+    source. Manifests without that block (Ollama's store) are hashed as they are.
     """
     try:
         data = path.read_bytes()
@@ -136,8 +138,8 @@ def _manifest_id(path: Path) -> str:
         return "?" * 12
     try:
         manifest = json.loads(data)
-        if isinstance(manifest, dict) and isinstance(manifest.get("ollapy"), dict) and "name" in manifest["ollapy"]:
-            manifest["ollapy"] = {k: v for k, v in manifest["ollapy"].items() if k != "name"}
+        if isinstance(manifest, dict) and "ollapy" in manifest:
+            del manifest["ollapy"]
             data = json.dumps(manifest, indent=2).encode("utf-8")
     except ValueError:
         pass
