@@ -15,13 +15,11 @@ option override it.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import importlib.util
 import logging
 import os
-import signal
 import sys
 import threading
 import time
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import DecodeError, ModelLoadError
+from .hardware import choose_flash_attn, cpu_has_amx
+from .interrupt import deferred_sigint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -164,18 +164,6 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
-def cpu_has_amx() -> bool:
-    """True when /proc/cpuinfo lists AMX tile support (Linux; False elsewhere)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_tile" in line.split()
-    except OSError:
-        pass
-    return False
-
-
 def build_has_amx() -> bool:
     """True when the loaded ggml CPU backend was built with AMX kernels."""
     info = system_info()
@@ -256,43 +244,6 @@ def json_schema_grammar(schema_json: str | None) -> str:
     return llama_grammar.json_schema_to_gbnf(schema_json)
 
 
-def choose_flash_attn(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
-    """Resolve the ``flash_attn`` option to ``on``/``off``/``auto`` (llama.cpp decides).
-
-    ``auto``: on for quantized KV types (llama.cpp requires it), llama.cpp's own
-    choice on a GPU, and off on the CPU: there, llama.cpp's flash-attention path
-    made a 15-token prompt tail over a 2,200-token KV cache about 4.5x slower
-    (0.55 s vs 0.12 s, SmolLM2, this project's 2-core machine) with no gain in
-    decode speed, and that tail is exactly what a prompt-cache hit evaluates.
-    """
-    if setting != "auto":
-        return setting
-    if kv_cache_type != "f16":
-        return "on"
-    return "auto" if on_gpu else "off"
-
-
-@contextlib.contextmanager
-def _deferred_sigint():
-    """Within the block, Ctrl-C on the main thread only sets the yielded Event (raise afterwards yourself).
-
-    While llama.cpp loads a model or builds a context, Python runs only inside
-    ctypes callbacks (logging, progress), and a KeyboardInterrupt raised there
-    is swallowed by ctypes: Ctrl-C would be lost. Elsewhere (other threads, a
-    custom SIGINT handler already installed) the Event just never gets set.
-    """
-    interrupted = threading.Event()
-    own = (threading.current_thread() is threading.main_thread()
-           and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
-    if own:
-        signal.signal(signal.SIGINT, lambda signum, frame: interrupted.set())
-    try:
-        yield interrupted
-    finally:
-        if own:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def _load_model(path: Path, mp, interrupted: threading.Event):
     """``llama_model_load_from_file`` that stops early once ``interrupted`` is set: the progress callback then
     returns false (llama.h: "If it returns false, model loading is immediately aborted")."""
@@ -345,7 +296,7 @@ class Backend:
         mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
         mp.use_extra_bufts = self.extra_bufts
         # Ctrl-C is deferred while llama.cpp works (it would be swallowed in a ctypes callback) and raised here
-        with _deferred_sigint() as interrupted:
+        with deferred_sigint() as interrupted:
             self.model = _load_model(path, mp, interrupted)
             if interrupted.is_set():
                 self.close()
