@@ -4,7 +4,9 @@
 ``GET /v2/<ns>/<model>/blobs/sha256:<hex>`` returns the bytes, honouring
 ``Range``. Counters (``bytes_served``, ``ranges``) and injectable faults
 (``faults[hex] = ["500", "truncate:N", "empty", "corrupt", "404", "norange", "slow", "gzip"]``,
-consumed one per request) let tests prove resume and retry behaviour.
+consumed one per request; ``faults["manifest"] = ["altered"]`` serves the next
+manifest as other bytes) let tests prove resume and retry behaviour. Manifests
+are also served by digest (``manifests/sha256:<hex>``).
 """
 from __future__ import annotations
 
@@ -104,10 +106,19 @@ class FakeRegistry:
             def do_GET(self) -> None:
                 parts = self.path.split("?")[0].strip("/").split("/")
                 if len(parts) == 5 and parts[0] == "v2" and parts[3] == "manifests":
-                    m = reg.manifests.get((parts[1], parts[2], parts[4]))
+                    ref = parts[4]
+                    if ref.startswith("sha256:"):  # by digest: the sha256 of the manifest bytes as served
+                        m = next((v for (ns, mo, _), v in reg.manifests.items() if (ns, mo) == (parts[1], parts[2])
+                                  and hashlib.sha256(json.dumps(v).encode()).hexdigest() == ref[7:]), None)
+                    else:
+                        m = reg.manifests.get((parts[1], parts[2], ref))
                     if m is None:
                         return self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
-                    return self._send(200, json.dumps(m).encode(), "application/vnd.docker.distribution.manifest.v2+json")
+                    body = json.dumps(m).encode()
+                    with reg.lock:
+                        if reg.faults["manifest"] and reg.faults["manifest"].pop(0) == "altered":
+                            body = json.dumps(m, indent=1).encode()  # same JSON value, other bytes
+                    return self._send(200, body, "application/vnd.docker.distribution.manifest.v2+json")
                 if len(parts) == 5 and parts[0] == "v2" and parts[3] == "blobs":
                     return self._blob(parts[4].removeprefix("sha256:"))
                 self._send(404, b"{}")

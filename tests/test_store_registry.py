@@ -222,3 +222,18 @@ def test_short_raw_writes_are_completed(tmp_path):
         w = ShortWriter(f)
         download._write_chunk(w, data)
     assert (tmp_path / "out").read_bytes() == data and w.calls == -(-len(data) // 4096)
+
+
+def test_pull_by_manifest_digest_is_verified(store_env, registry, smollm2_path):
+    """`model@sha256:<digest>` fetches that manifest and checks its bytes hash to the digest."""
+    import hashlib
+
+    m, hexd = _publish(registry, smollm2_path)
+    want = hashlib.sha256(json.dumps(m).encode()).hexdigest()
+    name = pull_model(f"tiny@sha256:{want}", quiet=True)
+    assert (store_env / "blobs" / f"sha256-{hexd}").is_file() and resolve_model(name.display(), pull=False).digest == hexd
+    registry.faults["manifest"] = ["altered"]  # same JSON value, other bytes: not the manifest that was asked for
+    with pytest.raises(DownloadError, match=f"sha256 is not {want[:12]}"):
+        pull_model(f"tiny@sha256:{want}", quiet=True)
+    with pytest.raises(ModelNotFound):
+        pull_model(f"tiny@sha256:{'0' * 64}", quiet=True)

@@ -7,6 +7,7 @@ stored as the registry sent it (Ollama's format), after every blob is complete.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -50,6 +51,9 @@ def fetch_manifest(client: Any, base: str, name: ModelName, tries: int = 3) -> d
                 raise ModelNotFound(f"model {name.display()!r} not found in registry {base}",
                                     hint="check the name, or run `ollapy list` to see local models")
             if r.status_code < 400:
+                if name.digest and hashlib.sha256(r.content).hexdigest() != name.digest:
+                    raise DownloadError(f"registry {base} sent a manifest for {name.display()} whose sha256 is not "
+                                        f"{name.digest[:12]}", hint="the registry changed or is wrong; check the @sha256 digest")
                 try:
                     data = r.json()
                     if not isinstance(data, dict) or not isinstance(data.get("layers"), list):
