@@ -178,8 +178,11 @@ def _run(args, model, path: Path, base: str, digest: str) -> int:
             # than one core hashes, the best ratio it can reach is plain / max(plain, sha256).
             ceiling = [b / max(b, h) for b, h in zip(res[base_k], res["sha256"], strict=True)]
             p_med, c_med = statistics.median(paired), statistics.median(ceiling)
+            # The target is judged against httpx: the same HTTP stack, so the ratio is the cost of
+            # hashing, verifying and storing; curl's line shows what Python's HTTP stack costs on top.
+            verdict = f"target >= 0.9: {'met' if p_med >= 0.9 else 'NOT met'}" if base_k == "httpx" else "context"
             print(f"  pull/{base_k:<5} ratio: paired median {p_med:.2f}, best-of {best[base_k] / best['pull']:.2f} "
-                  f"(target >= 0.9); sha256-bound ceiling {c_med:.2f}, pull reaches {p_med / c_med:.2f} of it")
+                  f"({verdict}); sha256-bound ceiling {c_med:.2f}, pull reaches {p_med / c_med:.2f} of it")
         print(f"  CPU seconds (median): httpx {med['cpu_httpx']:.2f}, pull {med['cpu_pull']:.2f} "
               f"(pull also hashes, on a second thread)")
         print(f"  load average now: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
