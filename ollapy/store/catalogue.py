@@ -55,14 +55,14 @@ class CatalogueTag:
 
 
 def catalogue_dir() -> Path:
-    """``OLLAPY_CATALOGUE``, else ``ollapy/models``: a symlink to the top-level ``models/`` in a checkout,
-    a copy of it in an installed wheel. Where git checked the symlink out as a plain file (Windows without
-    symlinks), the top-level folder itself."""
+    """``OLLAPY_CATALOGUE``, else the repository's top-level ``models/`` (a source checkout or editable
+    install), else the copy a wheel carries as ``ollapy/models``."""
     raw = config.CATALOGUE.raw()
     if raw:
         return Path(raw).expanduser()
     here = Path(__file__).resolve().parents[1]
-    return here / "models" if (here / "models").is_dir() else here.parent / "models"
+    checkout = here.parent / "models"
+    return checkout if (here.parent / "pyproject.toml").is_file() and checkout.is_dir() else here / "models"
 
 
 def load_family(path: Path) -> tuple[str, str | None, list[CatalogueTag]]:
