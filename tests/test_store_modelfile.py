@@ -35,6 +35,15 @@ def test_parse_all_instructions():
     assert again.parameters == mf.parameters and again.system == mf.system and again.messages == mf.messages
 
 
+def test_show_modelfile_round_trips_awkward_parameter_values():
+    """Stop strings with quotes, backslashes and non-ASCII survive `show --modelfile` and a re-parse, and are
+    written the way Ollama writes them (JSON-quoted, UTF-8 kept, whole floats without '.0')."""
+    params = {"stop": ['say "hi"', "back\\slash", "fin ✓", "<|im_end|>"], "temperature": 1.0, "top_p": 0.9}
+    text = format_modelfile("x.gguf", params, None, None, None, [])
+    assert 'PARAMETER stop "fin ✓"' in text and "PARAMETER temperature 1\n" in text and 'PARAMETER stop "say \\"hi\\""' in text
+    assert parse_modelfile(text).parameters == params
+
+
 @pytest.mark.parametrize(("text", "match"), [
     ("PARAMETER temperature 1", "no FROM"),
     ("FROM x\nPARAMETER nosuch 1", "unknown option"),

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..errors import OptionError, UsageError
 from ..options import coerce_option
+from .info import parameter_text
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -75,7 +76,10 @@ def parse_modelfile(text: str) -> Modelfile:
             key, _, raw = value.partition(" ")
             raw = raw.strip()
             if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-                raw = raw[1:-1]
+                try:  # a JSON string, as `show --modelfile` writes it: "say \"hi\"", "\u00e9"
+                    raw = json.loads(raw)
+                except ValueError:
+                    raw = raw[1:-1]
             try:
                 typed = coerce_option(key.strip(), raw)
             except OptionError as exc:
@@ -128,8 +132,7 @@ def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None,
         out.append(f"SYSTEM {_quote(system)}")
     for k, v in parameters.items():
         for item in (v if isinstance(v, (list, tuple)) else [v]):
-            value = json.dumps(item) if isinstance(item, str) else str(item).lower() if isinstance(item, bool) else item
-            out.append(f"PARAMETER {k} {value}")
+            out.append(f"PARAMETER {k} {parameter_text(item)}")
     for m in messages:
         out.append(f"MESSAGE {m.get('role')} {_quote(str(m.get('content', '')))}")
     if license:
