@@ -38,12 +38,10 @@ def pull_cmd(
 ) -> None:
     """Pull a model from Hugging Face, the catalogue's mirrors or an Ollama registry."""
     from ..store import pull_model
-    from ..store.resolve import find_entry
 
-    stored = pull_model(name, quiet=quiet, insecure=insecure)
+    stored = pull_model(name, quiet=quiet, insecure=insecure)  # the name the manifest was written under
     if not quiet:
-        found = find_entry(stored)  # the name as written in the store, the one `ollapy list` shows
-        print(f"success: {found[1].display() if found else stored.display()}", file=sys.stderr)
+        print(f"success: {stored.display()}", file=sys.stderr)
 
 
 def list_cmd() -> None:

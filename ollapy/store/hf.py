@@ -30,6 +30,11 @@ def _endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
+def _hub_base() -> str:
+    """The Hub's base URL: ``HF_ENDPOINT`` or huggingface.co, without a trailing slash."""
+    return (_endpoint() or "https://huggingface.co").rstrip("/")
+
+
 def _hf_errors():
     from huggingface_hub import errors
 
@@ -147,8 +152,7 @@ def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool 
     huggingface_hub's ~20 s of retries), ModelNotFound for a missing repo, file or quant.
     """
     if not hf_reachable(name.repo_id):
-        base = (_endpoint() or "https://huggingface.co").rstrip("/")
-        raise DownloadError(f"cannot pull {name.display()}: Hugging Face ({base}) is unreachable from here",
+        raise DownloadError(f"cannot pull {name.display()}: Hugging Face ({_hub_base()}) is unreachable from here",
                             hint="check the network, or set HF_ENDPOINT to a reachable mirror")
     try:
         meta = list_gguf(name.repo_id)
@@ -175,7 +179,7 @@ def hf_reachable(repo_id: str, timeout: float = 5.0) -> bool:
     """
     import httpx
 
-    base = (_endpoint() or "https://huggingface.co").rstrip("/")
+    base = _hub_base()
     if base not in _REACH:
         try:
             httpx.head(f"{base}/api/models/{repo_id}", timeout=timeout)
