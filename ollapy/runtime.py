@@ -101,35 +101,19 @@ class Loaded:
 
 
 def _default_loader(ref, options: Options):
-    from .engine.model import LoadedModel
+    from .loader import open_model
 
-    cache = None
-    try:
-        from .cache import open_prompt_cache
-    except ImportError:
-        open_prompt_cache = None
-    if open_prompt_cache is not None:
-        try:
-            cache = open_prompt_cache(ref, options)
-        except Exception:  # noqa: BLE001 - a cache that cannot open never stops serving
-            log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
-    return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=cache,
-                       max_queue=config.max_queue(), digest=getattr(ref, "digest", None))
-
-
-def _default_resolver(name: str):
-    from .cli.runner import resolve
-
-    return resolve(name, pull=False)
+    return open_model(ref, options)
 
 
 class Runtime:
     """The server's loaded models. Use :meth:`acquire` / :meth:`release` around each request."""
 
     def __init__(self, *, loader: Callable | None = None, resolver: Callable | None = None,
-                 max_models: int | None = None) -> None:
+                 max_models: int | None = None, allow_paths: bool = False) -> None:
         self.loader = loader or _default_loader
-        self.resolver = resolver or _default_resolver
+        self.allow_paths = allow_paths
+        self.resolver = resolver or self._resolve_name
         self.max_models = max_models or max_loaded()
         self.models: dict[str, Loaded] = {}
         self._lock = asyncio.Lock()
@@ -143,12 +127,17 @@ class Runtime:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     async def shutdown(self) -> None:
-        """Unload every model."""
+        """Unload every model (each close stops its engine, saves its cache, frees it), then drain the writers."""
         if self._reaper is not None:
             self._reaper.cancel()
             self._reaper = None
         for entry in list(self.models.values()):
             await self._unload(entry)
+        from .loader import close_all
+
+        unsaved = await asyncio.to_thread(close_all)
+        if unsaved:
+            log.warning("prompt cache: %d state(s) not saved", unsaved)
 
     async def _reap(self) -> None:
         while True:
@@ -164,11 +153,16 @@ class Runtime:
         """Resolve a model name to a store ref (in a thread: it reads manifests)."""
         return await asyncio.to_thread(self.resolver, name)
 
+    def _resolve_name(self, name: str):
+        from .loader import resolve
+
+        return resolve(name, pull=False, allow_paths=self.allow_paths)
+
     def request_options(self, ref, values: dict | None) -> Options:
         """Defaults < model parameters < request ``options``; raises OptionError."""
-        from .cli.runner import base_options
+        from .loader import base_options
 
-        return base_options(ref, {}).merged(values or {})
+        return base_options(ref, values or {})
 
     async def acquire(self, name: str, values: dict | None = None, keep_alive: Any = None,
                       ref=None) -> tuple[Loaded, Options, int]:
@@ -304,17 +298,8 @@ def model_status(e: Loaded) -> dict:
         stats = m.engine.stats()
     except Exception:  # noqa: BLE001
         stats = {}
-    cache_stats = None
     cache = getattr(m, "cache", None)
-    if cache is not None and hasattr(cache, "stats"):
-        try:
-            cache_stats = cache.stats()
-            if hasattr(cache_stats, "as_dict"):
-                cache_stats = cache_stats.as_dict()
-            elif not isinstance(cache_stats, dict):
-                cache_stats = dict(getattr(cache_stats, "__dict__", {}))
-        except Exception:  # noqa: BLE001
-            cache_stats = None
+    cache_stats = cache.snapshot().as_dict() if cache is not None else None
     gpu = e.options.num_gpu != 0 and _gpu_offload()
     kv = int(info.get("kv_bytes_per_slot") or 0) * int(info.get("num_parallel") or 1)
     size = int(info.get("size") or 0) + kv

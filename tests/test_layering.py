@@ -85,3 +85,31 @@ def test_help_list_ps_do_not_import_llama_cpp():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
+
+
+def test_core_never_imports_the_cli_or_the_server():
+    """Imports point down: runtime, loader, engine, cache, store... know nothing of ``cli`` (nor of ``server``)."""
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).parts
+        if rel[0] in ("cli", "server"):
+            continue
+        hit = _relative_targets(path) & {"cli", "server"}
+        if hit:
+            offenders.append(f"{path.relative_to(ROOT)} -> {sorted(hit)}")
+    assert offenders == []
+
+
+def test_server_never_imports_the_cli():
+    for path in (PKG / "server").rglob("*.py"):
+        assert "cli" not in _relative_targets(path), path
+
+
+def test_layering_rule_catches_a_core_to_cli_import():
+    """The rule itself can fail: a module under the core importing ollapy.cli is reported."""
+    fake = PKG / "_layering_probe_tmp.py"
+    fake.write_text("from .cli.runner import absolute_model_arg\n")
+    try:
+        assert "cli" in _relative_targets(fake)
+    finally:
+        fake.unlink()

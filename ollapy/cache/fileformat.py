@@ -87,16 +87,27 @@ def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], pa
     return head, payload
 
 
+WRITE_CHUNK = 8 << 20
+
+
 def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
-               preview: str = "") -> int:
-    """Write a state file atomically (temporary name + rename); returns its size in bytes."""
+               preview: str = "", check=None) -> int:
+    """Write a state file atomically (temporary name + rename); returns its size in bytes.
+
+    ``check`` (optional) is called before every 8 MiB chunk; whatever it
+    raises (the writer's abort) removes the temporary file and propagates.
+    """
     if not payload:
         raise CacheFileError("refusing to write an empty state")
     head, payload = encode(model_sha256, salt, model_name, tokens, payload, preview)
 
     def write(f) -> None:
         f.write(head)
-        f.write(payload)
+        view = memoryview(payload)
+        for i in range(0, len(view), WRITE_CHUNK):
+            if check is not None:
+                check()
+            f.write(view[i:i + WRITE_CHUNK])
 
     write_atomically(path, write, prefix=f"{TMP_PREFIX}{os.getpid()}-", suffix=SUFFIX)
     return len(head) + len(payload)

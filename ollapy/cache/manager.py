@@ -3,19 +3,35 @@
 ``open_prompt_cache(ref, options)`` returns a :class:`PromptCache`;
 ``LoadedModel`` calls :meth:`PromptCache.bind` once its backend exists, and the
 engine calls the :class:`BoundCache` methods from its loop thread only:
-``lookup``, ``record_hit``/``record_refused``/``record_miss`` and ``store``.
-Disk writes happen on a background thread; the model sha256 is computed (or
-read from its on-disk memo) on a thread started at bind time.
+``peek`` (best candidate, nothing read yet), ``load`` (read and verify it),
+``record_hit``/``record_refused``/``record_miss`` and ``store``. Disk writes
+happen on a :class:`~ollapy.cache.writer.CacheWriter` thread; the model sha256
+is computed (or read from its on-disk memo) on a thread started at bind time.
+
+Disk admission (what reaches the shared disk tier):
+
+* ``store(..., persist=True)``: prefixes that later requests start with (the
+  end of a system prompt, the end of the previous chat turn) and pinned
+  states are written through at once.
+* ``persist=False``: the whole state a finished request leaves (its one-off
+  question and answer) stays in the RAM tier. It reaches disk only on
+  evidence of reuse: a later request restores at least one block more of it
+  than any persisted entry offers (a conversation that continues). A cache
+  bound with ``write_back=True`` (the CLI: one process per answer) also
+  writes its RAM-only entries when it is closed, so the next process finds
+  them.
+
+Lifecycle: :meth:`BoundCache.close` (called by ``LoadedModel.close`` after the
+engine loop was joined) writes back, drains the writer at normal priority
+with a bounded wait and returns a :class:`~ollapy.cache.writer.DrainResult`.
 """
 from __future__ import annotations
 
-import atexit
 import hashlib
 import json
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,26 +39,27 @@ from pathlib import Path
 from .. import config
 from .index import BlockIndex, HashFn, blake2_chain
 from .salt import file_sha256, normalize_digest, salt_from_backend, salt_key
-from .stats import Stats
+from .stats import CacheStats, Stats
 from .tiers import LAYOUT, DiskTier, Entry, RamTier
+from .writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
-_LIVE: weakref.WeakSet[BoundCache] = weakref.WeakSet()
 
 
-def _flush_all() -> None:  # pragma: no cover - exercised by subprocess tests
-    for c in list(_LIVE):
-        try:
-            c.flush(timeout=120)
-        except KeyboardInterrupt:  # Ctrl-C while saving at exit: unsaved states are dropped, none half-written
-            return
-        except Exception:
-            log.debug("prompt cache flush at exit failed", exc_info=True)
+@dataclass
+class Candidate:
+    """The best saved prefix for a prompt, before anything is read: ``n_tokens`` verified shared tokens."""
 
+    entry: Entry
+    n_tokens: int
+    tier: str  # "ram" or "disk"
 
-atexit.register(_flush_all)
+    @property
+    def nbytes(self) -> int:
+        """Size of the state a restore moves."""
+        return self.entry.nbytes
 
 
 @dataclass
@@ -61,10 +78,16 @@ class Hit:
 
 
 class PromptCache:
-    """An unbound prompt cache for one model reference and its load options."""
+    """An unbound prompt cache for one model reference and its load options.
+
+    ``write_back`` True (the CLI) writes RAM-only entries to disk at
+    :meth:`BoundCache.close`; a server leaves them in RAM (see the module
+    docstring for the admission rule).
+    """
 
     def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
-                 disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain) -> None:
+                 disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain,
+                 write_back: bool = False) -> None:
         self.ref = ref
         self.options = options
         self.root = Path(root) if root is not None else config.cache_dir()
@@ -72,6 +95,7 @@ class PromptCache:
         self.disk_bytes = config.cache_disk_bytes() if disk_bytes is None else disk_bytes
         self.block = block
         self.hash_fn = hash_fn
+        self.write_back = write_back
 
     def bind(self, loaded_model) -> BoundCache:
         """Attach to a loaded model (its backend gives the KV settings)."""
@@ -87,7 +111,10 @@ class PromptCache:
 
 
 class BoundCache:
-    """The prompt cache of one loaded model. Engine-facing methods run on its loop thread only."""
+    """The prompt cache of one loaded model. Engine-facing methods run on its loop thread only.
+
+    A context manager: leaving the ``with`` block calls :meth:`close`.
+    """
 
     def __init__(self, parent: PromptCache, model_path: Path, digest: str | None, salt: dict, model_name: str) -> None:
         self.parent = parent
@@ -96,6 +123,7 @@ class BoundCache:
         self.salt = salt
         self.model_name = model_name
         self.model_path = model_path
+        self.write_back = parent.write_back
         self.piece: Callable[[int], bytes] | None = None
         self.trimmable = True
         self.stats = Stats(self.root)
@@ -107,10 +135,17 @@ class BoundCache:
         self.disk: DiskTier | None = None
         self.entries: dict[str, Entry] = {}
         self._lock = threading.RLock()
+        self._closed = False
+        self.last_drain = DrainResult()
         if self._sha is None:
             self._sha_thread = threading.Thread(target=self._hash_model, name="ollapy-cache-sha", daemon=True)
             self._sha_thread.start()
-        _LIVE.add(self)
+
+    def __enter__(self) -> BoundCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- setup -----------------------------------------------------------------------------
     def _hash_model(self) -> None:
@@ -168,6 +203,7 @@ class BoundCache:
                 self.entries[name] = e
                 self.index.add(e)
             e.on_disk = True
+            e.path = path
             e.pinned = e.pinned or pinned
             e.last_used = max(e.last_used, mtime) if e.payload is not None else mtime
 
@@ -178,34 +214,68 @@ class BoundCache:
         self.ram.drop(e)
 
     # ---- engine API ------------------------------------------------------------------------
-    def lookup(self, tokens: list[int]) -> Hit | None:
-        """The saved state sharing the longest verified prefix with ``tokens`` (≥ one block), or None."""
-        if len(tokens) < self.block or not self._ready():
+    def peek(self, tokens: list[int], max_tokens: int | None = None, exclude: set[str] = frozenset()
+             ) -> Candidate | None:
+        """The saved state sharing the longest verified prefix with ``tokens`` (≥ one block), or None.
+
+        Reads no payload. Entries longer than ``max_tokens`` (the slot's
+        ``num_ctx``: llama.cpp would refuse them), entries refused earlier in
+        this process and names in ``exclude`` are skipped, not deleted.
+        """
+        if len(tokens) < self.block or self._closed or not self._ready():
             return None
         with self._lock:
             self._refresh()
+
+            def usable(x: Entry) -> bool:
+                if x.refused or x.name in exclude:
+                    return False
+                if max_tokens is not None and len(x.tokens) > max_tokens:
+                    return False
+                if x.payload is None and not x.on_disk:
+                    return False
+                # a sliding-window state must be used whole, as a strict prefix of the prompt
+                return self.trimmable or len(x.tokens) < len(tokens)
+
             tried: set[int] = set()
-            whole = (lambda x: len(x.tokens) < len(tokens)) if not self.trimmable else (lambda x: True)
             while True:
-                e, n = self.index.best(tokens, accept=lambda x: id(x) not in tried and whole(x))
+                e, n = self.index.best(tokens, accept=lambda x: id(x) not in tried and usable(x))
                 if e is None:
                     return None
                 tried.add(id(e))
                 if not self.trimmable and n != len(e.tokens):
-                    continue  # a sliding-window state must be used whole, as a strict prefix of the prompt
-                if e.payload is not None:
-                    return Hit(n, list(e.tokens), "ram", e, e.payload)
-                if not e.on_disk or e.path is None:
                     continue
-                data = self.disk.load(e)
-                if data is None:
-                    self.stats.add(corrupt=1)
-                    self._forget(e)
-                    continue
-                return Hit(n, list(e.tokens), "disk", e, data)
+                return Candidate(e, n, "ram" if e.payload is not None else "disk")
+
+    def load(self, cand: Candidate) -> Hit | None:
+        """Read and verify ``cand``'s state; None (corrupt files deleted and counted) when it fails."""
+        e = cand.entry
+        with self._lock:
+            if e.payload is not None:
+                return Hit(cand.n_tokens, list(e.tokens), "ram", e, e.payload)
+            if not e.on_disk or e.path is None:
+                return None
+            data = self.disk.load(e)
+            if data is None:
+                self.stats.add(corrupt=1)
+                self._forget(e)
+                return None
+            return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
+
+    def lookup(self, tokens: list[int], max_tokens: int | None = None) -> Hit | None:
+        """:meth:`peek` then :meth:`load`, trying the next candidate when a file fails its checks."""
+        bad: set[str] = set()
+        while True:
+            cand = self.peek(tokens, max_tokens, exclude=bad)
+            if cand is None:
+                return None
+            hit = self.load(cand)
+            if hit is not None:
+                return hit
+            bad.add(cand.entry.name)
 
     def record_hit(self, hit: Hit) -> None:
-        """The engine restored ``hit``: count it, mark the entry used, keep it in RAM."""
+        """The engine restored ``hit``: count it, mark the entry used, keep it in RAM, promote it on reuse."""
         e = hit.entry
         e.hits += 1
         e.last_used = time.time()
@@ -217,37 +287,64 @@ class BoundCache:
             self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
         if e.on_disk:
             self.disk.touch(e)
+        elif not e.pending and e.payload is not None:
+            self._maybe_promote(e, hit.n_tokens)
         hit.payload = None
 
-    def record_refused(self, hit: Hit) -> None:
-        """llama.cpp refused the state: a miss; the entry is deleted from both tiers."""
-        log.debug("prompt cache: llama.cpp refused state %s (%d tokens); deleting it", hit.entry.name, len(hit.tokens))
-        self.stats.add(refused=1, misses=1)
+    def _maybe_promote(self, e: Entry, n_used: int) -> None:
+        """Write a RAM-only entry to disk when it served at least a block more than persisted entries offer."""
         with self._lock:
-            self._forget(hit.entry)
-            self.disk.delete(hit.entry)
+            _, n_disk = self.index.best(e.tokens[:n_used], accept=lambda x: x.persisted and x is not e)
+            if n_used - n_disk < self.block:
+                return
+            log.debug("prompt cache: promoting %s (%d tokens reused, %d on disk) to disk", e.name, n_used, n_disk)
+            self._persist(e, e.payload, self._replaced_by(e.tokens, True))
+
+    def record_refused(self, hit: Hit) -> None:
+        """llama.cpp refused the state (it returns 0 when a state cannot fit): a miss; the entry is kept.
+
+        The file may be valid for another process (a larger ``num_ctx``): it is
+        only skipped in this one. Files are deleted only when a check fails.
+        """
+        log.debug("prompt cache: llama.cpp refused state %s (%d tokens); skipping it", hit.entry.name, len(hit.tokens))
+        self.stats.add(refused=1, misses=1)
+        hit.entry.refused = True
         hit.payload = None
 
     def record_miss(self) -> None:
         """Nothing usable was found."""
         self.stats.add(misses=1)
 
-    def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False) -> None:
-        """Save the state of ``tokens`` (``get_state`` is called now; the disk write happens later)."""
-        if len(tokens) < self.block or not self._ready():
+    def _replaced_by(self, tokens: list[int], persist: bool) -> list[Entry]:
+        """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it."""
+        if not self.trimmable:
+            return []
+        return [r for r in self.index.covered_by(tokens)
+                if not r.pinned and (persist or not r.persisted) and not r.pending]
+
+    def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
+              persist: bool = False) -> None:
+        """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
+
+        ``persist`` (or ``pinned``) writes through to disk; otherwise the
+        state stays in RAM until reuse proves it worth a file (module docstring).
+        """
+        if len(tokens) < self.block or self._closed or not self._ready():
             return
         tokens = list(tokens)
+        persist = persist or pinned
         with self._lock:
             covering = self.index.covering(tokens)
             if not self.trimmable:  # states of sliding-window models cannot be trimmed: keep each prefix
                 covering = [e for e in covering if len(e.tokens) == len(tokens)]
+            if persist:
+                covering = [e for e in covering if e.persisted]
+            covering = [e for e in covering if e.persisted or e.payload is not None]
             if covering:
                 if pinned:
                     for e in covering:
                         if not e.pinned:
                             self.disk.set_pin(e, True)
-                            if e.pending:
-                                e.pinned = True
                             break
                 self.stats.add(skipped_stores=1)
                 return
@@ -256,17 +353,27 @@ class BoundCache:
                 return
             e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
                       preview=self._preview(tokens))
-            replaced = [r for r in self.index.covered_by(tokens) if pinned or not r.pinned] if self.trimmable else []
+            old = self.entries.get(e.name)
+            if old is not None:
+                self._forget(old)
+            replaced = self._replaced_by(tokens, persist)
             for r in replaced:
                 r.superseded = True
                 self._forget(r)
             self.entries[e.name] = e
             self.index.add(e)
             for dropped in self.ram.put(e, payload):
-                if not dropped.on_disk and not dropped.pending:
+                if not dropped.persisted:
                     self._forget(dropped)
-            self.disk.write_async(e, payload, replaced)
-            self.stats.add(stores=1, bytes_written=len(payload))
+            self.stats.add(stores=1, bytes_stored=len(payload))
+            if persist:
+                self._persist(e, payload, replaced)
+            elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
+                self._forget(e)
+
+    def _persist(self, e: Entry, payload, replaced: list[Entry]) -> None:
+        if self.disk.write_async(e, payload, replaced):
+            self.stats.add(bytes_written=len(payload), files_written=1)
 
     def _preview(self, tokens: list[int]) -> str:
         if self.piece is None:
@@ -286,25 +393,72 @@ class BoundCache:
         self.stats.save()
         return ok
 
+    def write_back_now(self) -> int:
+        """Queue disk writes of every RAM-only entry that no persisted entry covers; returns how many."""
+        if self.disk is None:
+            return 0
+        n = 0
+        with self._lock:
+            for e in sorted(self.entries.values(), key=lambda x: len(x.tokens), reverse=True):
+                if e.persisted or e.payload is None or e.superseded:
+                    continue
+                if any(c.persisted for c in self.index.covering(e.tokens) if c is not e):
+                    continue
+                replaced = self._replaced_by(e.tokens, True)
+                for r in replaced:
+                    r.superseded = True
+                    self._forget(r)
+                self._persist(e, e.payload, replaced)
+                n += 1
+        return n
+
+    def snapshot(self) -> CacheStats:
+        """This process's counters and the bytes it holds now (RAM tier read under its lock)."""
+        with self._lock:
+            ram_bytes = self.ram.bytes
+            ram_entries = len(self.ram.entries)
+            pinned = self.ram.pinned_bytes()
+            entries = len(self.entries)
+        return self.stats.snapshot(ram_bytes=ram_bytes, ram_entries=ram_entries, ram_pinned_bytes=pinned,
+                                   entries=entries)
+
     def info(self) -> dict:
-        """Entries and bytes of this model's cache as this process sees it."""
-        return {
-            "entries": len(self.entries),
-            "ram_bytes": self.ram.bytes,
-            "ram_pinned_bytes": self.ram.pinned_bytes(),
-            "directory": str(self.disk.dir) if self.disk is not None else None,
-            **self.stats.c,
-        }
+        """Entries and bytes of this model's cache as this process sees it (a dict of :meth:`snapshot`)."""
+        out = self.snapshot().as_dict()
+        out["directory"] = str(self.disk.dir) if self.disk is not None else None
+        return out
 
-    def close(self) -> None:
-        """Flush and drop the RAM tier."""
-        self.flush()
-        for e in list(self.ram.entries.values()):
-            self.ram.drop(e)
+    def close(self, timeout: float = 120.0) -> DrainResult:
+        """Write back (``write_back`` caches), drain the writer (at most ``timeout`` s), drop the RAM tier.
+
+        Idempotent. Returns what could not be saved (also kept as
+        ``last_drain``); a KeyboardInterrupt while draining removes this
+        process's temporary files, sets ``last_drain`` and propagates.
+        """
+        if self._closed:
+            return self.last_drain
+        self._closed = True
+        try:
+            if self.disk is not None:
+                if self.write_back:
+                    self.write_back_now()
+                try:
+                    self.last_drain = self.disk.close(timeout)
+                except KeyboardInterrupt:
+                    self.last_drain = self.disk.writer.last_result
+                    raise
+        finally:
+            self.stats.save()
+            with self._lock:
+                for e in list(self.ram.entries.values()):
+                    self.ram.drop(e)
+        if self.last_drain.unsaved:
+            log.debug("prompt cache: %d state(s) not saved", self.last_drain.unsaved)
+        return self.last_drain
 
 
-def open_prompt_cache(ref, options=None) -> PromptCache | None:
+def open_prompt_cache(ref, options=None, *, write_back: bool = False) -> PromptCache | None:
     """The prompt cache for ``ref`` with load ``options``; None when ``OLLAPY_CACHE=0``."""
     if not config.cache_enabled():
         return None
-    return PromptCache(ref, options)
+    return PromptCache(ref, options, write_back=write_back)

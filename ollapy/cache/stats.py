@@ -11,12 +11,48 @@ import json
 import os
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..fsutil import write_atomically
+from .tiers import pid_alive
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
-            "bytes_written", "corrupt")
+            "bytes_stored", "bytes_written", "files_written", "corrupt")
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A typed snapshot of one process's prompt-cache figures for one model.
+
+    Counters (since the cache was bound): ``hits_ram``, ``hits_disk``,
+    ``misses``, ``refused`` (states llama.cpp would not take), ``tokens_reused``,
+    ``stores``/``bytes_stored`` (states saved to the RAM tier: what a
+    write-everything policy would put on disk), ``skipped_stores`` (already
+    covered), ``bytes_written``/``files_written`` (admitted to the disk tier),
+    ``corrupt`` (files that failed a check). Gauges: ``ram_bytes``,
+    ``ram_entries``, ``ram_pinned_bytes``, ``entries`` (known to this process).
+    """
+
+    hits_ram: int = 0
+    hits_disk: int = 0
+    misses: int = 0
+    refused: int = 0
+    tokens_reused: int = 0
+    stores: int = 0
+    skipped_stores: int = 0
+    bytes_stored: int = 0
+    bytes_written: int = 0
+    files_written: int = 0
+    corrupt: int = 0
+    ram_bytes: int = 0
+    ram_entries: int = 0
+    ram_pinned_bytes: int = 0
+    entries: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """Field name -> value."""
+        return asdict(self)
 LOCK_STALE_S = 60.0
 
 
@@ -46,6 +82,12 @@ class Stats:
         if time.monotonic() - self._last_save > 1.0:
             self.save()
 
+    def snapshot(self, **gauges: int) -> CacheStats:
+        """The counters now, plus ``gauges``, as a :class:`CacheStats`."""
+        with self._lock:
+            counters = {k: int(self.c.get(k, 0)) for k in COUNTERS}
+        return CacheStats(**counters, **gauges)
+
     def save(self) -> None:
         """Write this process's counters now (errors ignored)."""
         if self._file is None or not self._dirty:
@@ -58,18 +100,6 @@ class Stats:
             _write_json(self._file, data)
         except OSError:
             pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def aggregate(root: Path, compact: bool = True) -> dict:
@@ -104,7 +134,7 @@ def aggregate(root: Path, compact: bool = True) -> dict:
                 if p.name == "total.json":
                     folded[k] += v
             pid = data.get("pid")
-            if locked and p.name != "total.json" and isinstance(pid, int) and not _alive(pid):
+            if locked and p.name != "total.json" and isinstance(pid, int) and not pid_alive(pid):
                 for k in COUNTERS:
                     folded[k] += int(data.get(k, 0) or 0)
                 dead.append(p)

@@ -6,7 +6,8 @@ pinned entries last.
 
 Disk tier: one directory per (model sha256, KV salt) under
 ``<root>/v1/``; one file per entry, named by a hash of its tokens, written
-by a background thread (tmp name + rename) so decoding never waits on disk.
+by a :class:`~ollapy.cache.writer.CacheWriter` thread (tmp name + rename) so
+decoding never waits on disk.
 The index is derived from the directory listing and the file headers: no
 shared mutable index file, so processes sharing the directory only ever race
 on atomic renames and unlinks, which readers tolerate. A file's mtime is its
@@ -18,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .fileformat import SUFFIX, TMP_PREFIX, CacheFileError, read_header, read_payload, write_file
+from .writer import CacheWriter, DrainResult
 
 log = logging.getLogger("ollapy.cache")
 
@@ -32,6 +32,7 @@ LAYOUT = "v1"
 PIN = ".pin"
 HIT = ".hit"
 STALE_TMP_S = 3600.0
+DEAD_TMP_S = 60.0
 
 
 @dataclass(eq=False)
@@ -51,6 +52,12 @@ class Entry:
     last_used: float = field(default_factory=time.time)
     header: object = None
     preview: str = ""
+    refused: bool = False  # llama.cpp refused it in this process (e.g. longer than num_ctx): skipped, kept on disk
+
+    @property
+    def persisted(self) -> bool:
+        """On disk, or queued to be written."""
+        return self.on_disk or self.pending
 
 
 def _unlink(p: Path) -> None:
@@ -112,23 +119,33 @@ class RamTier:
         return sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
 
 
-def lower_thread_priority() -> None:
-    """Run the calling thread only when a CPU is otherwise idle (Linux SCHED_IDLE; else nice 19).
+def _stale_temp(f: os.DirEntry, now: float) -> bool:
+    """A ``.tmp-<pid>-*`` file untouched for a minute whose writer process is gone here, or any older than an hour.
 
-    llama.cpp's CPU threads wait for each other at spin barriers, so a busy
-    extra thread that preempts one of them stalls the whole decode step: the
-    disk writer must never take a core from them.
+    The minute spares a writer on another host that shares the directory
+    (its pid means nothing here) while it is still writing.
     """
-    tid = threading.get_native_id()
     try:
-        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-        return
-    except (AttributeError, OSError):
-        pass
+        age = now - f.stat().st_mtime
+    except OSError:
+        return False
+    pid = f.name[len(TMP_PREFIX):].split("-", 1)[0]
+    if age > DEAD_TMP_S and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+        return True
+    return age > STALE_TMP_S
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists (on this host)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, 19)
-    except (AttributeError, OSError):
-        pass
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def iter_state_files(root: Path):
@@ -149,11 +166,8 @@ def iter_state_files(root: Path):
         present = {n.name for n in names}
         for f in names:
             if f.name.startswith(TMP_PREFIX):
-                try:
-                    if now - f.stat().st_mtime > STALE_TMP_S:  # a writer killed mid-write
-                        _unlink(Path(f.path))
-                except OSError:
-                    pass
+                if _stale_temp(f, now):  # a writer killed mid-write
+                    _unlink(Path(f.path))
                 continue
             if not f.name.endswith(SUFFIX):
                 continue
@@ -200,8 +214,10 @@ def disk_usage(root: Path) -> dict:
     return {"disk_bytes": total, "disk_files": n, "pinned_bytes": pinned, "pinned_files": n_pinned}
 
 
+
+
 class DiskTier:
-    """The directory of one (model, KV salt), plus the background writer thread."""
+    """The directory of one (model, KV salt), plus its :class:`CacheWriter`."""
 
     def __init__(self, root: Path, directory: Path, model_sha256: str, salt: dict, model_name: str, cap: int) -> None:
         self.root = root
@@ -210,9 +226,8 @@ class DiskTier:
         self.salt = salt
         self.model_name = model_name
         self.cap = cap
-        self._q: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        self.writer = CacheWriter()
+        self.writer.tmp_dirs.add(directory)
 
     # ---- reading ---------------------------------------------------------------------------
     def listing(self) -> dict[str, tuple[Path, float, bool]]:
@@ -244,8 +259,7 @@ class DiskTier:
             return None
         except OSError:
             return None  # vanished (another process evicted it)
-        e = Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
-        return e
+        return Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
 
     def load(self, e: Entry):
         """The entry's payload from disk, checked; None (file deleted when bad) on any failure."""
@@ -288,54 +302,38 @@ class DiskTier:
         """Remove ``e``'s files (after pending writes, so a queued write cannot resurrect it)."""
         e.superseded = True
         if e.pending:
-            self._q.put(("delete", e))
-            self._ensure_thread()
+            def job(_check) -> None:
+                if e.path is not None:
+                    delete_entry_files(e.path)
+                e.on_disk = False
+
+            self.writer.submit(job, counts_as_state=False)
         elif e.path is not None:
             delete_entry_files(e.path)
             e.on_disk = False
 
     # ---- writing ---------------------------------------------------------------------------
-    def write_async(self, e: Entry, payload, replaced: list[Entry]) -> None:
-        """Queue a write of ``e`` (then deletion of the entries it replaces, then the cap)."""
+    def write_async(self, e: Entry, payload, replaced: list[Entry]) -> bool:
+        """Queue a write of ``e`` (then deletion of the entries it replaces, then the cap); False when refused."""
         if len(payload) > self.cap:
             log.debug("prompt cache: state of %d bytes exceeds the disk cap; not written", len(payload))
-            return
+            return False
         e.path = self.dir / f"{e.name}{SUFFIX}"
         e.pending = True
-        self._q.put(("write", e, payload, replaced))
-        self._ensure_thread()
+        if not self.writer.submit(lambda check: self._write(e, payload, replaced, check)):
+            e.pending = False
+            return False
+        return True
 
-    def _ensure_thread(self) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._writer, name="ollapy-cache-writer", daemon=True)
-                self._thread.start()
-
-    def _writer(self) -> None:
-        lower_thread_priority()
-        while True:
-            job = self._q.get()
-            try:
-                if job[0] == "write":
-                    self._write(*job[1:])
-                elif job[0] == "delete":
-                    e = job[1]
-                    if e.path is not None:
-                        delete_entry_files(e.path)
-                    e.on_disk = False
-            except Exception:
-                log.debug("prompt cache write failed", exc_info=True)
-            finally:
-                self._q.task_done()
-
-    def _write(self, e: Entry, payload, replaced: list[Entry]) -> None:
+    def _write(self, e: Entry, payload, replaced: list[Entry], check) -> None:
         try:
             if e.superseded:
                 return
             if e.pinned:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 e.path.with_suffix(PIN).touch()
-            write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload, e.preview)
+            write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload, e.preview,
+                       check=check)
             e.on_disk = True
             for r in replaced:
                 if r.path is not None and r.path != e.path and not r.pending:
@@ -349,9 +347,8 @@ class DiskTier:
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Wait until queued writes are done (at most ``timeout`` seconds); True when drained."""
-        end = time.monotonic() + timeout
-        while self._q.unfinished_tasks:
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.005)
-        return True
+        return self.writer.flush(timeout)
+
+    def close(self, timeout: float = 120.0) -> DrainResult:
+        """Drain the writer at normal priority and stop it (see :meth:`CacheWriter.close`)."""
+        return self.writer.close(timeout)

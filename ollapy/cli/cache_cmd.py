@@ -13,7 +13,7 @@ from pathlib import Path
 import typer
 
 from .. import config
-from ..errors import UsageError
+from ..errors import OllapyError, UsageError
 
 cache_app = typer.Typer(help="Inspect and manage the prompt cache (saved KV states of prompt prefixes).",
                         no_args_is_help=True, add_completion=False)
@@ -62,9 +62,9 @@ def _model_shas(model: str) -> set[str]:
     from ..cache.salt import file_sha256, normalize_digest
 
     try:
-        from .runner import resolve
+        from .runner import resolve_for_cli
 
-        ref = resolve(model, pull=False)
+        ref = resolve_for_cli(model, pull=False)
     except Exception:  # noqa: BLE001 - an unknown name still matches by header name
         return set()
     d = normalize_digest(getattr(ref, "digest", None))
@@ -180,10 +180,9 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
                                                  ),
          ) -> None:
     """Compute the KV state of a system prompt now and pin it (never evicted, survives restarts)."""
-    from ..cache import open_prompt_cache
-    from ..engine.model import LoadedModel
+    from .. import loader
     from ..options import parse_options
-    from .runner import base_options, resolve
+    from .runner import resolve_for_cli
 
     if (system is None) == (file is None):
         raise UsageError("give exactly one of --system TEXT or --file PATH")
@@ -194,27 +193,31 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
             raise UsageError(f"{file}: {exc.strerror or exc}") from None
     if not system or not system.strip():
         raise UsageError("the system prompt is empty")
-    ref = resolve(model)
-    options = base_options(ref, parse_options(option or []))
-    cache = open_prompt_cache(ref, options)
-    if cache is None:
+    if not config.cache_enabled():
         raise UsageError("the prompt cache is off (OLLAPY_CACHE=0)")
+    ref = resolve_for_cli(model)
+    options = loader.base_options(ref, parse_options(option or []))
     t0 = time.perf_counter()
-    loaded = LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=cache,
-                         digest=getattr(ref, "digest", None))
-    try:
+    with loader.open_model(ref, options) as loaded:
+        if loaded.cache is None:
+            raise UsageError("the prompt cache could not be opened", hint="set OLLAPY_DEBUG=1 to see why")
         prompt = loaded.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": ""}])
-        block = getattr(loaded.cache, "block", 64)
+        block = loaded.cache.block
         if len(prompt.tokens) < block:
             raise UsageError(f"the prompt is only {len(prompt.tokens)} tokens; the cache saves prefixes of at least "
                              f"{block} tokens", hint="a prompt this short is prefilled in milliseconds: no need to warm it")
         req = loaded.submit(prompt, options.merged({"num_predict": 0}), pin=True)
         _, final = req.result()
-        loaded.cache.flush(timeout=300)
         n = len(final.tokens or prompt.tokens)
-        typer.echo(f"pinned {n} tokens of {ref.name} in {time.perf_counter() - t0:.2f}s", err=True)
-    finally:
-        loaded.close()
+        try:
+            unsaved = loaded.close(timeout=300)
+        except KeyboardInterrupt:
+            typer.echo(f"warning: prompt cache: {loaded.unsaved_states} state(s) not saved", err=True)
+            raise
+    if unsaved:
+        raise OllapyError(f"the state of {ref.name} could not be written to the prompt cache",
+                          hint=f"check free space in {config.cache_dir()}")
+    typer.echo(f"pinned {n} tokens of {ref.name} in {time.perf_counter() - t0:.2f}s", err=True)
 
 
 @cache_app.command("unpin")

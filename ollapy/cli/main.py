@@ -62,7 +62,32 @@ def main() -> None:
         import logging
 
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
-    sys.exit(run_app(app))
+    code = run_app(app)
+    sys.exit(finish_process(code))
+
+
+def finish_process(code: int) -> int:
+    """The process-wide shutdown step: drain prompt-cache writers nobody closed (normally none); returns the exit code.
+
+    Commands close what they open; this catches the rest, explicitly, before
+    the interpreter exits (no ``atexit`` order, no garbage collection).
+    Ctrl-C here drops the unsaved states (one line says how many) and exits 130.
+    """
+    if "ollapy.cache.writer" not in sys.modules:  # nothing was ever written: keep `--help` and `list` fast
+        return code
+    from ..loader import close_all
+
+    n = 0
+    try:
+        n = close_all()
+    except KeyboardInterrupt:
+        from ..cache.writer import drain_all
+
+        n = drain_all(0).unsaved
+        code = 130
+    if n:
+        print(f"warning: prompt cache: {n} state{'s' if n != 1 else ''} not saved", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

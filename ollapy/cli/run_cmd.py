@@ -83,20 +83,20 @@ def run(
         suffix = " ".join(prompt or []).strip()
         if "num_parallel" not in opts:
             opts["num_parallel"] = max(1, min(4, len(lines)))
-        loaded = load_model_for_run(model, opts, settings, pull=not no_pull)
-        run_each_line(loaded, lines, suffix, settings, as_json)
+        with load_model_for_run(model, opts, settings, pull=not no_pull) as loaded:
+            run_each_line(loaded, lines, suffix, settings, as_json)
         return
     text = build_prompt(stdin_text, prompt or [])
-    loaded = load_model_for_run(model, opts, settings, pull=not no_pull)
-    if text is None:
-        if is_tty(sys.stdin) and is_tty(sys.stdout):
+    interactive = text is None and is_tty(sys.stdin) and is_tty(sys.stdout)
+    if text is None and not interactive and session is None:
+        raise UsageError("no prompt given", hint='pass a prompt, pipe text in, or run in a terminal to chat')
+    with load_model_for_run(model, opts, settings, pull=not no_pull) as loaded:
+        if interactive:
             from .repl import run_repl
 
             run_repl(loaded, settings)
-            return
-        if session is None:
-            raise UsageError("no prompt given", hint='pass a prompt, pipe text in, or run in a terminal to chat')
-    answer_once(loaded, text, settings)
+        else:
+            answer_once(loaded, text, settings)
 
 
 def _load_format(fmt: str | None):

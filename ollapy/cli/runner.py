@@ -1,71 +1,54 @@
-"""Model resolution and the in-process runner used by ``run`` when no server answers.
+"""What ``run`` talks to when no server answers: a model loaded in this process.
 
-The in-process runner loads the model with :class:`ollapy.engine.model.LoadedModel`
-(imported lazily: ``--help``, ``list`` and ``ps`` never load llama.cpp).
+Name resolution and model loading live in :mod:`ollapy.loader` (shared with
+the server); this module adds what only a terminal user needs: a model path
+relative to the working directory, and the one-line report of prompt-cache
+states that could not be saved when the process ends early.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+import os
 
-from .. import config
-from ..errors import ModelNotFound
+from .. import loader
 from ..options import Options
+from .output import warn
 
 
-@dataclass
-class PathRef:
-    """A model given as a path to a GGUF file (no store entry)."""
+def absolute_model_arg(name: str) -> str:
+    """The user's model argument, with a path made absolute (relative to the working directory).
 
-    name: str
-    path: Path
-    digest: str | None = None
-    template: str | None = None
-    system: str | None = None
-    parameters: dict = field(default_factory=dict)
-    messages: list = field(default_factory=list)
-    license: str | None = None
-
-
-def resolve(name: str, pull: bool = True):
-    """Resolve a model name or path to a reference with ``.path``, ``.system``, ``.parameters``...
-
-    Uses the model store when it is installed; a path to an existing file
-    always works. Raises ModelNotFound otherwise.
+    A path is an argument that names an existing file, ends in ``.gguf``, or
+    starts with ``./``, ``../``, ``~`` or ``/``; anything else is a model name.
     """
-    p = Path(name).expanduser()
-    if p.exists() or name.endswith(".gguf") or "/" in name and name.startswith((".", "/", "~")):
-        return PathRef(name=p.name, path=p)
-    try:
-        from ..store import resolve_model
-    except ImportError:
-        raise ModelNotFound(f"model {name!r} not found", hint="pass a path to a .gguf file") from None
-    return resolve_model(name, pull=pull)
+    expanded = os.path.expanduser(name)
+    if (name.startswith(("./", "../", "~", "/")) or name.endswith(".gguf") or os.path.isfile(expanded)) \
+            and ":" not in name.split("/")[0]:
+        return os.path.abspath(expanded)
+    return name
 
 
-def base_options(ref, cli_options: dict) -> Options:
-    """Defaults (from OLLAPY_* settings) < the model's parameters < command-line ``-o`` options."""
-    base = Options(num_ctx=config.num_ctx(), num_parallel=config.num_parallel(), num_thread=config.num_thread(),
-                   extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type())
-    return base.merged(dict(ref.parameters or {})).merged(cli_options)
+def resolve_for_cli(name: str, pull: bool = True):
+    """Resolve a model argument as typed in a terminal (paths allowed, relative ones from the working dir)."""
+    return loader.resolve(absolute_model_arg(name), pull=pull, allow_paths=True)
 
 
 class EmbeddedRunner:
-    """Runs a model in this process. ``chat`` returns an engine Request (iterable of chunks, ``cancel()``)."""
+    """Runs a model in this process. ``chat`` returns an engine Request (iterable of chunks, ``cancel()``).
 
-    def __init__(self, ref, options: Options) -> None:
-        from ..engine.model import LoadedModel
+    A context manager; :meth:`close` stops the engine, saves the prompt
+    cache (RAM-only entries are written back: the next ``ollapy run`` is a
+    new process) and frees the model.
+    """
 
-        cache = None
-        try:
-            from ..cache import open_prompt_cache
-
-            cache = open_prompt_cache(ref, options)
-        except ImportError:
-            cache = None
+    def __init__(self, ref, options: Options, cache: bool = True) -> None:
         self.options = options
-        self.model = LoadedModel(ref.path, options, name=ref.name, template=ref.template, cache=cache,
-                                 digest=getattr(ref, "digest", None))
+        self.model = loader.open_model(ref, options, cache=cache, write_back=True)
+
+    def __enter__(self) -> EmbeddedRunner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     @property
     def num_ctx(self) -> int:
@@ -81,8 +64,13 @@ class EmbeddedRunner:
         return self.model.info()
 
     def close(self) -> None:
-        """Unload the model."""
-        self.model.close()
+        """Unload the model; prints one line when prompt-cache states could not be saved (Ctrl-C, timeout)."""
+        try:
+            self.model.close()
+        finally:
+            n = self.model.unsaved_states
+            if n:
+                warn(f"prompt cache: {n} state{'s' if n != 1 else ''} not saved")
 
 
 def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
@@ -91,10 +79,11 @@ def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
         from .remote import probe_server
     except ImportError:
         probe_server = None
+    arg = absolute_model_arg(name)
     if probe_server is not None:
-        remote = probe_server(name, cli_options, settings)
+        remote = probe_server(arg, cli_options, settings)
         if remote is not None:
             return remote
-    ref = resolve(name, pull=pull)
-    options = base_options(ref, cli_options)
-    return EmbeddedRunner(ref, options), ref
+    ref = loader.resolve(arg, pull=pull, allow_paths=True)
+    options = loader.base_options(ref, cli_options)
+    return EmbeddedRunner(ref, options, cache=getattr(settings, "cache", True)), ref

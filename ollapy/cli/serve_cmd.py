@@ -17,6 +17,8 @@ from ..errors import OllapyError
 
 def serve(
     host: str = typer.Option(None, "--host", help="Address to bind as host:port (default OLLAPY_HOST, 127.0.0.1:11435)."),
+    allow_paths: bool = typer.Option(False, "--allow-paths",
+                                     help="Accept absolute paths to .gguf files on this machine as model names."),
 ) -> None:
     """Start the Ollama- and OpenAI-compatible HTTP server (loopback only unless --host/OLLAPY_HOST says otherwise)."""
     import logging
@@ -35,7 +37,7 @@ def serve(
     if h not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {h}:{port}, reachable from other machines", file=sys.stderr)
     print(f"ollapy serve listening on http://{h}:{port}", file=sys.stderr)
-    uvicorn.run(create_app(), host=h, port=port, log_level="debug" if config.debug() else "warning",
+    uvicorn.run(create_app(allow_paths=allow_paths), host=h, port=port, log_level="debug" if config.debug() else "warning",
                 timeout_graceful_shutdown=5)
 
 

@@ -63,7 +63,11 @@ def save_session(name: str, data: dict) -> Path:
 
 @dataclass
 class Conversation:
-    """A model plus the chat so far. ``backend`` is an in-process runner or a server client."""
+    """A model plus the chat so far. ``runner`` is an in-process runner or a server client.
+
+    A context manager: leaving the ``with`` block closes the runner (for an
+    in-process model: engine stopped, prompt cache saved, model freed).
+    """
 
     runner: object
     name: str
@@ -71,6 +75,18 @@ class Conversation:
     options: dict
     messages: list[dict] = field(default_factory=list)
     session: str | None = None
+
+    def __enter__(self) -> Conversation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the runner (idempotent)."""
+        runner, self.runner = self.runner, None
+        if runner is not None:
+            runner.close()
 
     @property
     def num_ctx(self) -> int:
@@ -152,7 +168,7 @@ def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull
     runner, ref = connect_runner(name, cli_options, settings, pull=pull)
     conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=cli_options,
                         messages=list(ref.messages or []), session=settings.session)
-    if settings.session:
+    if settings.session:  # (nothing below can fail: the runner is closed by the caller's `with`)
         data = load_session(settings.session)
         if data:
             conv.messages = list(data.get("messages", []))

@@ -3,8 +3,10 @@
 A :class:`Backend` owns one ``llama_model`` and ONE ``llama_context`` with
 ``n_seq_max = n_parallel`` sequences of ``num_ctx`` tokens each (the KV cache is
 not unified, so each sequence gets its own stream of ``num_ctx`` cells, as in
-llama-server with ``--no-kv-unified``). Everything here is called from the
-engine's loop thread only; nothing here is thread-safe.
+llama-server with ``--no-kv-unified``). Decoding, sequences and states are
+called from the engine's loop thread only. Tokenizing and token pieces are
+also called from other threads (the server builds prompts in worker threads):
+those calls use per-call buffers and only add to dicts, which is safe.
 
 CPU safety: on CPUs with AMX and a build of ggml with AMX kernels, ggml's AMX
 "extra buffer type" segfaults in ``ggml_backend_amx_mul_mat`` on every decode
@@ -338,7 +340,6 @@ class Backend:
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
-        self._piece = ctypes.create_string_buffer(256)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
         self._logit_views: dict[int, np.ndarray] = {}
@@ -392,19 +393,22 @@ class Backend:
         return list(buf[:n])
 
     def token_piece(self, token: int, special: bool = False) -> bytes:
-        """Raw bytes of one token (may be part of a UTF-8 character); control tokens give b'' unless ``special``."""
+        """Raw bytes of one token (may be part of a UTF-8 character); control tokens give b'' unless ``special``.
+
+        Thread-safe: each miss converts into its own buffer (llama_token_to_piece
+        releases the GIL, so a shared buffer could be overwritten mid-read).
+        """
         cache = self._pieces if not special else None
         if cache is not None:
             piece = cache.get(token)
             if piece is not None:
                 return piece
-        n = C.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, special)
+        buf = ctypes.create_string_buffer(64)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
-            piece = buf.raw[:n]
-        else:
-            piece = self._piece.raw[:n]
+        piece = buf.raw[:n]
         if cache is not None:
             cache[token] = piece
         return piece
@@ -513,7 +517,7 @@ class Backend:
         return int(2 * n_layer * n_head_kv * head_dim * per_elem)
 
     def close(self) -> None:
-        """Free the batch, context and model (idempotent)."""
+        """Free the batch, context and model (idempotent). Only after the engine loop was joined."""
         if getattr(self, "_batch", None) is not None:
             C.llama_batch_free(self._batch)
             self._batch = None
@@ -524,8 +528,8 @@ class Backend:
             C.llama_model_free(self.model)
             self.model = None
 
-    def __del__(self) -> None:  # pragma: no cover - best effort
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - best effort: __del__ must never raise (interpreter shutdown, half-built object)
-            pass
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -7,33 +7,41 @@ slot, then prompt chunks of slots still prefilling, up to ``n_batch`` tokens
 Only decode tokens and the last token of a prompt ask for logits. After the
 decode, each slot samples from its own logits row with its own sampler chain.
 
-Slot choice for a new request (see shared/DESIGN.md): the idle slot with the
-longest common prefix (LCP); a longer prefix held by another slot is copied
-in-context (whole-sequence ``seq_cp`` then trim); else the prompt cache is
-asked. At least one prompt token is always evaluated, for fresh logits.
+Slot choice for a new request: :func:`ollapy.engine.planner.plan_prefix`
+picks ONE prefix source (the slot's own KV, a busy donor slot's KV copied
+in-context, or a prompt-cache state) and :meth:`Engine._start` applies only
+that one. At least one prompt token is always evaluated, for fresh logits.
 
 Context shift on overflow (llama.cpp's ``--context-shift``; keep ``num_keep``
 tokens, drop half of the rest). ``num_keep`` defaults to BOS plus the system
 prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
-2023).
+2023). Shifted KV and reuse: after a shift the slot's KV beyond the kept
+``num_keep`` tokens differs from a fresh prefill of the same tokens (it was
+computed with the discarded tokens in view), so a later request on that slot
+reuses at most the kept prefix (``Slot.exact``), and shifted KV is never saved
+to the prompt cache. Reuse therefore never changes what a request generates.
+
+Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
+joined engine frees llama.cpp's context (a free under a running
+``llama_decode`` crashes the process), so a join that times out leaks the
+context on purpose and says so in the log.
 """
 from __future__ import annotations
 
-import atexit
 import collections
 import logging
 import threading
 import time
-import weakref
 from array import array
 from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options
 from .backend import Backend
+from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
 from .sampler import Sampler
-from .slot import Slot, SlotState, common_prefix
+from .slot import Slot, SlotState
 
 if TYPE_CHECKING:
     import asyncio
@@ -42,19 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ollapy.engine")
 
 MAX_SHIFTS = 64
-MIN_COPY_GAIN = 16
-_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
-
-
-def _stop_engines() -> None:  # pragma: no cover - exercised by the CLI's Ctrl-C tests
-    """At interpreter exit, stop every engine loop and wait for its step to end (not freeing the model).
-
-    The loop thread is a daemon: without this, ``exit()`` could unload
-    llama.cpp's libraries while that thread is inside ``llama_decode``
-    (a segfault seen when Ctrl-C landed during a prompt's evaluation).
-    """
-    for e in list(_LIVE):
-        e.stop(timeout=30)
 
 
 class Engine:
@@ -63,7 +58,8 @@ class Engine:
     ``cache`` is an optional prompt-cache manager (``ollapy.cache``) with
     ``lookup(tokens)`` and ``store(tokens, get_state, pinned=False)``.
     ``max_queue`` bounds the requests waiting for a slot; past it
-    :meth:`submit` raises BusyError at once.
+    :meth:`submit` raises BusyError at once. A context manager: leaving the
+    ``with`` block calls :meth:`close`.
     """
 
     def __init__(self, backend: Backend, *, max_queue: int = 512, cache=None, load_duration_ns: int = 0) -> None:
@@ -78,11 +74,15 @@ class Engine:
         self._next_id = 1
         self.steps = 0
         self.requests_done = 0
+        self._kv_per_token = backend.kv_bytes_per_token()
         self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
         self._thread.start()
-        if not _LIVE:  # registered at the first engine, after the prompt cache's exit flush: runs before it
-            atexit.register(_stop_engines)
-        _LIVE.add(self)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- public API -------------------------------------------------------------------------
     @property
@@ -147,18 +147,41 @@ class Engine:
             "requests_done": self.requests_done,
         }
 
-    def stop(self, timeout: float = 30) -> None:
-        """Stop the loop (cancelling active and waiting requests) and wait for the current step to end."""
+    def stop(self, timeout: float = 60) -> bool:
+        """Stop the loop (cancelling active and waiting requests) and join its thread; True once joined.
+
+        Idempotent. A Ctrl-C while waiting is deferred until the join ends:
+        the caller must not free the context under a running decode.
+        """
         with self._cv:
             self._stop = True
             self._cv.notify()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=timeout)
+        if self._thread is threading.current_thread():
+            return False
+        end = time.monotonic() + timeout
+        interrupted = False
+        while self._thread.is_alive() and time.monotonic() < end:
+            try:
+                self._thread.join(timeout=min(0.25, max(0.0, end - time.monotonic())))
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            if self._thread.is_alive():
+                log.warning("engine loop did not stop; the llama.cpp context is leaked, not freed")
+            raise KeyboardInterrupt
+        return not self._thread.is_alive()
 
-    def close(self) -> None:
-        """Stop the loop (cancelling active and waiting requests) and free the model."""
-        self.stop()
-        self.backend.close()
+    @property
+    def stopped(self) -> bool:
+        """True once the loop thread has ended."""
+        return not self._thread.is_alive()
+
+    def close(self, timeout: float = 60) -> None:
+        """Stop and join the loop, then free the backend; a loop that does not end in time leaks it (logged)."""
+        if self.stop(timeout):
+            self.backend.close()
+        else:
+            log.warning("engine loop still running after %.0f s; the llama.cpp context is leaked, not freed", timeout)
 
     # ---- loop ---------------------------------------------------------------------------------
     def _free_slots(self) -> int:
@@ -241,12 +264,16 @@ class Engine:
         self.steps += 1
         now = time.perf_counter_ns()
         for s in in_batch:
+            exact = s.exact == len(s.tokens)
             if s.state is SlotState.GENERATE:
                 s.tokens.append(s.pending)
             else:
                 s.tokens.extend(s.prompt[len(s.tokens):len(s.tokens) + chunks[s.id]])
+            if exact:
+                s.exact = len(s.tokens)
+            if s.state is not SlotState.GENERATE:
                 if len(s.tokens) in s.request.save_points:
-                    self._save(s, pinned=s.request.pin)
+                    self._save(s, pinned=s.request.pin, persist=True)
                 if s.batch_row < 0:
                     continue
                 req = s.request
@@ -285,6 +312,7 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for s in self.slots:
             if s.busy and s.request.cancelled:
+                s.request.cancelled_in = s.state.value
                 self._fail(s, Cancelled("request cancelled"))
         if not self._waiting:  # the common case, read without the lock: submit() only appends
             return
@@ -293,6 +321,7 @@ class Engine:
                 keep = collections.deque()
                 for r in self._waiting:
                     if r.cancelled:
+                        r.cancelled_in = "queue"
                         r.push(Cancelled("request cancelled"))
                     else:
                         keep.append(r)
@@ -315,44 +344,68 @@ class Engine:
                 log.exception("could not start request")
                 req.push(DecodeError(f"could not start request: {exc}"))
 
+    def _views(self) -> list[SlotView]:
+        b = self.backend
+        return [SlotView(s.id, s.usable, s.busy, s.last_used, b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens))
+                for s in self.slots]
+
+    def _offer(self, prompt: list[int], exclude: set[str]):
+        if self.cache is None:
+            return None, None
+        cand = self.cache.peek(prompt, max_tokens=self.num_ctx, exclude=exclude)
+        if cand is None:
+            return None, None
+        return cand, CacheOffer(cand.n_tokens, cand.nbytes, cand.tier)
+
     def _start(self, req: Request, idle: list[Slot]) -> None:
+        """Plan the request's one prefix source (:func:`plan_prefix`), apply it, and start its prefill."""
         b = self.backend
         prompt = req.tokens
-        slot = max(idle, key=lambda s: (common_prefix(s.tokens, prompt), -s.last_used))
-        lcp = common_prefix(slot.tokens, prompt)
-        source = "slot" if lcp else "none"
-        donor = max((s for s in self.slots if s is not slot), key=lambda s: common_prefix(s.tokens, prompt), default=None)
-        if donor is not None:
-            dl = min(common_prefix(donor.tokens, prompt), len(donor.tokens))
-            if donor.busy:
-                dl = min(dl, b.seq_pos_max(donor.id) + 1)
-            if dl >= lcp + MIN_COPY_GAIN:
-                b.seq_cp(donor.id, slot.id)
-                slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
-                lcp, source = dl, f"copy from slot {donor.id}"
-        if self.cache is not None and req.cache:
-            hit = self.cache.lookup(prompt)
-            if hit is not None and hit.n_tokens > lcp + MIN_COPY_GAIN - 1:
-                if b.state_set(slot.id, hit.load()):
-                    slot.tokens = list(hit.tokens)
-                    lcp, source = hit.n_tokens, f"cache {hit.tier}"
-                    self.cache.record_hit(hit)
-                else:
-                    self.cache.record_refused(hit)
-                    slot.tokens = []
-                    lcp, source = 0, "none"
-            elif hit is None:
-                self.cache.record_miss()
-        reuse = min(lcp, len(prompt) - 1)
+        use_cache = self.cache is not None and req.cache
+        excluded: set[str] = set()
+        while True:
+            cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
+            plan = plan_prefix(prompt, self._views(), offer, num_ctx=self.num_ctx, kv_bytes_per_token=self._kv_per_token)
+            if self._apply(plan, prompt, cand):
+                break
+            excluded.add(cand.entry.name)  # unreadable or refused: plan again without it
+        if use_cache and offer is None and not excluded:
+            self.cache.record_miss()
+        slot = self.slots[plan.slot]
+        reuse = plan.reuse
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)
             reuse = 0
         del slot.tokens[reuse:]
+        slot.exact = len(slot.tokens)
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
+        req.metrics.prefix_source = plan.source if reuse else "none"
         slot.sampler = Sampler(b, req.options, req.grammar)
         slot.begin(req, self.resolve_keep(req.keep, req.options))
-        log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse, source)
+        log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
+                  req.metrics.prefix_source)
+
+    def _apply(self, plan: Plan, prompt: list[int], cand) -> bool:
+        """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used."""
+        b = self.backend
+        slot = self.slots[plan.slot]
+        if plan.kind == "copy":
+            donor = self.slots[plan.donor]
+            b.seq_cp(donor.id, slot.id)  # cross-stream: buffers are copied at the next llama_decode
+            slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
+        elif plan.kind == "cache":
+            hit = self.cache.load(cand)
+            if hit is None:
+                return False
+            if not b.state_set(slot.id, hit.load()):  # llama.cpp returns 0 when the state cannot fit
+                slot.tokens = []
+                slot.exact = 0
+                self.cache.record_refused(hit)
+                return False
+            slot.tokens = list(hit.tokens)
+            self.cache.record_hit(hit)
+        return True
 
     # ---- ending and saving ------------------------------------------------------------------
     def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
@@ -367,7 +420,7 @@ class Engine:
         if s.t_first:
             m.eval_duration = now - s.t_first
         m.total_duration = now - req.created_ns + m.load_duration
-        self._save(s, pinned=req.pin)
+        self._save(s, pinned=req.pin, persist=req.pin)
         s.release()
         self.requests_done += 1
         req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=list(s.tokens)))
@@ -377,13 +430,14 @@ class Engine:
         s.release()
         req.push(exc)
 
-    def _save(self, s: Slot, pinned: bool) -> None:
+    def _save(self, s: Slot, pinned: bool, persist: bool) -> None:
+        """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM)."""
         if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
             return
-        if s.request.metrics.shifts:  # shifted KV is not what a fresh prefill of s.tokens gives: never cache it
+        if s.exact < len(s.tokens):  # shifted KV is not what a fresh prefill of s.tokens gives: never cache it
             return
         try:
-            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned)
+            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist)
         except Exception:  # noqa: BLE001 - a cache failure never fails a request
             log.exception("prompt cache store failed")
 
@@ -405,12 +459,14 @@ class Engine:
             b.seq_rm(s.id, n_keep, n_keep + n_discard)
             b.seq_add(s.id, n_keep + n_discard, -1, -n_discard)
             del s.tokens[n_keep:n_keep + n_discard]
+            s.exact = min(s.exact, n_keep)
             log.debug("slot %d: context shift, kept %d, discarded %d", s.id, n_keep, n_discard)
             return True
         # cannot shift positions: re-prefill the kept tokens plus the recent tail
         kept = s.tokens[:n_keep] + s.tokens[n_keep + n_discard:] + [s.pending]
         b.seq_clear(s.id)
         s.tokens = []
+        s.exact = 0
         s.prompt = kept
         s.state = SlotState.PREFILL
         log.debug("slot %d: model cannot shift; re-prefilling %d tokens", s.id, len(kept))

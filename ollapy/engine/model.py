@@ -4,6 +4,13 @@
 messages with the model's template, tokenizes without duplicating BOS, works
 out ``num_keep`` (BOS + system prompt) and the cache save points (end of the
 system prompt, end of the previous turn), and submits to the :class:`Engine`.
+
+Ownership and close order (:meth:`LoadedModel.close`, also the context
+manager's exit): 1. stop the engine loop and join its thread; 2. close the
+prompt cache (write back, drain its disk writer at normal priority, bounded);
+3. free llama.cpp's context and model. When the join times out the context
+is never freed (leaked and logged): freeing it under a running
+``llama_decode`` crashes the process.
 """
 from __future__ import annotations
 
@@ -22,7 +29,7 @@ from ..options import Options
 from .backend import Backend, ContextConfig, json_schema_grammar, render_chat_template
 from .engine import Engine
 from .request import Request
-from .slot import common_prefix
+from .planner import common_prefix
 
 if TYPE_CHECKING:
     import asyncio
@@ -47,7 +54,11 @@ class Prompt:
 
 
 class LoadedModel:
-    """One model loaded for serving. Raises ModelLoadError from :class:`Backend` on bad files."""
+    """One model loaded for serving. Raises ModelLoadError from :class:`Backend` on bad files.
+
+    Owns its backend, engine and bound prompt cache; a context manager whose
+    exit calls :meth:`close`.
+    """
 
     def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
                  template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None) -> None:
@@ -70,9 +81,11 @@ class LoadedModel:
         self.eos_text = self.backend.token_text(eos) if eos >= 0 else ""
         if cache is not None and hasattr(cache, "bind"):
             cache = cache.bind(self)
+        self.cache = cache
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
-        self.cache = cache
+        self.unsaved_states = 0
+        self._closed = False
         self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._prefix_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
@@ -221,6 +234,36 @@ class LoadedModel:
             "threads": b.threads,
         }
 
-    def close(self) -> None:
-        """Stop the engine and free the model."""
-        self.engine.close()
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self, timeout: float = 120.0) -> int:
+        """Stop and join the engine, close the cache (bounded drain), free the model; idempotent.
+
+        Returns how many prompt-cache states could not be saved (timeout or
+        Ctrl-C during the drain). A KeyboardInterrupt during the drain is
+        re-raised after the model was freed; ``unsaved_states`` keeps the count.
+        """
+        if self._closed:
+            return self.unsaved_states
+        self._closed = True
+        joined = self.engine.stop(timeout=60)
+        interrupted = False
+        try:
+            if self.cache is not None and hasattr(self.cache, "close"):
+                try:
+                    self.unsaved_states = self.cache.close(timeout).unsaved
+                except KeyboardInterrupt:
+                    interrupted = True
+                    self.unsaved_states = self.cache.last_drain.unsaved
+        finally:
+            if joined:
+                self.backend.close()
+            else:
+                log.warning("engine loop of %s did not stop; its llama.cpp context is leaked, not freed", self.name)
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.unsaved_states

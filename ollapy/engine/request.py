@@ -34,6 +34,7 @@ class Metrics:
     total_duration: int = 0
     truncated: bool = False
     shifts: int = 0
+    prefix_source: str = ""  # none, slot, copy, cache ram, cache disk (see ollapy.engine.planner)
 
     def as_dict(self) -> dict[str, Any]:
         """The metrics as a dict of Ollama field names (plus ollapy's extras)."""
@@ -73,6 +74,7 @@ class Request:
     created_ns: int = field(default_factory=time.perf_counter_ns)
     metrics: Metrics = field(default_factory=Metrics)
     output_tokens: list[int] = field(default_factory=list)
+    cancelled_in: str = ""  # the phase a cancel ended it in: queue, prefill or generate (an event for tests and logs)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _q: Any = None
     _closed: bool = False

@@ -2,8 +2,12 @@
 
 State machine: IDLE -> PREFILL (reading prompt in chunks) -> GENERATE
 (one decode token per step) -> IDLE. ``tokens`` always lists exactly the
-tokens whose KV cells the sequence holds, in position order, so the longest
-common prefix with a new prompt tells how much can be reused.
+tokens whose KV cells the sequence holds, in position order. ``exact`` counts
+the leading tokens whose KV equals what a fresh prefill of them gives: all of
+them, until a context shift; after a shift only the kept ``num_keep`` prefix
+(the shifted rest was computed while the discarded tokens were still
+visible). Only ``tokens[:exact]`` is ever reused for another request or
+saved in the prompt cache.
 """
 from __future__ import annotations
 
@@ -21,15 +25,6 @@ class SlotState(enum.Enum):
     IDLE = "idle"
     PREFILL = "prefill"
     GENERATE = "generate"
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass
@@ -51,6 +46,12 @@ class Slot:
     t_start: int = 0
     t_first: int = 0
     batch_row: int = -1
+    exact: int = 0
+
+    @property
+    def usable(self) -> list[int]:
+        """The tokens whose KV another request may reuse (``tokens[:exact]``)."""
+        return self.tokens if self.exact >= len(self.tokens) else self.tokens[:self.exact]
 
     @property
     def busy(self) -> bool:

@@ -50,6 +50,8 @@ class Metrics:
 
 
 class _RuntimeCollector:
+    """Scrape-time figures: models, slots, queues, and each model's prompt-cache :class:`CacheStats`."""
+
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
 
@@ -64,54 +66,30 @@ class _RuntimeCollector:
         queue = GaugeMetricFamily("ollapy_queue_depth", "Requests waiting for a slot.", labels=["model"])
         hits = CounterMetricFamily("ollapy_prompt_cache_hits", "Prompt-cache hits by tier.", labels=["model", "tier"])
         misses = CounterMetricFamily("ollapy_prompt_cache_misses", "Prompt-cache misses.", labels=["model"])
+        reused = CounterMetricFamily("ollapy_prompt_cache_tokens_reused", "Prompt tokens restored from the cache.",
+                                     labels=["model"])
+        written = CounterMetricFamily("ollapy_prompt_cache_written_bytes", "Bytes of states written to the disk tier.",
+                                      labels=["model"])
+        files = CounterMetricFamily("ollapy_prompt_cache_written_files", "State files written to the disk tier.",
+                                    labels=["model"])
         nbytes = GaugeMetricFamily("ollapy_prompt_cache_bytes", "Bytes held by the prompt cache, by tier.",
                                    labels=["model", "tier"])
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
-            try:
-                st = e.model.engine.stats()
-            except Exception:  # noqa: BLE001
+            st = e.model.engine.stats()
+            busy.add_metric([e.key], st["slots_busy"])
+            slots.add_metric([e.key], st["slots"])
+            queue.add_metric([e.key], st["queue_depth"])
+            cache = getattr(e.model, "cache", None)
+            if cache is None:
                 continue
-            busy.add_metric([e.key], st.get("slots_busy", 0))
-            slots.add_metric([e.key], st.get("slots", 0))
-            queue.add_metric([e.key], st.get("queue_depth", 0))
-            cs = _cache_stats(e.model)
-            for tier, v in _per_tier(cs, "hits").items():
-                hits.add_metric([e.key, tier], v)
-            if "misses" in cs and isinstance(cs["misses"], (int, float)):
-                misses.add_metric([e.key], cs["misses"])
-            for tier, v in _per_tier(cs, "bytes").items():
-                nbytes.add_metric([e.key, tier], v)
-        yield from (loaded, busy, slots, queue, hits, misses, nbytes)
-
-
-def _cache_stats(model) -> dict:
-    cache = getattr(model, "cache", None)
-    if cache is None or not hasattr(cache, "stats"):
-        return {}
-    try:
-        s = cache.stats()
-    except Exception:  # noqa: BLE001
-        return {}
-    if hasattr(s, "as_dict"):
-        s = s.as_dict()
-    if not isinstance(s, dict):
-        s = dict(getattr(s, "__dict__", {}))
-    return s
-
-
-def _per_tier(stats: dict, what: str) -> dict[str, float]:
-    """Find ``{tier: value}`` for hits/bytes in a cache stats dict of unknown exact shape."""
-    out: dict[str, float] = {}
-    v = stats.get(what)
-    if isinstance(v, dict):
-        out.update({str(k): float(x) for k, x in v.items() if isinstance(x, (int, float))})
-    elif isinstance(v, (int, float)):
-        out["all"] = float(v)
-    for k, x in stats.items():
-        if isinstance(x, (int, float)) and not isinstance(x, bool):
-            for tier in ("ram", "disk"):
-                if k in (f"{tier}_{what}", f"{what}_{tier}"):
-                    out[tier] = float(x)
-    return out
+            cs = cache.snapshot()
+            hits.add_metric([e.key, "ram"], cs.hits_ram)
+            hits.add_metric([e.key, "disk"], cs.hits_disk)
+            misses.add_metric([e.key], cs.misses)
+            reused.add_metric([e.key], cs.tokens_reused)
+            written.add_metric([e.key], cs.bytes_written)
+            files.add_metric([e.key], cs.files_written)
+            nbytes.add_metric([e.key, "ram"], cs.ram_bytes)
+        yield from (loaded, busy, slots, queue, hits, misses, reused, written, files, nbytes)

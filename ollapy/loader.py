@@ -1,0 +1,112 @@
+"""The one place that turns a model name into a loaded model with its prompt cache.
+
+Used by every caller that loads models: the CLI's ``run`` (one-shot, piped,
+REPL, ``--each-line``), ``cache warm``, and the server's runtime. Nothing here
+imports llama_cpp at module level.
+
+* :func:`resolve` maps a name to a reference: store names (manifests, the
+  catalogue, an Ollama store) and, only where the caller allows it, an
+  ABSOLUTE path to a ``.gguf`` file. There is no working-directory guessing
+  here: the CLI turns the user's relative path into an absolute one itself
+  (``absolute_model_arg`` in the CLI's runner module), a server allows paths
+  only with ``serve --allow-paths``.
+* :func:`base_options`: defaults from the ``OLLAPY_*`` settings < the model's
+  parameters < the caller's overrides.
+* :func:`open_model`: a :class:`~ollapy.engine.model.LoadedModel` wired to its
+  :class:`~ollapy.cache.PromptCache`. Close it (or use it as a context
+  manager): that stops the engine, drains the cache writer, frees the model.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import config
+from .errors import ModelNotFound, UsageError
+from .options import Options
+
+log = logging.getLogger("ollapy.loader")
+
+
+@dataclass
+class PathRef:
+    """A model given as a path to a GGUF file (no store entry)."""
+
+    name: str
+    path: Path
+    digest: str | None = None
+    template: str | None = None
+    system: str | None = None
+    parameters: dict = field(default_factory=dict)
+    messages: list = field(default_factory=list)
+    license: str | None = None
+
+
+def is_path_name(name: str) -> bool:
+    """True when ``name`` is an absolute filesystem path (``~`` expanded)."""
+    return os.path.isabs(os.path.expanduser(name))
+
+
+def resolve(name: str, *, pull: bool = False, allow_paths: bool = False):
+    """Resolve a model name to a reference with ``.path``, ``.system``, ``.parameters``...
+
+    An absolute path is a :class:`PathRef` when ``allow_paths``; otherwise it
+    is refused with UsageError (a server must not reveal which files exist).
+    Store names go through :func:`ollapy.store.resolve_model` (pulling when
+    ``pull``). Raises ModelNotFound when nothing matches.
+    """
+    if is_path_name(name):
+        if not allow_paths:
+            raise UsageError("model paths are not accepted here", hint="use a model name from `ollapy list`, or start "
+                             "the server with `ollapy serve --allow-paths`")
+        p = Path(os.path.expanduser(name))
+        return PathRef(name=p.name, path=p)
+    try:
+        from .store import resolve_model
+    except ImportError:  # pragma: no cover - the store is part of the package
+        raise ModelNotFound(f"model {name!r} not found", hint="pass an absolute path to a .gguf file") from None
+    return resolve_model(name, pull=pull)
+
+
+def base_options(ref, overrides: dict | None = None) -> Options:
+    """Defaults (from OLLAPY_* settings) < the model's parameters < ``overrides``; raises OptionError."""
+    base = Options(num_ctx=config.num_ctx(), num_parallel=config.num_parallel(), num_thread=config.num_thread(),
+                   extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type())
+    return base.merged(dict(getattr(ref, "parameters", None) or {})).merged(overrides or {})
+
+
+def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int | None = None):
+    """Load ``ref`` with ``options`` and its prompt cache; returns an open LoadedModel.
+
+    ``cache`` False loads without a prompt cache; ``write_back`` True (one CLI
+    process per answer) writes RAM-only cache entries to disk when the model
+    is closed. A cache that cannot be opened is logged and skipped: serving
+    never depends on it. Raises ModelLoadError for files llama.cpp rejects.
+    """
+    from .engine.model import LoadedModel
+
+    prompt_cache = None
+    if cache:
+        try:
+            from .cache import open_prompt_cache
+
+            prompt_cache = open_prompt_cache(ref, options, write_back=write_back)
+        except Exception:  # noqa: BLE001 - a cache that cannot open never stops a model from loading
+            log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
+    return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=prompt_cache,
+                       max_queue=config.max_queue() if max_queue is None else max_queue,
+                       digest=getattr(ref, "digest", None))
+
+
+def close_all(timeout: float = 120.0) -> int:
+    """The process-wide shutdown step: drain every prompt-cache writer that still has work.
+
+    Each model closes its own cache; this catches writers whose owner was
+    never closed. Returns how many states were not saved. Called by the CLI's
+    entry point and the server's shutdown, in that one place each.
+    """
+    from .cache.writer import drain_all
+
+    return drain_all(timeout).unsaved
