@@ -32,6 +32,12 @@ def _bind(m: LoadedModel, root, **kw):
     return cache
 
 
+def _sync(c) -> None:
+    """Write RAM-only entries to disk and wait, as a CLI process's cache does when it is closed."""
+    c.write_back_now()
+    c.flush()
+
+
 def _run(m: LoadedModel, prompt: Prompt, cache: bool = True, clear: bool = True):
     if clear:
         _clear(m)
@@ -58,7 +64,7 @@ def test_ram_and_disk_hits_equal_cold(smol, tmp_path):
     c = _bind(smol, tmp_path)
     p0, p1 = (smol.chat_prompt(_msgs(q)) for q in QUESTIONS)
     _run(smol, p0)
-    c.flush()
+    _sync(c)
     cold = _cold(smol, p1)
     text, reused = _run(smol, p1)
     assert reused >= p0.save_points[0] and text == cold
@@ -74,7 +80,7 @@ def test_trimming_a_longer_saved_state_equals_cold(smol, tmp_path):
     c = _bind(smol, tmp_path)
     long = smol.chat_prompt(_msgs(QUESTIONS[0]))
     _run(smol, long)
-    c.flush()
+    _sync(c)
     for cut in (100, len(long.tokens) - 5):
         short = Prompt(long.tokens[:cut], 1, (), "")
         cold = _cold(smol, short)
@@ -97,7 +103,7 @@ def test_in_context_copy_equals_cold(smol, tmp_path):
 
 
 def _stored_file(c):
-    c.flush()
+    _sync(c)
     files = list(c.directory.glob("*.kv"))
     assert len(files) == 1
     return files[0]
@@ -136,7 +142,7 @@ def test_bad_files_are_misses_and_deleted(smol, tmp_path, damage):
     text, reused = _run(smol, p)
     assert text == cold and reused == 0
     # the bad file was deleted; the request's own (good) state may have been written under the same name since
-    c2.flush()
+    _sync(c2)
     if target.exists():
         assert target.read_bytes() != damaged
         from ollapy.cache.fileformat import read_header
@@ -149,7 +155,7 @@ def test_forced_hash_collision_never_serves_a_wrong_prefix(smol, tmp_path):
     p0 = smol.chat_prompt(_msgs(QUESTIONS[0]))
     p1 = smol.chat_prompt(_msgs(QUESTIONS[1], system="Be terse. " * 40))
     _run(smol, p0)
-    c.flush()
+    _sync(c)
     cold = _cold(smol, p1)
     text, reused = _run(smol, p1)
     assert text == cold and reused < 16  # only the real common prefix (the template's first tokens) at most
@@ -161,7 +167,7 @@ def test_disk_and_ram_caps_hold(smol, tmp_path):
     for i in range(6):
         _run(smol, smol.chat_prompt(_msgs(f"Question {i}: what is {i} plus {i}?", system=f"System {i}. " * 25)))
         assert c.ram.bytes <= 2 * one
-    c.flush()
+    _sync(c)
     assert disk_usage(tmp_path)["disk_bytes"] <= 3 * one
     assert disk_usage(tmp_path)["disk_files"] >= 1
 
@@ -171,10 +177,10 @@ def test_pinned_entry_survives_the_cap(smol, tmp_path):
     pinned = smol.chat_prompt(_msgs("", system="Pinned system prompt. " * 30))
     _clear(smol)
     smol.submit(pinned, OPTS.merged({"num_predict": 0}), pin=True).result()
-    c.flush()
+    _sync(c)
     for i in range(4):
         _run(smol, smol.chat_prompt(_msgs(f"Q{i}?", system=f"Other {i}. " * 30)))
-    c.flush()
+    _sync(c)
     u = disk_usage(tmp_path)
     assert u["pinned_files"] == 1
     c2 = _bind(smol, tmp_path)
@@ -186,7 +192,7 @@ def test_no_cache_request_bypasses(smol, tmp_path):
     c = _bind(smol, tmp_path)
     p = smol.chat_prompt(_msgs(QUESTIONS[0]))
     _run(smol, p, cache=False)
-    c.flush()
+    _sync(c)
     assert not list(c.directory.glob("*.kv"))
     assert _run(smol, p, cache=False)[1] == 0
 
@@ -211,7 +217,7 @@ def test_gemma_sliding_window_restores_equal_cold_or_miss(gemma, tmp_path):
     assert len(base.tokens) > 1000
     _clear(gemma)
     gemma.submit(base, opts).result()
-    c.flush()
+    _sync(c)
     comma = gemma.tokenize(",")[-1]
     cuts = [i + 1 for i, t in enumerate(base.tokens) if t == comma and i > 0]
     hits = 0
@@ -223,6 +229,7 @@ def test_gemma_sliding_window_restores_equal_cold_or_miss(gemma, tmp_path):
         gemma.engine.cache = PromptCache(_Ref(gemma.path, "g"), opts, root=tmp_path).bind(gemma)
         _clear(gemma)
         text, last = gemma.submit(Prompt(toks, 1, (), ""), opts).result()
+        _sync(gemma.engine.cache)  # as a CLI process would at exit: the next cut may use this state whole
         reused = last.metrics.prompt_cache_tokens
         assert reused < cut, cut
         hits += reused > 0

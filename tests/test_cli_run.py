@@ -1,6 +1,8 @@
 """Subprocess tests of ``ollapy run`` on real models: one-shot, pipes, no escape codes, bad input."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import run_cli
 
@@ -45,7 +47,8 @@ def test_gemma_runs_with_fallback_template(gemma_path):
                 "The capital of France is")
     assert p.returncode == 0, p.stderr
     assert len(p.stdout.strip()) > 0
-    assert b"eval count:           12 token(s)" in p.stderr or b"eval count:" in p.stderr
+    n = int(re.search(rb"eval count:\s+(\d+) token", p.stderr).group(1))
+    assert 1 <= n <= 12, p.stderr  # num_predict bounds it; a base model may also end with its EOS
 
 
 @pytest.mark.parametrize("kind", ["missing", "truncated", "not_gguf", "directory"])

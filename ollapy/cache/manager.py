@@ -298,7 +298,7 @@ class BoundCache:
             if n_used - n_disk < self.block:
                 return
             log.debug("prompt cache: promoting %s (%d tokens reused, %d on disk) to disk", e.name, n_used, n_disk)
-            self._persist(e, e.payload, self._replaced_by(e.tokens, True))
+            self._persist(e, e.payload, self._replaced_by(e.tokens, True, e.pinned))
 
     def record_refused(self, hit: Hit) -> None:
         """llama.cpp refused the state (it returns 0 when a state cannot fit): a miss; the entry is kept.
@@ -315,12 +315,16 @@ class BoundCache:
         """Nothing usable was found."""
         self.stats.add(misses=1)
 
-    def _replaced_by(self, tokens: list[int], persist: bool) -> list[Entry]:
-        """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it."""
+    def _replaced_by(self, tokens: list[int], persist: bool, pinned: bool = False) -> list[Entry]:
+        """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it.
+
+        A queued write of a replaced entry is skipped (``superseded``); its file,
+        if any, is deleted after the new state is written (same writer queue).
+        """
         if not self.trimmable:
             return []
         return [r for r in self.index.covered_by(tokens)
-                if not r.pinned and (persist or not r.persisted) and not r.pending]
+                if (pinned or not r.pinned) and (persist or not r.persisted)]
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
               persist: bool = False) -> None:
@@ -356,7 +360,7 @@ class BoundCache:
             old = self.entries.get(e.name)
             if old is not None:
                 self._forget(old)
-            replaced = self._replaced_by(tokens, persist)
+            replaced = self._replaced_by(tokens, persist, pinned)
             for r in replaced:
                 r.superseded = True
                 self._forget(r)
@@ -404,7 +408,7 @@ class BoundCache:
                     continue
                 if any(c.persisted for c in self.index.covering(e.tokens) if c is not e):
                     continue
-                replaced = self._replaced_by(e.tokens, True)
+                replaced = self._replaced_by(e.tokens, True, e.pinned)
                 for r in replaced:
                     r.superseded = True
                     self._forget(r)

@@ -67,11 +67,14 @@ def file_sha256(path: str | Path, root: Path | None = None) -> str:
     return digest
 
 
-def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str) -> dict:
+def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str, state_layout: str = "seq-portable-1") -> dict:
     """The settings that change a sequence state's bytes, as a JSON-able dict.
 
     ``flash_attn`` is the effective choice (quantized KV types force it on);
-    the llama-cpp-python version stands in for llama.cpp's state format.
+    the llama-cpp-python version stands in for llama.cpp's state format;
+    ``state_layout`` is the backend's: slot-count independent
+    (``seq-portable-1``) or ``streams-N`` (llama.cpp refuses a state saved
+    with another number of KV streams).
     """
     fa = flash_attn
     if kv_cache_type != "f16" and flash_attn == "auto":
@@ -83,6 +86,7 @@ def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str) -> dict:
         "kv_unified": False,
         "swa_full": True,
         "state_format": f"llama-cpp-python {library_version}",
+        "state_layout": state_layout,
     }
 
 
@@ -94,7 +98,8 @@ def salt_key(salt: dict) -> str:
 def salt_from_backend(backend) -> dict:
     """The KV salt of a loaded :class:`ollapy.engine.backend.Backend`."""
     cfg = backend.cfg
-    return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version())
+    return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
+                   getattr(backend, "state_layout", "seq-portable-1"))
 
 
 def library_version() -> str:

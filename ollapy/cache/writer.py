@@ -92,7 +92,9 @@ class CacheWriter:
         self._jobs: collections.deque[tuple[Callable, bool]] = collections.deque()
         self._cv = threading.Condition()
         self._running = 0  # jobs taken but not finished (0 or 1)
+        self._running_state = False
         self._closing = False
+        self._closed = False
         self._abort = threading.Event()
         self._thread: threading.Thread | None = None
         self._tid: int | None = None
@@ -127,11 +129,10 @@ class CacheWriter:
             raise Aborted()
 
     def _run(self) -> None:
-        self._tid = threading.get_native_id()
-        with self._cv:
-            idle = not self._closing
-        if idle:
-            set_thread_priority(self._tid, idle=True)
+        with self._cv:  # under the lock: close() either sees the tid and raises the priority, or we see closing
+            self._tid = threading.get_native_id()
+            if not self._closing:
+                set_thread_priority(self._tid, idle=True)
         while True:
             with self._cv:
                 while not self._jobs and not self._closing:
@@ -142,7 +143,7 @@ class CacheWriter:
                     if self._closing:
                         return
                     continue
-                job, _ = self._jobs.popleft()
+                job, self._running_state = self._jobs.popleft()
                 self._running = 1
             try:
                 job(self._check_abort)
@@ -181,15 +182,17 @@ class CacheWriter:
         not saved; KeyboardInterrupt is then re-raised.
         """
         with self._cv:
-            self._closing = True
+            if self._closed:
+                return self.last_result
+            self._closed = self._closing = True
             self._cv.notify_all()
             thread = self._thread
+            if thread is not None and self._tid is not None:
+                set_thread_priority(self._tid, idle=False)
         if thread is None:
             with _BUSY_LOCK:
                 _BUSY.discard(self)
             return self.last_result
-        if self._tid is not None:
-            set_thread_priority(self._tid, idle=False)
         try:
             drained = self.flush(timeout)
         except KeyboardInterrupt:
@@ -210,7 +213,7 @@ class CacheWriter:
     def _abandon(self) -> DrainResult:
         """Abort the running write, drop the queue, delete our temporary files."""
         with self._cv:
-            unsaved = sum(1 for _, is_state in self._jobs if is_state) + self._running
+            unsaved = sum(1 for _, is_state in self._jobs if is_state) + (self._running and self._running_state)
             self._abort.set()
             self._jobs.clear()
             self._cv.notify_all()

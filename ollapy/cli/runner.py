@@ -74,13 +74,16 @@ class EmbeddedRunner:
 
 
 def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
-    """Return ``(runner, ref)``: a server-backed runner when a server answers at OLLAPY_HOST, else in-process."""
+    """Return ``(runner, ref)``: a server-backed runner when a server answers at OLLAPY_HOST, else in-process.
+
+    A model given as a file path always loads in this process (a server resolves only its store's names).
+    """
     try:
         from .remote import probe_server
     except ImportError:
         probe_server = None
     arg = absolute_model_arg(name)
-    if probe_server is not None:
+    if probe_server is not None and not loader.is_path_name(arg):  # a file on this machine loads here
         remote = probe_server(arg, cli_options, settings)
         if remote is not None:
             return remote

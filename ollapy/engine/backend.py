@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DecodeError, ModelLoadError
 from .hardware import choose_flash_attn, cpu_has_amx
+from . import seqstate
 from .interrupt import deferred_sigint
 
 if TYPE_CHECKING:
@@ -339,6 +340,10 @@ class Backend:
         self.mem = C.llama_get_memory(self.ctx)
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
+        # one KV stream per sequence (kv_unified off); plain KV caches save states any slot count can restore
+        self.n_stream = self.n_parallel
+        plain_kv = self.n_swa == 0 and not C.llama_model_is_recurrent(self.model) and not C.llama_model_is_hybrid(self.model)
+        self.state_layout = seqstate.PORTABLE if plain_kv else f"streams-{self.n_stream}"
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
@@ -485,16 +490,30 @@ class Backend:
         return C.llama_memory_seq_pos_max(self.mem, seq)
 
     def state_get(self, seq: int) -> bytearray:
-        """Serialized KV state of ``seq`` (llama.cpp's seq state format), as a bytearray."""
+        """Serialized KV state of ``seq`` as a bytearray (empty when it cannot be saved).
+
+        llama.cpp's seq state format, rewritten to the 1-stream layout when
+        ``state_layout`` is portable (:mod:`ollapy.engine.seqstate`), so that a
+        context with another slot count can restore it.
+        """
         size = C.llama_state_seq_get_size(self.ctx, seq)
         out = bytearray(size)
         n = C.llama_state_seq_get_data(self.ctx, (ctypes.c_uint8 * size).from_buffer(out), size, seq)
         if n != size:
             del out[n:]
+        if self.state_layout == seqstate.PORTABLE:
+            out = seqstate.to_portable(out, self.n_stream)
+            if out is None:
+                log.debug("state of seq %d did not parse as a single-stream state; not saved", seq)
+                return bytearray()
         return out  # a bytearray: no extra copy of a state that can be tens of MB
 
     def state_set(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
         """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it."""
+        if self.state_layout == seqstate.PORTABLE:
+            data = seqstate.from_portable(data, self.n_stream)
+            if data is None:
+                return False
         self.seq_clear(seq)
         try:  # zero-copy view of a writable buffer (bytearray, copy-on-write mmap)
             buf = (ctypes.c_uint8 * len(data)).from_buffer(data)

@@ -1,0 +1,65 @@
+"""Sequence states that restore into a context with any number of slots.
+
+``llama_state_seq_get_data`` on a non-unified KV cache (one stream per
+sequence, as ollapy's contexts are) writes ``u32 n_stream`` and then, for every
+stream, ``u32 cell_count`` followed by that stream's cells (meta + data) when
+the count is not zero (``llama_kv_cache::state_write`` in llama.cpp's
+``src/llama-kv-cache.cpp``). Only the sequence's own stream has cells. On
+restore, ``state_read`` refuses a state whose ``n_stream`` differs from the
+context's ("n_stream mismatch"), and places the non-empty stream's cells in the
+destination sequence's stream whatever its index.
+
+So a state saved by a 4-slot server would be refused by a 1-slot ``ollapy run``
+and the other way round. :func:`to_portable` rewrites a state to the 1-stream
+layout (``n_stream = 1`` plus the one non-empty block) and :func:`from_portable`
+expands it to a context's stream count (the block first, then empty streams).
+This holds only for a plain KV cache: sliding-window (two caches in one state)
+and recurrent memories keep llama.cpp's layout and the stream count in the
+cache salt instead.
+"""
+from __future__ import annotations
+
+import struct
+
+_U32 = struct.Struct("<I")
+PORTABLE = "seq-portable-1"
+
+
+def to_portable(raw: bytearray, n_stream: int) -> bytearray | None:
+    """Rewrite ``raw`` (a state of ``n_stream`` streams) in place to the 1-stream layout; None when it does not parse.
+
+    Cheap: the empty streams before the block are dropped from the front of the
+    bytearray (CPython moves its start, not the data), those after it cut off the end.
+    """
+    if len(raw) < 8 or _U32.unpack_from(raw, 0)[0] != n_stream:
+        return None
+    k = 0  # streams before the non-empty one (their cell_count is 0)
+    while k < n_stream and _U32.unpack_from(raw, 4 + 4 * k)[0] == 0:
+        k += 1
+    if k == n_stream:
+        return None  # no cells at all
+    tail = 4 * (n_stream - 1 - k)
+    if tail and any(raw[len(raw) - tail:]):
+        return None  # another stream holds cells: not a single-sequence state
+    if tail:
+        del raw[len(raw) - tail:]
+    _U32.pack_into(raw, 4 * k, 1)
+    if k:
+        del raw[:4 * k]
+    return raw
+
+
+def from_portable(data, n_stream: int):
+    """The state to hand ``llama_state_seq_set_data`` in a context of ``n_stream`` streams; None when not portable.
+
+    With one stream the data is used as it is (no copy); otherwise the block is
+    copied after a ``n_stream`` header and followed by empty streams.
+    """
+    if len(data) < 8 or _U32.unpack_from(data, 0)[0] != 1:
+        return None
+    if n_stream == 1:
+        return data
+    out = bytearray(len(data) + 4 * (n_stream - 1))
+    _U32.pack_into(out, 0, n_stream)
+    out[4:len(data)] = memoryview(data)[4:]
+    return out
