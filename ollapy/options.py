@@ -8,13 +8,23 @@ Two kinds: *load* options change how the model and context are created
 Modelfile ``PARAMETER``) into a typed value; ``Options.from_dict`` validates a
 JSON ``options`` object. Errors are :class:`~ollapy.errors.OptionError` with
 the list of valid names.
+
+Two readings, on purpose: the CLI (``-o``, ``/set parameter``) and Modelfile
+``PARAMETER`` are strict (:func:`coerce_option`: an unknown name is an error,
+since there it is a user's typo), while the HTTP API is lenient as Ollama's
+server is (:func:`api_options`: unknown names are logged and skipped, nulls
+skipped, names Ollama's clients still send but ollapy has no use for
+(:data:`COMPAT_OPTIONS`) accepted without effect; only a wrong type is an error).
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .errors import OptionError
+
+log = logging.getLogger("ollapy.options")
 
 LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_parallel", "kv_cache_type", "flash_attn", "extra_bufts")
 
@@ -26,6 +36,9 @@ class Options:
     Units: counts are tokens; ``num_ctx`` is per slot; ``temperature`` 0 means
     greedy; ``seed`` -1 means random; ``num_predict`` -1 means until stop or
     context limit; ``num_keep`` -1 means "BOS plus the system prompt, at least 4".
+    ``mirostat`` 1 or 2 samples with llama.cpp's Mirostat (v1 or v2) at target
+    surprise ``mirostat_tau`` and learning rate ``mirostat_eta`` instead of
+    top_k/top_p/min_p/typical_p (temperature still applies first).
     """
 
     # load-time
@@ -50,6 +63,9 @@ class Options:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int = -1
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     stop: tuple[str, ...] = field(default_factory=tuple)
     shift: bool = True
     truncate: bool = True
@@ -83,7 +99,18 @@ _CHOICES = {
     "flash_attn": ("auto", "on", "off"),
     "extra_bufts": ("auto", "on", "off"),
 }
-_MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0}
+_MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
+        "mirostat": 0}
+_MAX = {"mirostat": 2}
+
+#: Option names the official Ollama client's ``Options`` type (and older Ollama servers) carry that ollapy has no
+#: use for, with their types. The HTTP API accepts them (a wrong type is still an error) and ignores them.
+COMPAT_OPTIONS = {
+    "numa": "bool", "main_gpu": "int", "low_vram": "bool", "f16_kv": "bool", "logits_all": "bool",
+    "vocab_only": "bool", "use_mmap": "bool", "use_mlock": "bool", "embedding_only": "bool", "num_gqa": "int",
+    "rope_frequency_base": "float", "rope_frequency_scale": "float", "tfs_z": "float", "penalize_newline": "bool",
+}
+_noted_compat: set[str] = set()
 
 
 def _unknown(name: str) -> OptionError:
@@ -93,11 +120,17 @@ def _unknown(name: str) -> OptionError:
 def coerce_option(name: str, value: Any) -> Any:
     """Validate one option value (text or JSON value) and return it typed.
 
-    Raises OptionError naming the option and the expected type.
+    Strict, for the CLI's ``-o`` and ``/set parameter`` and Modelfile
+    ``PARAMETER``: an unknown name is an error there (most likely a typo),
+    unlike the HTTP API's lenient :func:`api_options`. Raises OptionError
+    naming the option and the expected type.
     """
     if name not in _TYPES:
         raise _unknown(name)
-    typ = _TYPES[name]
+    return _coerce(name, _TYPES[name], value)
+
+
+def _coerce(name: str, typ: str, value: Any) -> Any:
     try:
         if name == "stop":
             if isinstance(value, str):
@@ -122,6 +155,8 @@ def coerce_option(name: str, value: Any) -> Any:
             out = int(value) if not isinstance(value, str) else int(value.strip())
             if name in _MIN and out < _MIN[name]:
                 raise OptionError(f"option {name} must be at least {_MIN[name]}, got {out}")
+            if name in _MAX and out > _MAX[name]:
+                raise OptionError(f"option {name} must be at most {_MAX[name]}, got {out}")
             return out
         if typ == "float":
             if isinstance(value, bool):
@@ -138,6 +173,36 @@ def coerce_option(name: str, value: Any) -> Any:
         return s
     except (ValueError, TypeError):
         raise OptionError(f"option {name} expects {'a list of strings' if name == 'stop' else typ}, got {value!r}") from None
+
+
+def api_options(values: Any) -> dict[str, Any]:
+    """Read an HTTP API request's ``options`` object leniently, as Ollama's server does.
+
+    Returns the options ollapy knows, typed (ready for :meth:`Options.merged`).
+    A ``null`` value is skipped; an unknown name is logged as a warning and
+    skipped; a name from :data:`COMPAT_OPTIONS` is type-checked and ignored
+    (noted once per process at INFO). Raises OptionError only when ``values``
+    is not an object (nor null) or a known name has a value of the wrong type.
+    The CLI and Modelfiles use the strict :func:`coerce_option` instead.
+    """
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise OptionError("options must be an object")
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name in _TYPES:
+            out[name] = coerce_option(name, value)
+        elif name in COMPAT_OPTIONS:
+            _coerce(name, COMPAT_OPTIONS[name], value)
+            if name not in _noted_compat:
+                _noted_compat.add(name)
+                log.info("option %s is accepted for compatibility and has no effect in ollapy", name)
+        else:
+            log.warning("invalid option provided: %r (ignored)", name)
+    return out
 
 
 def parse_option(text: str) -> tuple[str, Any]:

@@ -310,7 +310,7 @@ def test_dead_writers_temp_files_are_cleaned_at_once(tmp_path):
 def _raw_state(n_stream: int, seq: int, block: bytes) -> bytearray:
     import struct
 
-    out = bytearray(struct.pack("<I", n_stream))
+    out = bytearray(struct.pack("<IiI", 0xAF143CD8, seq, n_stream))
     for s in range(n_stream):
         out += block if s == seq else struct.pack("<I", 0)
     return out
@@ -324,10 +324,11 @@ def test_seq_state_rewrites_to_and_from_the_one_stream_layout(n_stream, seq):
 
     block = struct.pack("<I", 3) + bytes(range(1, 200)) + b"\0\0\0\0"  # cell_count 3; may end in zero bytes
     portable = seqstate.to_portable(_raw_state(n_stream, seq, block), n_stream)
-    assert bytes(portable) == struct.pack("<I", 1) + block
+    assert bytes(portable) == struct.pack("<IiI", 0xAF143CD8, seq, 1) + block
     for target in (1, 2, 4):
         back = seqstate.from_portable(bytes(portable), target)
-        assert bytes(back) == bytes(_raw_state(target, 0, block))
+        assert bytes(back) == bytes(_raw_state(target, 0, block))[:4] + struct.pack("<i", seq) \
+            + bytes(_raw_state(target, 0, block))[8:]
 
 
 def test_seq_state_that_does_not_parse_is_refused():
@@ -336,7 +337,9 @@ def test_seq_state_that_does_not_parse_is_refused():
     from ollapy.engine import seqstate
 
     assert seqstate.to_portable(_raw_state(2, 0, struct.pack("<I", 3) + b"x" * 10), 4) is None  # wrong count
-    assert seqstate.to_portable(bytearray(struct.pack("<III", 2, 0, 0)), 2) is None  # no cells
-    two = bytearray(struct.pack("<I", 2)) + struct.pack("<I", 1) + b"ab" + struct.pack("<I", 1) + b"cd"
+    head = struct.pack("<Ii", 0xAF143CD8, 0)
+    assert seqstate.to_portable(bytearray(head + struct.pack("<III", 2, 0, 0)), 2) is None  # no cells
+    two = bytearray(head + struct.pack("<I", 2)) + struct.pack("<I", 1) + b"ab" + struct.pack("<I", 1) + b"cd"
     assert seqstate.to_portable(two, 2) is None  # two streams hold cells
-    assert seqstate.from_portable(struct.pack("<II", 4, 1), 1) is None  # not in the portable layout
+    assert seqstate.from_portable(head + struct.pack("<II", 4, 1), 1) is None  # not in the portable layout
+    assert seqstate.to_portable(bytearray(struct.pack("<IiII", 1, 0, 1, 3)), 1) is None  # wrong magic

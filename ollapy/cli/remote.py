@@ -83,7 +83,8 @@ class RemoteRunner:
         # request-time options changed with /set parameter live on self.options
         base = Options()
         for k in ("temperature", "top_k", "top_p", "min_p", "num_predict", "repeat_penalty", "seed", "stop",
-                  "presence_penalty", "frequency_penalty", "num_keep", "typical_p", "repeat_last_n"):
+                  "presence_penalty", "frequency_penalty", "num_keep", "typical_p", "repeat_last_n", "mirostat",
+                  "mirostat_tau", "mirostat_eta"):
             v = getattr(self.options, k)
             if v != getattr(base, k) and k not in opts:
                 opts[k] = list(v) if isinstance(v, tuple) else v

@@ -230,10 +230,13 @@ def _set(conv, settings, line: str) -> None:
             print("Usage: /set parameter NAME VALUE")
             return None
         name, value = kv[0], kv[1]
-        typed = coerce_option(name, value)
+        if name == "stop":  # as Ollama's REPL: each word is one stop string, and they replace the earlier ones
+            words = [_unquote(w) for w in value.split()]
+            typed = coerce_option(name, words)
+            value = ", ".join(words)
+        else:
+            typed = coerce_option(name, value)
         runner_opts = getattr(conv.runner, "options", None)
-        if name == "stop":
-            typed = tuple(conv.options.get("stop", ())) + tuple(typed)
         conv.options[name] = typed
         if runner_opts is not None and hasattr(runner_opts, "merged"):
             if name in ("num_ctx", "num_parallel", "num_batch", "num_gpu", "kv_cache_type", "flash_attn"):
@@ -244,6 +247,16 @@ def _set(conv, settings, line: str) -> None:
     else:
         print(f"Unknown /set option '{what}'. Type /? /set for help")
     return None
+
+
+def _unquote(word: str) -> str:
+    """A ``/set parameter stop`` word: a JSON-quoted one (as ``/show modelfile`` prints them) is decoded."""
+    if len(word) >= 2 and word[0] == word[-1] == '"':
+        try:
+            return json.loads(word)
+        except ValueError:
+            pass
+    return word
 
 
 def _show(conv, settings, what: str) -> None:
@@ -270,11 +283,9 @@ def _show(conv, settings, what: str) -> None:
     elif what == "license":
         print(getattr(conv, "license", None) or "No license was specified for this model.")
     elif what == "modelfile":
-        print(f"FROM {info.get('path', conv.name)}")
-        if conv.system:
-            print(f'SYSTEM """{conv.system}"""')
-        for k, v in conv.options.items():
-            print(f"PARAMETER {k} {v}")
+        from ..store.modelfile import format_modelfile
+
+        print(format_modelfile(info.get("path", conv.name), conv.options, conv.system, None, None, []), end="")
     else:
         print(SHOW_HELP)
     return None

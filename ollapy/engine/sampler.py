@@ -1,8 +1,8 @@
 """Per-request token sampling: llama.cpp's sampler chain, with a greedy fast path.
 
 The chain (penalties, top_k, typical, top_p, min_p, temperature, dist; greedy
-at temperature 0; an optional GBNF grammar first) is llama.cpp's own
-``llama_sampler_chain``. Greedy requests without a grammar skip building the
+at temperature 0; with ``mirostat`` 1/2: penalties, temperature, Mirostat v1/v2;
+an optional GBNF grammar first) is llama.cpp's own ``llama_sampler_chain``. Greedy requests without a grammar skip building the
 full candidate array: the argmax of the raw logits is the chain's answer
 unless the repeat penalty touched it, and that case is reproduced exactly in
 float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
@@ -26,7 +26,8 @@ C = _backend.C
 
 class Sampler:
     """One llama.cpp sampler chain (penalties, top_k, top_p, min_p, temperature, dist; greedy at temperature 0;
-    an optional GBNF grammar first). Free with :meth:`close`."""
+    penalties, temperature, Mirostat v1/v2 with ``mirostat`` 1/2; an optional GBNF grammar first).
+    Free with :meth:`close`."""
 
     def __init__(self, backend: "Backend", o, grammar: str | None = None) -> None:
         self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
@@ -60,6 +61,16 @@ class Sampler:
         if o.temperature <= 0:
             add(C.llama_sampler_init_greedy())
             return
+        seed = (o.seed if o.seed >= 0 else C.LLAMA_DEFAULT_SEED) & 0xFFFFFFFF
+        if o.mirostat in (1, 2):
+            # llama.cpp's common sampler (and so Ollama's runner): Mirostat replaces top_k/typical/top_p/min_p and
+            # dist; temperature scales the logits first; Mirostat picks the token itself
+            add(C.llama_sampler_init_temp(o.temperature))
+            if o.mirostat == 1:
+                add(C.llama_sampler_init_mirostat(backend.n_vocab, seed, o.mirostat_tau, o.mirostat_eta, 100))
+            else:
+                add(C.llama_sampler_init_mirostat_v2(seed, o.mirostat_tau, o.mirostat_eta))
+            return
         if o.top_k > 0:
             add(C.llama_sampler_init_top_k(o.top_k))
         if o.typical_p < 1.0:
@@ -69,8 +80,7 @@ class Sampler:
         if o.min_p > 0.0:
             add(C.llama_sampler_init_min_p(o.min_p, 1))
         add(C.llama_sampler_init_temp(o.temperature))
-        seed = o.seed if o.seed >= 0 else C.LLAMA_DEFAULT_SEED
-        add(C.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        add(C.llama_sampler_init_dist(seed))
 
     def sample(self, backend: "Backend", row: int) -> int:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""

@@ -1,10 +1,12 @@
 """Sequence states that restore into a context with any number of slots.
 
-``llama_state_seq_get_data`` on a non-unified KV cache (one stream per
-sequence, as ollapy's contexts are) writes ``u32 n_stream`` and then, for every
-stream, ``u32 cell_count`` followed by that stream's cells (meta + data) when
-the count is not zero (``llama_kv_cache::state_write`` in llama.cpp's
-``src/llama-kv-cache.cpp``). Only the sequence's own stream has cells. On
+``llama_state_seq_get_data`` writes an 8-byte header (``u32`` magic
+``0xaf143cd8`` and the source ``seq_id``; ``llama_context::state_seq_get_data``
+in llama.cpp's ``src/llama-context.cpp``). On a non-unified KV cache (one
+stream per sequence, as ollapy's contexts are) the memory state follows:
+``u32 n_stream`` and then, for every stream, ``u32 cell_count`` followed by that
+stream's cells (meta + data) when the count is not zero
+(``llama_kv_cache::state_write`` in ``src/llama-kv-cache.cpp``). Only the sequence's own stream has cells. On
 restore, ``state_read`` refuses a state whose ``n_stream`` differs from the
 context's ("n_stream mismatch"), and places the non-empty stream's cells in the
 destination sequence's stream whatever its index.
@@ -23,18 +25,21 @@ import struct
 
 _U32 = struct.Struct("<I")
 PORTABLE = "seq-portable-1"
+MAGIC = 0xAF143CD8
+HEAD = 8  # magic + source seq_id (the reader checks the magic and ignores the seq_id)
 
 
 def to_portable(raw: bytearray, n_stream: int) -> bytearray | None:
     """Rewrite ``raw`` (a state of ``n_stream`` streams) in place to the 1-stream layout; None when it does not parse.
 
-    Cheap: the empty streams before the block are dropped from the front of the
-    bytearray (CPython moves its start, not the data), those after it cut off the end.
+    Cheap: the empty streams after the block are cut off the end; those before
+    it are removed by moving the 8-byte header forward and dropping the front
+    of the bytearray (CPython moves its start, not the data).
     """
-    if len(raw) < 8 or _U32.unpack_from(raw, 0)[0] != n_stream:
+    if len(raw) < HEAD + 8 or _U32.unpack_from(raw, 0)[0] != MAGIC or _U32.unpack_from(raw, HEAD)[0] != n_stream:
         return None
     k = 0  # streams before the non-empty one (their cell_count is 0)
-    while k < n_stream and _U32.unpack_from(raw, 4 + 4 * k)[0] == 0:
+    while k < n_stream and _U32.unpack_from(raw, HEAD + 4 + 4 * k)[0] == 0:
         k += 1
     if k == n_stream:
         return None  # no cells at all
@@ -43,9 +48,10 @@ def to_portable(raw: bytearray, n_stream: int) -> bytearray | None:
         return None  # another stream holds cells: not a single-sequence state
     if tail:
         del raw[len(raw) - tail:]
-    _U32.pack_into(raw, 4 * k, 1)
     if k:
+        raw[4 * k:4 * k + HEAD] = raw[0:HEAD]
         del raw[:4 * k]
+    _U32.pack_into(raw, HEAD, 1)
     return raw
 
 
@@ -53,13 +59,15 @@ def from_portable(data, n_stream: int):
     """The state to hand ``llama_state_seq_set_data`` in a context of ``n_stream`` streams; None when not portable.
 
     With one stream the data is used as it is (no copy); otherwise the block is
-    copied after a ``n_stream`` header and followed by empty streams.
+    copied after the header and a ``n_stream`` count, and followed by empty streams.
     """
-    if len(data) < 8 or _U32.unpack_from(data, 0)[0] != 1:
+    if len(data) < HEAD + 8 or _U32.unpack_from(data, 0)[0] != MAGIC or _U32.unpack_from(data, HEAD)[0] != 1:
         return None
     if n_stream == 1:
         return data
     out = bytearray(len(data) + 4 * (n_stream - 1))
-    _U32.pack_into(out, 0, n_stream)
-    out[4:len(data)] = memoryview(data)[4:]
+    view = memoryview(data)
+    out[0:HEAD] = view[0:HEAD]
+    _U32.pack_into(out, HEAD, n_stream)
+    out[HEAD + 4:len(data)] = view[HEAD + 4:]
     return out

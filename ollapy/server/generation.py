@@ -17,6 +17,7 @@ import time
 from typing import Any, AsyncIterator
 
 from ..errors import OptionError
+from ..options import api_options
 
 
 def now_iso() -> str:
@@ -121,11 +122,13 @@ class Generation:
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
                 keep_alive=None, cache: bool = True) -> Generation:
-    """Load ``name`` if needed and submit one generation; raises before anything is sent on errors."""
+    """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
+
+    ``options`` is the request's raw ``options`` object, read leniently by :func:`~ollapy.options.api_options`.
+    """
     t0 = time.perf_counter()
     rt = state.runtime
-    if options is not None and not isinstance(options, dict):
-        raise OptionError("options must be an object")
+    options = api_options(options)  # Ollama's leniency: unknown names and nulls skipped, wrong types refused
     ref = await rt.resolve(name)
     entry, opts, load_ns = await rt.acquire(name, options, keep_alive, ref=ref)
     try:

@@ -25,6 +25,7 @@ from starlette.responses import StreamingResponse
 
 from .. import __version__
 from ..errors import OptionError, UsageError
+from ..options import api_options
 from . import generation
 from .errors import ollama_error, stream_error_line
 
@@ -302,7 +303,7 @@ async def _load_or_unload(st, name: str, data: dict, ka: Any, chat: bool):
     if _keep_alive_zero(ka):
         await st.runtime.unload(name)
         return JSONResponse({**base, "done": True, "done_reason": "unload"})
-    entry, load_ns = await st.runtime.load_only(name, data.get("options"), ka)
+    entry, load_ns = await st.runtime.load_only(name, api_options(data.get("options")), ka)
     return JSONResponse({**base, "done": True, "done_reason": "load", "load_duration": load_ns,
                          "total_duration": load_ns})
 

@@ -4,7 +4,8 @@ Streaming is Server-Sent Events ending with ``data: [DONE]``;
 ``stream_options.include_usage`` adds a last chunk with ``usage`` and no
 choices. ``response_format`` ``json_object`` / ``json_schema`` constrain the
 output with a grammar. Sampling fields map to Ollama options
-(``max_tokens`` → ``num_predict``...). Errors use OpenAI's shape.
+(``max_tokens`` → ``num_predict``...); the ``developer`` role is ``system``.
+Errors use OpenAI's shape.
 """
 from __future__ import annotations
 
@@ -50,6 +51,12 @@ def _options(data: dict) -> dict:
     if isinstance(data.get("options"), dict):  # ollapy/Ollama extension
         opts.update(data["options"])
     return opts
+
+
+def _messages(messages: list) -> list:
+    """OpenAI's ``developer`` role (its newer name for system instructions) read as ``system``, as
+    llama.cpp's server maps it; other messages unchanged."""
+    return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in messages]
 
 
 def _response_format(rf: Any):
@@ -105,7 +112,8 @@ async def chat_completions(request: Request):
             raise OptionError("messages must be a non-empty list")
         if data.get("tools"):
             raise OptionError("tools are not supported by ollapy")
-        gen = await generation.start(st, name, route="v1/chat/completions", messages=messages, options=_options(data),
+        gen = await generation.start(st, name, route="v1/chat/completions", messages=_messages(messages),
+                                     options=_options(data),
                                      fmt=_response_format(data.get("response_format")),
                                      keep_alive=data.get("keep_alive"))
     except Exception as exc:  # noqa: BLE001

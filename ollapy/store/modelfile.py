@@ -1,9 +1,14 @@
 """Ollama Modelfile parser: FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE (and ADAPTER, refused).
 
-Instructions are case-insensitive; ``#`` starts a comment line; a value is the
-rest of the line, a ``"double-quoted"`` string, or a ``\"\"\"triple-quoted\"\"\"``
-string that may span lines. ``PARAMETER stop`` may repeat (values accumulate).
-Errors are :class:`~ollapy.errors.UsageError` naming the line.
+Instructions are case-insensitive; ``#`` starts a comment line. A value is the
+rest of the line, or a quoted string that may span lines, read as Ollama's
+parser reads it: a value that starts with ``\"\"\"`` ends at the first line end
+where the text so far (trailing blanks aside) ends with ``\"\"\"``, and one that
+starts with ``"`` at the first line end where it ends with ``"``; the quotes are
+removed and nothing inside is unescaped, except that a one-line ``"..."`` value
+that is a valid JSON string is JSON-decoded (``show --modelfile`` writes values
+that way when the plain forms cannot carry them). ``PARAMETER stop`` may repeat
+(values accumulate). Errors are :class:`~ollapy.errors.UsageError` naming the line.
 """
 from __future__ import annotations
 
@@ -31,25 +36,44 @@ class Modelfile:
 
 
 def _read_value(text: str, pos: int, lineno: int) -> tuple[str, int, int]:
-    """Read a value starting at ``pos``; return (value, new position, new line number)."""
-    if text.startswith('"""', pos):
-        end = text.find('"""', pos + 3)
-        if end < 0:
-            raise UsageError(f"Modelfile line {lineno}: unterminated \"\"\" string", hint='close it with """')
-        value = text[pos + 3:end]
-        nl = text.find("\n", end + 3)
-        rest = text[end + 3: nl if nl >= 0 else len(text)].strip()
-        if rest:
-            raise UsageError(f"Modelfile line {lineno + value.count(chr(10))}: unexpected text after \"\"\": {rest[:30]!r}")
-        return value, (nl + 1 if nl >= 0 else len(text)), lineno + value.count("\n") + 1
+    """Read a value starting at ``pos``; return (value, position after its line, line number after it)."""
+    if text.startswith('"', pos):
+        close = '"""' if text.startswith('"""', pos) else '"'
+        at = pos
+        while True:  # Ollama: the value ends at the first line end where it is a closed quoted string
+            nl = text.find("\n", at)
+            stop = nl if nl >= 0 else len(text)
+            chunk = text[pos:stop].rstrip()
+            if len(chunk) >= 2 * len(close) and chunk.endswith(close):
+                break
+            if nl < 0:
+                what = '""" string' if len(close) == 3 else "quoted string"
+                raise UsageError(f"Modelfile line {lineno}: unterminated {what}", hint=f"close it with {close}")
+            at = nl + 1
+        value = chunk[len(close):-len(close)]
+        if len(close) == 1 and "\n" not in value:
+            try:  # a JSON string, as `show --modelfile` writes awkward values: "say \"hi\"", "a\nb", "\u00e9"
+                value = json.loads(chunk)
+            except ValueError:
+                pass
+        return value, (nl + 1 if nl >= 0 else len(text)), lineno + text.count("\n", pos, stop) + 1
     nl = text.find("\n", pos)
     line = text[pos: nl if nl >= 0 else len(text)].strip()
-    if len(line) >= 2 and line[0] == '"' and line[-1] == '"':
-        try:
-            line = json.loads(line)
-        except ValueError:
-            line = line[1:-1]
     return line, (nl + 1 if nl >= 0 else len(text)), lineno + 1
+
+
+def _skip_blanks(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t":
+        pos += 1
+    return pos
+
+
+def _word(text: str, pos: int) -> str:
+    """The word at ``pos``: up to the next blank or line end."""
+    end = pos
+    while end < len(text) and text[end] not in " \t\n":
+        end += 1
+    return text[pos:end]
 
 
 def parse_modelfile(text: str) -> Modelfile:
@@ -67,21 +91,13 @@ def parse_modelfile(text: str) -> Modelfile:
         indent = len(line) - len(line.lstrip())
         word = stripped.split(None, 1)[0]
         cmd = word.upper()
-        vstart = pos + indent + len(word)
-        while vstart < len(text) and text[vstart] in " \t":
-            vstart += 1
+        vstart = _skip_blanks(text, pos + indent + len(word))
         start_line = lineno
         if cmd == "PARAMETER":
-            value, pos, lineno = _read_value(text, vstart, lineno)
-            key, _, raw = value.partition(" ")
-            raw = raw.strip()
-            if len(raw) >= 2 and raw[0] == raw[-1] == '"':
-                try:  # a JSON string, as `show --modelfile` writes it: "say \"hi\"", "\u00e9"
-                    raw = json.loads(raw)
-                except ValueError:
-                    raw = raw[1:-1]
+            key = _word(text, vstart)
+            raw, pos, lineno = _read_value(text, _skip_blanks(text, vstart + len(key)), lineno)
             try:
-                typed = coerce_option(key.strip(), raw)
+                typed = coerce_option(key, raw)
             except OptionError as exc:
                 raise UsageError(f"Modelfile line {start_line}: {exc.message}", hint=exc.hint) from None
             if key == "stop":
@@ -90,15 +106,11 @@ def parse_modelfile(text: str) -> Modelfile:
                 mf.parameters[key] = typed
             continue
         if cmd == "MESSAGE":
-            nl2 = text.find("\n", vstart)
-            head = text[vstart: nl2 if nl2 >= 0 else len(text)].split(None, 1)
-            role = head[0].lower() if head else ""
+            head = _word(text, vstart)
+            role = head.lower()
             if role not in ROLES:
                 raise UsageError(f"Modelfile line {start_line}: MESSAGE role must be one of {', '.join(ROLES)}")
-            cstart = vstart + len(head[0])
-            while cstart < len(text) and text[cstart] in " \t":
-                cstart += 1
-            value, pos, lineno = _read_value(text, cstart, lineno)
+            value, pos, lineno = _read_value(text, _skip_blanks(text, vstart + len(head)), lineno)
             mf.messages.append({"role": role, "content": value})
             continue
         if cmd not in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE"):
@@ -118,8 +130,26 @@ def parse_modelfile(text: str) -> Modelfile:
     return mf
 
 
-def _quote(value: str) -> str:
-    return f'"""{value}"""' if ("\n" in value or '"' in value) else f'"{value}"'
+def quote_value(value: str) -> str:
+    """``value`` quoted so that :func:`parse_modelfile` reads it back unchanged.
+
+    ``"value"`` when that is plain; else ``\"\"\"value\"\"\"`` (raw, readable: multi-line
+    prompts and templates stay as they are) when it reads back unchanged; else a
+    JSON string on one line (for values with a line ending in ``\"\"\"``, a
+    carriage return, or control characters).
+    """
+    plain = json.dumps(value, ensure_ascii=False)
+    if plain == f'"{value}"':
+        return plain
+    if "\r" not in value:
+        triple = f'"""{value}"""'
+        try:
+            back, end, _ = _read_value(triple, 0, 1)
+        except UsageError:
+            back, end = None, 0
+        if back == value and end == len(triple):
+            return triple
+    return plain
 
 
 def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None, template: str | None,
@@ -127,14 +157,14 @@ def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None,
     """Render a Modelfile (for ``ollapy show --modelfile``)."""
     out = [f"FROM {from_}"]
     if template:
-        out.append(f"TEMPLATE {_quote(template)}")
+        out.append(f"TEMPLATE {quote_value(template)}")
     if system:
-        out.append(f"SYSTEM {_quote(system)}")
+        out.append(f"SYSTEM {quote_value(system)}")
     for k, v in parameters.items():
         for item in (v if isinstance(v, (list, tuple)) else [v]):
             out.append(f"PARAMETER {k} {parameter_text(item)}")
     for m in messages:
-        out.append(f"MESSAGE {m.get('role')} {_quote(str(m.get('content', '')))}")
+        out.append(f"MESSAGE {m.get('role')} {quote_value(str(m.get('content', '')))}")
     if license:
-        out.append(f"LICENSE {_quote(license)}")
+        out.append(f"LICENSE {quote_value(license)}")
     return "\n".join(out) + "\n"
