@@ -78,6 +78,30 @@ def test_repl_bye_and_nohistory(smollm2_path):
     assert not os.path.exists(os.path.join(os.environ["XDG_STATE_HOME"], "ollapy", "history"))
 
 
+def test_repl_set_stop_words_replace_and_show_modelfile_parses(smollm2_path):
+    """`/set parameter stop A B` sets two stop strings in place of earlier ones, as Ollama's REPL does, and
+    `/show modelfile` prints one JSON-quoted PARAMETER line per value, which the Modelfile parser reads back."""
+    from ollapy.store.modelfile import parse_modelfile
+
+    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter stop Berlin")
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter stop Paris France")
+    c.expect_exact("Set parameter 'stop' to 'Paris, France'")
+    c.expect_exact(">>> ")
+    c.sendline("/show modelfile")
+    c.expect_exact(">>> ")
+    shown = c.before.replace("\r\n", "\n").split("\n", 1)[1]  # the echoed command line first
+    assert shown.splitlines()[1:] == ["PARAMETER temperature 0", 'PARAMETER stop "Paris"', 'PARAMETER stop "France"']
+    assert parse_modelfile(shown).parameters == {"temperature": 0.0, "stop": ["Paris", "France"]}
+    c.sendline("What is the capital of France? Answer in one word.")  # unstopped: "The capital of France is Paris."
+    c.expect_exact(">>> ")
+    assert c.before.replace("\r\n", "\n").split("\n")[1] == "The capital of "
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+
+
 def test_each_line_in_order_as_json_and_sharing_the_prefix(smollm2_path):
     words = ["apple", "river", "candle", "violin", "tiger", "mirror", "garden", "rocket"]
     lines = "\n".join(f"Repeat this word exactly once: {w}" for w in words) + "\n"

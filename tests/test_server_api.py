@@ -178,14 +178,68 @@ def test_pull_with_progress_from_fake_registry(oc):
     oc.generate(model="smolpull", prompt="", keep_alive=0)
 
 
+# ---- options as Ollama reads them -------------------------------------------------------------------------
+# every option the official client's Options type carries that ollapy has no use for, and older Ollama names
+COMPAT = {"numa": False, "main_gpu": 0, "low_vram": False, "f16_kv": True, "logits_all": False, "vocab_only": False,
+          "use_mmap": True, "use_mlock": False, "embedding_only": False, "num_gqa": 8, "tfs_z": 1.0,
+          "penalize_newline": True, "rope_frequency_base": 10000.0, "rope_frequency_scale": 1.0}
+
+
+def test_options_lenient_as_ollama(oc, server):
+    """Unknown names are logged and skipped, nulls skipped, compatibility names accepted; a wrong type is a 400."""
+    import ollama
+
+    from ollapy.options import Options
+
+    sent = {**COMPAT, "mirostat": 0, "mirostat_eta": 0.1, "mirostat_tau": 5.0, **GREEDY}
+    assert set(ollama.Options.model_fields) - set(Options.names()) <= set(sent)
+    assert oc.generate(model="smol", prompt=Q, options=sent).response == "The capital of France is Paris."
+    msgs = [{"role": "user", "content": Q}]
+    assert oc.chat(model="smol", messages=msgs, options=sent).message.content == "The capital of France is Paris."
+    r = oc.chat(model="smol", messages=msgs, options={**GREEDY, "bogus_option_x7": 1})
+    assert r.message.content == "The capital of France is Paris."
+    warned = [line for line in server.log.read_text().splitlines() if "bogus_option_x7" in line]
+    assert len(warned) == 1 and " WARNING " in warned[0]
+    # null is "not given": the same text as a request without the key (default temperature, fixed seed)
+    base = {"model": "smol", "prompt": "Name a colour.", "stream": False}
+    plain = httpx.post(server.url + "/api/generate", json={**base, "options": {"seed": 7, "num_predict": 8}}, timeout=60)
+    null = httpx.post(server.url + "/api/generate", json={**base, "options": {"seed": 7, "num_predict": 8,
+                                                                              "temperature": None, "stop": None}},
+                      timeout=60)
+    assert plain.status_code == null.status_code == 200
+    assert null.json()["response"] == plain.json()["response"]
+    for route, body in (("/api/generate", {"prompt": Q}), ("/api/chat", {"messages": msgs})):
+        for bad in ({"temperature": "hot"}, {"use_mmap": "maybe"}, {"mirostat": 3}, {"stop": 5}):
+            r = httpx.post(server.url + route, json={"model": "smol", **body, "options": bad}, timeout=60)
+            assert r.status_code == 400, (route, bad, r.text)
+            assert next(iter(bad)) in r.json()["error"]
+    with pytest.raises(ollama.ResponseError) as ei:
+        oc.generate(model="smol", prompt=Q, options={"temperature": "hot"})
+    assert ei.value.status_code == 400
+
+
+def test_mirostat_samples_reproducibly_and_differently(oc):
+    """mirostat 1/2 replace top_k/top_p with llama.cpp's Mirostat samplers: a fixed seed repeats the text, and the
+    text differs from the default chain's with the same seed."""
+    prompt = "Write a short poem about the sea."
+
+    def text(**o) -> str:
+        return oc.generate(model="smol", prompt=prompt, options={"seed": 42, "num_predict": 32, **o}).response
+
+    default, v2, v1 = text(mirostat=0), text(mirostat=2), text(mirostat=1, mirostat_tau=3.0, mirostat_eta=0.2)
+    assert text(mirostat=2) == v2 and text(mirostat=1, mirostat_tau=3.0, mirostat_eta=0.2) == v1
+    assert text(mirostat=0) == default
+    assert v2 != default and v1 != default and v1 != v2
+
+
 # ---- errors, safety -----------------------------------------------------------------------------------
 def test_error_statuses(server):
     u = server.url
     r = httpx.post(u + "/api/generate", json={"model": "nosuch", "prompt": "hi"})
     assert r.status_code == 404 and "not found" in r.json()["error"]
     r = httpx.post(u + "/api/chat", json={"model": "smol", "messages": [{"role": "user", "content": "x"}],
-                                          "options": {"bogus": 1}})
-    assert r.status_code == 400 and "bogus" in r.json()["error"]
+                                          "options": {"temperature": "hot"}})
+    assert r.status_code == 400 and "temperature" in r.json()["error"]
     r = httpx.post(u + "/api/show", json={"model": "../../etc/passwd"})
     assert r.status_code == 400 and "invalid model name" in r.json()["error"]
     r = httpx.post(u + "/api/generate", content=b"{not json")
@@ -245,6 +299,14 @@ def test_openai_client(server):
     assert "".join(x.choices[0].text for x in scomp if x.choices) == comp.choices[0].text
     ids = [m.id for m in c.models.list().data]
     assert "smol:latest" in ids
+    # OpenAI's developer role is the system message: the same prompt and text as with role system
+    instr, ask = "Answer in French.", {"role": "user", "content": Q}
+    dev = c.chat.completions.create(model="smol", messages=[{"role": "developer", "content": instr}, ask],
+                                    temperature=0, max_tokens=24)
+    sys_ = c.chat.completions.create(model="smol", messages=[{"role": "system", "content": instr}, ask],
+                                     temperature=0, max_tokens=24)
+    assert dev.usage.prompt_tokens == sys_.usage.prompt_tokens
+    assert dev.choices[0].message.content == sys_.choices[0].message.content
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="nosuch", messages=msgs)
 

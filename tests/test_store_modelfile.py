@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest_plugins = ["store_fixtures"]
 
@@ -73,3 +75,64 @@ def test_create_links_without_copy(store_env, smollm2_path, tmp_path):
     assert ref2.parameters["temperature"] == 0.9 and ref2.system == ref.system and ref2.digest == ref.digest
     assert sorted(m.name for m in list_models()) == ["pirate2:latest", "pirate:latest"]
     assert resolve_model("pirate", pull=False).digest == ref.digest
+
+
+def test_quoted_values_span_lines_as_in_ollama():
+    """A value that opens a quote runs to the line that closes it, as Ollama's parser reads it: nothing inside is
+    unescaped, and a triple-quoted value may hold single quotes and blank lines."""
+    mf = parse_modelfile('FROM x.gguf\n'
+                         'SYSTEM "You are a pirate.\n'
+                         'Always answer in one word."\n'
+                         'TEMPLATE """{{ .System }}\n'
+                         '\n'
+                         'say "{{ .Prompt }}"\n'
+                         '"""\n'
+                         'PARAMETER stop "two\n'
+                         'lines"\n'
+                         'MESSAGE user "C:\\path \\n stays\n'
+                         'raw"\n'
+                         'PARAMETER temperature 0\n')
+    assert mf.system == "You are a pirate.\nAlways answer in one word."
+    assert mf.template == '{{ .System }}\n\nsay "{{ .Prompt }}"\n'
+    assert mf.parameters == {"stop": ["two\nlines"], "temperature": 0.0}
+    assert mf.messages == [{"role": "user", "content": "C:\\path \\n stays\nraw"}]
+
+
+def test_unterminated_quote_names_its_line():
+    with pytest.raises(UsageError, match="line 2: unterminated quoted string"):
+        parse_modelfile('FROM x\nSYSTEM "open\nnever closed\n')
+
+
+def test_create_and_show_modelfile_with_multiline_system(store_env, smollm2_path, tmp_path):
+    from conftest import run_cli
+
+    (tmp_path / "Modelfile").write_text(f'FROM {smollm2_path}\nSYSTEM "You are a pirate.\nAlways answer in one word."\n'
+                                        'PARAMETER stop "Arr"\n')
+    r = run_cli("create", "pirate", "-f", str(tmp_path / "Modelfile"))
+    assert r.returncode == 0, r.stderr
+    shown = run_cli("show", "pirate", "--modelfile")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.decode().splitlines()[1:] == ['SYSTEM """You are a pirate.', 'Always answer in one word."""',
+                                                      'PARAMETER stop "Arr"']
+    again = parse_modelfile(shown.stdout.decode())
+    assert again.system == "You are a pirate.\nAlways answer in one word." and again.parameters == {"stop": ["Arr"]}
+    (tmp_path / "Modelfile2").write_text(shown.stdout.decode())
+    assert run_cli("create", "pirate2", "-f", str(tmp_path / "Modelfile2")).returncode == 0
+    assert run_cli("show", "pirate2", "--modelfile").stdout == shown.stdout
+
+
+_PIECES = ['"', '"""', "\\", "\\n", "\n", "\r", "\r\n", " ", "\t", "#", "a", "Z", "é", "✓", "\u2028", "{{ .Prompt }}",
+           "PARAMETER stop x", "\x00"]
+_awkward = st.one_of(st.text(), st.lists(st.sampled_from(_PIECES), max_size=12).map("".join))
+
+
+@settings(max_examples=300, deadline=None)
+@given(system=_awkward.filter(bool), template=_awkward.filter(bool), stops=st.lists(_awkward, max_size=4),
+       messages=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), _awkward), max_size=3),
+       license=_awkward.filter(bool))
+def test_show_modelfile_output_parses_back_to_the_same_fields(system, template, stops, messages, license):
+    params = {"temperature": 0.5, "stop": stops} if stops else {"temperature": 0.5}
+    msgs = [{"role": r, "content": c} for r, c in messages]
+    mf = parse_modelfile(format_modelfile("x.gguf", params, system, template, license, msgs))
+    assert (mf.from_, mf.system, mf.template, mf.parameters, mf.messages, mf.license) == \
+        ("x.gguf", system, template, params, msgs, [license])

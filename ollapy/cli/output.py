@@ -100,7 +100,8 @@ def format_stats(m: dict) -> str:
         f"total duration:       {_dur(m['total_duration'])}",
         f"load duration:        {_dur(m['load_duration'])}",
         f"prompt eval count:    {m['prompt_eval_count']} token(s)",
-        f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused",
+        f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused"
+        + (f" ({m['prefix_source']})" if m.get("prefix_source") not in (None, "", "none") else ""),
         f"prompt eval duration: {_dur(m['prompt_eval_duration'])}",
         f"prompt eval rate:     {pe_rate:.2f} tokens/s",
         f"eval count:           {m['eval_count']} token(s)",

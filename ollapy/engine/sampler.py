@@ -2,8 +2,9 @@
 
 The chain (penalties, top_k, typical, top_p, min_p, temperature, dist; greedy
 at temperature 0; with ``mirostat`` 1/2: penalties, temperature, Mirostat v1/v2;
-an optional GBNF grammar first) is llama.cpp's own ``llama_sampler_chain``. Greedy requests without a grammar skip building the
-full candidate array: the argmax of the raw logits is the chain's answer
+an optional GBNF grammar first) is llama.cpp's own ``llama_sampler_chain``.
+Greedy requests without a grammar skip building the full candidate array:
+the argmax of the raw logits is the chain's answer
 unless the repeat penalty touched it, and that case is reproduced exactly in
 float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
 always go through the chain. llama.cpp itself is reached through
