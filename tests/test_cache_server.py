@@ -79,17 +79,17 @@ def test_server_restart_keeps_the_prompt_cache_and_reports_it(smollm2_path, tmp_
     try:
         oc = ollama.Client(host=url)
         digest = oc.create_blob(smollm2_path)
-        oc.create(model="smol", files={"smol.gguf": digest})
+        oc.create(model="smol:latest", files={"smol.gguf": digest})
         first = _chat(url, "What is 2 plus 2?")
         assert first["prompt_cache_tokens"] == 0
         text = httpx.get(url + "/metrics").text
-        assert _metric(text, "ollapy_prompt_cache_misses", model="smol") == 1
-        assert _metric(text, "ollapy_prompt_cache_hits", model="smol", tier="ram") == 0
-        assert _metric(text, "ollapy_prompt_cache_hits", model="smol", tier="disk") == 0
-        assert _metric(text, "ollapy_prompt_cache_written_files", model="smol") == 1  # the system prompt's end
-        assert _metric(text, "ollapy_prompt_cache_written_bytes", model="smol") > 1_000_000
-        assert _metric(text, "ollapy_prompt_cache_bytes", model="smol", tier="ram") > 1_000_000
-        assert _metric(text, "ollapy_prompt_cache_tokens_reused", model="smol") == 0
+        assert _metric(text, "ollapy_prompt_cache_misses", model="smol:latest") == 1
+        assert _metric(text, "ollapy_prompt_cache_hits", model="smol:latest", tier="ram") == 0
+        assert _metric(text, "ollapy_prompt_cache_hits", model="smol:latest", tier="disk") == 0
+        assert _metric(text, "ollapy_prompt_cache_written_files", model="smol:latest") == 1  # the system prompt's end
+        assert _metric(text, "ollapy_prompt_cache_written_bytes", model="smol:latest") > 1_000_000
+        assert _metric(text, "ollapy_prompt_cache_bytes", model="smol:latest", tier="ram") > 1_000_000
+        assert _metric(text, "ollapy_prompt_cache_tokens_reused", model="smol:latest") == 0
         ps = httpx.get(url + "/api/ps").json()["models"]
         assert ps[0]["prompt_cache"]["files_written"] == 1 and ps[0]["prompt_cache"]["misses"] == 1
     finally:
@@ -103,7 +103,7 @@ def test_server_restart_keeps_the_prompt_cache_and_reports_it(smollm2_path, tmp_
         # the system prompt (~360 tokens) came from disk; only the new question and the template's tail are prefilled
         assert second["prompt_cache_tokens"] >= second["prompt_eval_count"] - 30
         text = httpx.get(url + "/metrics").text
-        assert _metric(text, "ollapy_prompt_cache_hits", model="smol", tier="disk") == 1
-        assert _metric(text, "ollapy_prompt_cache_tokens_reused", model="smol") == second["prompt_cache_tokens"]
+        assert _metric(text, "ollapy_prompt_cache_hits", model="smol:latest", tier="disk") == 1
+        assert _metric(text, "ollapy_prompt_cache_tokens_reused", model="smol:latest") == second["prompt_cache_tokens"]
     finally:
         assert _stop(proc) == 0
