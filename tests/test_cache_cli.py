@@ -1,13 +1,10 @@
 """The prompt cache across processes, through the real CLI: disk hits in a new process, --no-cache,
-two `ollapy run` at once on one cache directory, and the `cache` commands."""
+and the `cache` commands. (Two `ollapy run` at once on one cache directory: tests/test_cache_process.py.)"""
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 
 SYSTEM = "You are a concise assistant for a travel agency. " + " ".join(
     f"Rule {i}: answer politely and never invent prices." for i in range(20))
@@ -38,17 +35,3 @@ def test_disk_hit_in_new_process_and_no_cache(smollm2_path):
     assert ls.returncode == 0 and smollm2_path.name.split(".")[0][:6].lower() in ls.stdout.decode().lower()
     stats = run_cli("cache", "stats")
     assert stats.returncode == 0 and b"hit" in stats.stdout.lower()
-
-
-def test_two_processes_share_one_cache_dir_safely(smollm2_path):
-    env = dict(os.environ)
-    cmd = [sys.executable, "-m", "ollapy.cli.main", *_args(smollm2_path)]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=str(ROOT))
-             for _ in range(2)]
-    outs = [p.communicate(timeout=300) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[1][-500:] for o in outs]
-    assert outs[0][0] == outs[1][0]
-    third = run_cli(*_args(smollm2_path))
-    assert third.returncode == 0 and third.stdout == outs[0][0]
-    assert _reused(third.stderr) > 200
-    assert b"Traceback" not in third.stderr
