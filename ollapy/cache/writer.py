@@ -213,14 +213,18 @@ class CacheWriter:
     def _abandon(self) -> DrainResult:
         """Abort the running write, drop the queue, delete our temporary files."""
         with self._cv:
-            unsaved = sum(1 for _, is_state in self._jobs if is_state) + (self._running and self._running_state)
+            queued = sum(1 for _, is_state in self._jobs if is_state)
+            running = bool(self._running and self._running_state)
+            written = self.written
             self._abort.set()
             self._jobs.clear()
             self._cv.notify_all()
         t = self._thread
         if t is not None:
             t.join(timeout=5.0)  # an aborted write stops at its next chunk (8 MiB)
-        return DrainResult(unsaved=unsaved, removed=remove_own_temp_files(self.tmp_dirs))
+        if running and self.written > written:
+            running = False  # it passed its last chunk check and was renamed into place after all
+        return DrainResult(unsaved=queued + running, removed=remove_own_temp_files(self.tmp_dirs))
 
 
 def temp_prefix(pid: int | None = None) -> str:
