@@ -94,7 +94,7 @@ def test_server_restart_keeps_the_prompt_cache_and_reports_it(smollm2_path, tmp_
         assert ps[0]["prompt_cache"]["files_written"] == 1 and ps[0]["prompt_cache"]["misses"] == 1
     finally:
         code = _stop(proc)
-    assert code == 0, log.read_text()
+    assert code == 0 and "ollapy serve stopped" in log.read_text(), log.read_text()
     assert not [p for p in cache_dir.rglob(".tmp*")]
     assert "not saved" not in log.read_text()
     proc, url = _start(env, log)

@@ -37,8 +37,20 @@ def serve(
     if h not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {h}:{port}, reachable from other machines", file=sys.stderr)
     print(f"ollapy serve listening on http://{h}:{port}", file=sys.stderr)
-    uvicorn.run(create_app(allow_paths=allow_paths), host=h, port=port, log_level="debug" if config.debug() else "warning",
-                timeout_graceful_shutdown=5)
+    # uvicorn shuts down gracefully on SIGTERM (the lifespan closes every model: engine joined, prompt cache saved,
+    # model freed), then raises the signal again; with this handler that ends as exit code 0, not death by signal
+    import signal
+
+    def _terminated(signum, frame):
+        raise typer.Exit(0)
+
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        uvicorn.run(create_app(allow_paths=allow_paths), host=h, port=port,
+                    log_level="debug" if config.debug() else "warning", timeout_graceful_shutdown=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        print("ollapy serve stopped", file=sys.stderr)
 
 
 def _until(expires: str | None) -> str:
