@@ -1,191 +1,602 @@
 #!/usr/bin/env python3
-"""Prompt-cache benchmark (SmolLM2): time to first token with a ~1,800-token shared system prompt.
+"""Prompt-cache benchmark (SmolLM2) that judges itself: every target row prints ``ok`` or ``MISSED``.
 
-Rows: cold; RAM hit; disk hit (same process, empty RAM tier); cold and disk hit in
-NEW ``ollapy run`` processes (model load shown separately); cache on with 0% hits
-(overhead); restore throughput against a plain read of the same file.
-Usage: python scripts/bench_cache.py [--model PATH] [--repeat N]
+Rows (time to first token, TTFT, with a ~1,800-token shared system prompt, num_predict=1):
+
+* cold, in process (no cache): the reference;
+* RAM hit: target >= 30x faster than cold;
+* disk hit, same process (a new PromptCache on the same directory, empty RAM tier): the state file is
+  dropped from the page cache first where the OS allows it (fsync + POSIX_FADV_DONTNEED); the label says
+  whether it was, as measured by mincore (no target: informational);
+* new process, cold (``ollapy run --no-cache``) and new process, disk hit (the cache filled by an earlier
+  ``ollapy run`` process, as a shell script would): target >= 25x, model load shown separately; a run
+  that reused 0 tokens is MISSED;
+* cache on, 0% hits: overhead against cache off in alternating pairs, target < 2%;
+* restore: checked read of the state file + llama_state_seq_set_data, target >= 1 GB/s;
+* admission (server-like): N short chats (``--requests``, default 1000) over 40 distinct system prompts
+  through ONE LoadedModel (num_parallel=4, cache bound with write_back=False as ``ollapy serve`` does),
+  submitted concurrently in batches: disk bytes written <= 10% of what a write-everything policy would
+  have written (``bytes_stored``, same run); then a FRESH process binds a new cache on that directory and
+  asks one new question per system prompt: all 40 must be disk hits reusing the whole system prompt.
+
+The script exits 1 when any target row is MISSED. ``--busy N`` runs everything while N
+``python -c "while True: pass"`` processes compete for the CPU.
+
+Usage: python scripts/bench_cache.py [--model PATH] [--repeat N] [--pairs N] [--requests N]
+                                     [--skip-admission] [--busy N] [--keep]
 """
 from __future__ import annotations
 
 import argparse
+import collections
+import ctypes
+import json
 import os
+import random
 import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 DEFAULT_MODEL = Path.home() / ".cache/ollapy/test-models/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2"
+
+# targets
+RAM_SPEEDUP = 30.0
+PROCESS_SPEEDUP = 25.0
+OVERHEAD_MAX = 0.02
+RESTORE_GBPS = 1.0
+ADMISSION_MAX_RATIO = 0.10
+
+# admission workload
+ADMISSION_PROMPTS = 40
+ADMISSION_SLOTS = 4
+ADMISSION_CTX = 1024
+ADMISSION_BATCH = 2 * ADMISSION_SLOTS  # requests submitted at once: every slot busy, as many waiting
+
+TOPICS = ["astronomy", "baking", "chess", "dentistry", "electronics", "falconry", "geology", "hydraulics",
+          "insurance", "jazz", "knitting", "linguistics", "meteorology", "navigation", "oceanography",
+          "photography", "quilting", "radio", "sailing", "tax law", "urban planning", "viticulture", "welding",
+          "xylophones", "yoga", "zoology", "archery", "beekeeping", "calligraphy", "dairy farming", "epidemiology",
+          "fencing", "glassblowing", "horology", "ice hockey", "juggling", "kayaking", "locksmithing", "mycology",
+          "numismatics"]
 
 
+# ---- prompts ------------------------------------------------------------------------------------------
 def system_prompt(tag: str, n_rules: int = 100) -> str:
+    """The long shared system prompt of the TTFT rows (~1,800 tokens at 100 rules)."""
     return f"[{tag}] " + " ".join(
-        f"Rule {i}: answer the user's question politely, in one short sentence, and never invent facts." for i in range(n_rules))
+        f"Rule {i}: answer the user's question politely, in one short sentence, and never invent facts."
+        for i in range(n_rules))
 
 
-def ttft(m, prompt, opts, cache=True) -> float:
+def admission_system(k: int) -> str:
+    """The k-th of the admission run's distinct system prompts (a few hundred tokens; differs from its first word)."""
+    topic = TOPICS[k % len(TOPICS)]
+    rules = " ".join(f"Guideline {k}.{i}: when a question about {topic} touches point {i}, answer it in one short, "
+                     f"accurate sentence." for i in range(10))
+    return f"{topic.capitalize()} desk {k}. You are the help desk for {topic}. {rules}"
+
+
+def admission_question(i: int) -> str:
+    """A unique one-line user question."""
+    return f"Ticket {i}: what is {i * 7 % 97} plus {i * 13 % 89}?"
+
+
+# ---- page cache ---------------------------------------------------------------------------------------
+def resident_fraction(path: Path) -> float | None:
+    """Share of ``path``'s pages in the page cache (mincore on a mapping never touched); None if unknown."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+        size = path.stat().st_size
+        page = os.sysconf("SC_PAGE_SIZE")
+        n = (size + page - 1) // page
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+            if addr is None or addr == ctypes.c_void_p(-1).value:
+                return None
+            try:
+                vec = (ctypes.c_ubyte * n)()
+                if libc.mincore(addr, size, vec) != 0:
+                    return None
+                return sum(v & 1 for v in vec) / n
+            finally:
+                libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        return None
+
+
+def drop_page_cache(path: Path) -> float | None:
+    """fsync ``path`` and ask the kernel to drop its cached pages; returns the resident share after (None: unknown)."""
+    if not hasattr(os, "posix_fadvise"):
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return resident_fraction(path)
+
+
+# ---- measuring ----------------------------------------------------------------------------------------
+def ttft(m, prompt, opts, cache=True) -> tuple[float, object]:
+    """Seconds from submit to the first chunk, and the final metrics (read to the end)."""
     t = time.perf_counter()
     req = m.submit(prompt, opts, cache=cache)
-    for _ in req:
-        break
-    dt = time.perf_counter() - t
-    req.result() if not req._closed else None
-    return dt
+    dt = None
+    last = None
+    for c in req:
+        if dt is None:
+            dt = time.perf_counter() - t
+        last = c
+    return dt, last.metrics
 
 
 def clear(m) -> None:
+    """Empty every slot, so the next request cannot reuse a slot's KV."""
     for s in m.engine.slots:
         s.tokens = []
+        s.exact = 0
         m.backend.seq_clear(s.id)
 
 
-def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=()) -> dict:
+def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), threads: int = 0) -> dict:
+    """One ``ollapy run --verbose`` process, as a shell script would start it; its timings from --verbose."""
     env = dict(os.environ, OLLAPY_CACHE_DIR=cache_dir, OLLAPY_HOST="127.0.0.1:9")
     env.pop("OLLAPY_DEBUG", None)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ollapy.cli.main", "run", str(model), "--system", system, "--verbose",
-                        "-o", "temperature=0", "-o", "num_predict=1", "-o", "num_ctx=4096", *extra, question],
+                        "-o", "temperature=0", "-o", "num_predict=1", "-o", "num_ctx=4096",
+                        *(("-o", f"num_thread={threads}") if threads else ()), *extra, question],
                        capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=600)
     wall = time.perf_counter() - t
     if p.returncode:
-        raise SystemExit(f"ollapy run failed: {p.stderr}")
+        raise SystemExit(f"ollapy run failed ({p.returncode}): {p.stderr}")
 
-    def dur(label):
-        m = re.search(rf"{label}:\s+([\d.]+)(ms|s|µs)", p.stderr)
-        v = float(m.group(1))
-        return v / 1000 if m.group(2) == "ms" else v / 1e6 if m.group(2) == "µs" else v
+    def dur(label: str) -> float:
+        mm = re.search(rf"{label}:\s+([\d.]+)(ms|s|µs)", p.stderr)
+        v = float(mm.group(1))
+        return v / 1000 if mm.group(2) == "ms" else v / 1e6 if mm.group(2) == "µs" else v
 
-    reused = int(re.search(r"prompt cache:\s+(\d+)", p.stderr).group(1))
+    mm = re.search(r"prompt cache:\s+(\d+) token\(s\) reused(?: \(([^)]*)\))?", p.stderr)
     load = dur("load duration")
-    return {"wall": wall, "load": load, "ttft": dur("total duration") - load, "reused": reused}
+    return {"wall": wall, "load": load, "ttft": dur("total duration") - load, "reused": int(mm.group(1)),
+            "source": mm.group(2) or ("none" if mm.group(1) == "0" else "?")}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--pairs", type=int, default=8, help="cache-off/cache-on pairs for the 0%%-hit overhead")
-    args = ap.parse_args()
+@dataclass
+class Row:
+    """One line of the table: ``verdict`` None for rows without a target."""
+
+    case: str
+    value: str
+    detail: str = ""
+    target: str = ""
+    verdict: bool | None = None
+
+
+class Rows(list):
+    """The table so far; every row is also printed to stderr as it is measured (a long run shows progress)."""
+
+    def append(self, row: Row) -> None:
+        super().append(row)
+        print(f"[{time.strftime('%H:%M:%S')}] {row.case}: {row.value} {row.target} {verdict_text(row.verdict)}",
+              file=sys.stderr, flush=True)
+
+    def extend(self, rows) -> None:
+        for r in rows:
+            self.append(r)
+
+
+def verdict_text(v: bool | None) -> str:
+    return "" if v is None else ("ok" if v else "MISSED")
+
+
+def ms(s: float) -> str:
+    return f"{s * 1000:.1f} ms"
+
+
+# ---- phases -------------------------------------------------------------------------------------------
+def ttft_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """In-process rows (cold, 0% hits, RAM hit, same-process disk hit, restore) on one LoadedModel."""
     from ollapy.cache import PromptCache
     from ollapy.cache.fileformat import read_header, read_payload
-    from ollapy.cli.runner import PathRef
     from ollapy.engine.model import LoadedModel
+    from ollapy.loader import PathRef
     from ollapy.options import Options
 
-    tmp = tempfile.mkdtemp(prefix="bench-cache-")
-    os.environ["OLLAPY_CACHE_DIR"] = tmp
-    opts = Options(num_ctx=4096, temperature=0, num_predict=1)
-    ref = PathRef(name="smollm2", path=args.model)
-    m = LoadedModel(args.model, opts)
-    sysp = system_prompt("shared")
-    q = [f"Question {i}: what is the capital of France?" for i in range(20)]
-    p = lambda s, qq: m.chat_prompt([{"role": "system", "content": s}, {"role": "user", "content": qq}])  # noqa: E731
-    n_prompt = len(p(sysp, q[0]).tokens)
+    opts = Options(num_ctx=4096, temperature=0, num_predict=1, num_thread=args.threads)
+    ref = PathRef(name=MODEL_NAME, path=args.model)
     med = statistics.median
-    res: dict[str, float] = {}
+    with LoadedModel(args.model, opts, name=MODEL_NAME) as m:
+        info = m.info()
+        facts["model_name"] = m.backend.meta("general.name") or info["description"]
+        facts["description"] = info["description"]
+        facts["threads"] = info["threads"]
+        sysp = system_prompt("shared")
+        q = [f"Question {i}: what is the capital of France?" for i in range(20)]
+        p = lambda s, qq: m.chat_prompt([{"role": "system", "content": s}, {"role": "user", "content": qq}])  # noqa: E731
+        first = p(sysp, q[0])
+        facts["n_prompt"], facts["n_system"] = len(first.tokens), first.keep
 
-    clear(m)
-    ttft(m, p(system_prompt("warmup", 5), q[0]), opts, cache=False)
-    res["cold"] = med([(clear(m), ttft(m, p(sysp, q[i]), opts, cache=False))[1] for i in range(args.repeat)])
-
-    # 0% hits: cache on, every system prompt new (store at the save point and at the end included), against the
-    # cache off, in alternating pairs with prompts of the same length: machine drift hits both sides alike
-    miss_cache = PromptCache(ref, opts, root=Path(tmp) / "miss").bind(m)
-    in_cache = [0.0]  # seconds the engine thread spent inside the cache (lookup + store), the direct cost
-
-    def timed(fn):
-        def call(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                in_cache[0] += time.perf_counter() - t
-        return call
-
-    miss_cache.lookup, miss_cache.store = timed(miss_cache.lookup), timed(miss_cache.store)
-    pairs = []
-    for i in range(args.pairs):
-        one = []
-        for on in ((False, True) if i % 2 == 0 else (True, False)):
-            m.engine.cache = miss_cache if on else None
-            clear(m)
-            one.append((on, ttft(m, p(system_prompt(f"{'m' if on else 'c'}{i:03d}"), q[i % len(q)]), opts, cache=on)))
-        off_t = next(t for on, t in one if not on)
-        on_t = next(t for on, t in one if on)
-        pairs.append((off_t, on_t))
-    miss_cache.flush()
-    m.engine.cache = None
-    res["miss"] = med(t for _, t in pairs)
-    res["miss_off"] = med(t for t, _ in pairs)
-    res["overhead"] = med(on / off for off, on in pairs) - 1
-    res["in_cache"] = in_cache[0] / args.pairs
-
-    c = PromptCache(ref, opts, root=Path(tmp) / "hit").bind(m)
-    m.engine.cache = c
-    clear(m)
-    ttft(m, p(sysp, q[0]), opts)
-    c.flush()
-    res["ram"] = med([(clear(m), ttft(m, p(sysp, q[1 + i]), opts))[1] for i in range(args.repeat)])
-    disk = []
-    for i in range(args.repeat):
-        m.engine.cache = PromptCache(ref, opts, root=Path(tmp) / "hit").bind(m)
         clear(m)
-        disk.append(ttft(m, p(sysp, q[5 + i]), opts))
-    res["disk"] = med(disk)
+        ttft(m, p(system_prompt("warmup", 5), q[0]), opts, cache=False)
+        cold = []
+        for i in range(args.repeat):
+            clear(m)
+            cold.append(ttft(m, p(sysp, q[i]), opts, cache=False)[0])
+        t_cold = med(cold)
+        rows.append(Row("cold, in process (cache off)", ms(t_cold), f"median of {args.repeat}"))
 
-    # restore throughput: checked read of the state file + llama_state_seq_set_data, vs a plain read
-    f = max((Path(tmp) / "hit").rglob("*.kv"), key=lambda x: x.stat().st_size)
-    size = f.stat().st_size
-    plain, restore, check = [], [], []
-    for _ in range(5):
-        t = time.perf_counter()
-        with open(f, "rb") as fh:
-            fh.read()
-        plain.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        data = read_payload(read_header(f))
+        # 0% hits: cache on, every system prompt new (the store at the save point, written through, and the
+        # RAM-only store at the end included), against the cache off, in alternating pairs with prompts of the
+        # same length: machine drift hits both sides alike
+        miss_cache = PromptCache(ref, opts, root=tmp / "miss").bind(m)
+        in_cache = [0.0]  # seconds the engine thread spent inside the cache: the direct cost
+
+        def timed(fn):
+            def call(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    in_cache[0] += time.perf_counter() - t
+            return call
+
+        for name in ("peek", "load", "store", "record_hit", "record_miss", "record_refused"):
+            setattr(miss_cache, name, timed(getattr(miss_cache, name)))
+        pairs = []
+        miss_sources = collections.Counter()
+        for i in range(args.pairs):
+            one = {}
+            for on in ((False, True) if i % 2 == 0 else (True, False)):
+                m.engine.cache = miss_cache if on else None
+                clear(m)
+                dt, met = ttft(m, p(system_prompt(f"{'m' if on else 'c'}{i:03d}"), q[i % len(q)]), opts, cache=on)
+                one[on] = dt
+                if on:
+                    miss_sources[met.prefix_source] += 1
+            pairs.append((one[False], one[True]))
+        m.engine.cache = None
+        miss_snap = miss_cache.snapshot()
+        miss_cache.close()
+        off_med, on_med = med(t for t, _ in pairs), med(t for _, t in pairs)
+        overhead = med(on / off for off, on in pairs) - 1
+        per_req = in_cache[0] / args.pairs
+        facts["late_rows"] = [Row("cache on, 0% hits (overhead)", f"{overhead * 100:+.1f}%",
+                        f"median of {args.pairs} alternating off/on pairs: {ms(off_med)} vs {ms(on_med)}; "
+                        f"engine thread in the cache {per_req * 1000:.1f} ms/request "
+                        f"({per_req / off_med * 100:.2f}% of cold); misses {miss_snap.misses}, "
+                        f"hits {miss_snap.hits_ram + miss_snap.hits_disk}",
+                        "< 2%", overhead < OVERHEAD_MAX and miss_snap.hits_ram + miss_snap.hits_disk == 0)]
+
+        # RAM hit: the first request stores (system prompt state written through, final state in RAM)
+        hit_root = tmp / "hit"
+        c = PromptCache(ref, opts, root=hit_root).bind(m)
+        m.engine.cache = c
+        clear(m)
+        ttft(m, p(sysp, q[0]), opts)
+        c.flush()
+        ram, ram_src, ram_reused = [], collections.Counter(), []
+        for i in range(args.repeat):
+            clear(m)
+            dt, met = ttft(m, p(sysp, q[1 + i]), opts)
+            ram.append(dt)
+            ram_src[met.prefix_source] += 1
+            ram_reused.append(met.prompt_cache_tokens)
+        m.engine.cache = None
+        c.close()
+        t_ram = med(ram)
+        all_ram = ram_src["cache ram"] == args.repeat
+        rows.append(Row("RAM hit", ms(t_ram),
+                        f"{t_cold / t_ram:.1f}x vs cold; reused {min(ram_reused)} tok; sources {dict(ram_src)}",
+                        f">= {RAM_SPEEDUP:.0f}x", all_ram and t_cold / t_ram >= RAM_SPEEDUP))
+
+        # disk hit in this process: a new PromptCache on the directory each time (empty RAM tier)
+        files = sorted(hit_root.rglob("*.kv"))
+        disk, disk_src, disk_reused, resident = [], collections.Counter(), [], []
+        for i in range(args.repeat):
+            res = [drop_page_cache(f) for f in files]
+            resident.append(None if any(r is None for r in res) or not res else max(res))
+            dc = PromptCache(ref, opts, root=hit_root).bind(m)
+            m.engine.cache = dc
+            clear(m)
+            dt, met = ttft(m, p(sysp, q[5 + i]), opts)
+            m.engine.cache = None
+            dc.close()
+            disk.append(dt)
+            disk_src[met.prefix_source] += 1
+            disk_reused.append(met.prompt_cache_tokens)
+        t_disk = med(disk)
+        if any(r is None for r in resident):
+            label = "file in the page cache (could not drop it)"
+        elif max(resident) == 0:
+            label = "page cache dropped: 0% resident"
+        else:
+            label = f"page cache drop partial: up to {max(resident) * 100:.0f}% resident"
+        facts["disk_label"] = label
+        rows.append(Row(f"disk hit, same process ({label})", ms(t_disk),
+                        f"{t_cold / t_disk:.1f}x vs cold; reused {min(disk_reused)} tok; sources {dict(disk_src)}"))
+
+        # restore throughput: checked read of the state file + llama_state_seq_set_data, vs a plain read
+        f = max(files, key=lambda x: x.stat().st_size)
+        size = f.stat().st_size
+        plain, restore, check = [], [], []
+        for _ in range(5):
+            t = time.perf_counter()
+            with open(f, "rb") as fh:
+                fh.read()
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            data = read_payload(read_header(f))
+            t1 = time.perf_counter()
+            assert m.backend.state_set(0, data)
+            restore.append(time.perf_counter() - t)
+            check.append(t1 - t)
+            del data
+        cold_restore = None
+        if drop_page_cache(f) == 0:
+            t = time.perf_counter()
+            data = read_payload(read_header(f))
+            assert m.backend.state_set(0, data)
+            cold_restore = time.perf_counter() - t
+            del data
+        gbps = size / med(restore) / 1e9
+        mb = size / 1e6
+        detail = (f"state file {mb:.1f} MB in the page cache, {ms(med(restore))}; plain read {mb / med(plain):.0f} MB/s, "
+                  f"checked read {mb / med(check):.0f} MB/s")
+        if cold_restore is not None:
+            detail += f"; after dropping the page cache {size / cold_restore / 1e9:.2f} GB/s"
+        facts["late_rows"].append(Row("restore (checked read + state_set)", f"{gbps:.2f} GB/s", detail,
+                        f">= {RESTORE_GBPS:.0f} GB/s", gbps >= RESTORE_GBPS))
+        facts["t_cold"] = t_cold
+        facts["sysp"] = sysp
+        facts["q"] = q
+
+
+def process_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """New ``ollapy run`` processes: cold (--no-cache) against a disk hit on a cache an earlier process filled."""
+    sysp, q = facts["sysp"], facts["q"]
+    cli_dir = str(tmp / "cli")
+    # one earlier process fills the cache: the system prompt's state at once, its final state at close
+    fill = cli_run(args.model, sysp, q[10], cli_dir, threads=args.threads)
+    cold, hit = [], []
+    for i in range(args.repeat):  # interleaved: drift hits both sides alike
+        cold.append(cli_run(args.model, sysp, q[11 + i], cli_dir, ("--no-cache",), threads=args.threads))
+        hit.append(cli_run(args.model, sysp, q[15 + i], cli_dir, threads=args.threads))
+    med = statistics.median
+    t_cold, t_hit = med(r["ttft"] for r in cold), med(r["ttft"] for r in hit)
+    min_reused = min(r["reused"] for r in hit)
+    sources = dict(collections.Counter(r["source"] for r in hit))
+    rows.append(Row("new process, cold (--no-cache)", ms(t_cold),
+                    f"median of {args.repeat}; model load {ms(med(r['load'] for r in cold))} (not in TTFT); "
+                    f"wall {med(r['wall'] for r in cold):.2f} s"))
+    speed = t_cold / t_hit
+    rows.append(Row(f"new process, disk hit ({min_reused} tok reused)", ms(t_hit),
+                    f"{speed:.1f}x vs new-process cold; model load {ms(med(r['load'] for r in hit))} (not in TTFT); "
+                    f"wall {med(r['wall'] for r in hit):.2f} s; sources {sources}; filled by one earlier `ollapy run` "
+                    f"(its TTFT {ms(fill['ttft'])}, reused {fill['reused']} tok)",
+                    f">= {PROCESS_SPEEDUP:.0f}x, > 0 tok", min_reused > 0 and speed >= PROCESS_SPEEDUP))
+
+
+def admission_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """Server-like run, then a fresh process checks that every system prompt is a disk hit."""
+    from ollapy import loader
+    from ollapy.cache.tiers import disk_usage
+    from ollapy.loader import PathRef
+    from ollapy.options import Options
+
+    root = tmp / "admission"
+    n = args.requests
+    n_sys = min(args.system_prompts, n)
+    os.environ["OLLAPY_CACHE_DIR"] = str(root)  # open_model takes the cache directory from the settings
+    ref = PathRef(name=MODEL_NAME, path=args.model)
+    opts = Options(num_ctx=ADMISSION_CTX, num_parallel=ADMISSION_SLOTS, temperature=0, num_predict=args.num_predict,
+                   num_thread=args.threads)
+    order = [i % n_sys for i in range(n)]
+    random.Random(1234).shuffle(order)
+    sources: collections.Counter = collections.Counter()
+    t0 = time.perf_counter()
+    m = loader.open_model(ref, opts, cache=True, write_back=False)
+    try:
+        info = m.info()
+        facts.setdefault("model_name", m.backend.meta("general.name") or info["description"])
+        facts.setdefault("description", info["description"])
+        facts.setdefault("threads", info["threads"])
         t1 = time.perf_counter()
-        assert m.backend.state_set(0, data)
-        restore.append(time.perf_counter() - t)
-        check.append(t1 - t)
-    m.close()
+        for b in range(0, n, ADMISSION_BATCH):
+            reqs = [m.chat([{"role": "system", "content": admission_system(order[i])},
+                            {"role": "user", "content": admission_question(i)}], opts)
+                    for i in range(b, min(n, b + ADMISSION_BATCH))]
+            for r in reqs:
+                _, last = r.result()
+                sources[last.metrics.prefix_source] += 1
+            done = min(n, b + ADMISSION_BATCH)
+            if done % 100 < ADMISSION_BATCH or done == n:
+                print(f"admission: {done}/{n} chats, {time.perf_counter() - t1:.0f} s", file=sys.stderr, flush=True)
+        t_run = time.perf_counter() - t1
+    finally:
+        m.close()
+    t_close = time.perf_counter() - t0 - t_run
+    snap = m.cache.snapshot()
+    usage = disk_usage(root)
+    ratio = snap.bytes_written / snap.bytes_stored if snap.bytes_stored else 0.0
+    facts["admission_s"] = t_run
+    rows.append(Row("admission: disk bytes written", f"{ratio * 100:.1f}%",
+                    f"{snap.bytes_written / 1e6:.0f} MB in {snap.files_written} files vs write-everything "
+                    f"{snap.bytes_stored / 1e6:.0f} MB in {snap.stores} states; {n} chats over {n_sys} system prompts, "
+                    f"{ADMISSION_SLOTS} slots, batches of {ADMISSION_BATCH}, num_predict={args.num_predict}: "
+                    f"{t_run:.1f} s ({n / t_run:.1f} req/s; load+close {t_close:.1f} s); sources {dict(sources)}; "
+                    f"hits ram {snap.hits_ram}, disk {snap.hits_disk}, misses {snap.misses}; on disk now "
+                    f"{usage['disk_files']} files {usage['disk_bytes'] / 1e6:.0f} MB",
+                    "<= 10% of write-everything", snap.bytes_stored > 0 and ratio <= ADMISSION_MAX_RATIO))
 
-    # new processes, as a shell script would start them
-    cli_dir = str(Path(tmp) / "cli")
-    cold_cli = cli_run(args.model, sysp, q[10], cli_dir, ("--no-cache",))
-    cli_run(args.model, sysp, q[11], cli_dir)  # fills the cache
-    hit_cli = cli_run(args.model, sysp, q[12], cli_dir)
+    # a new process's view: a fresh interpreter binds a new PromptCache on the same directory
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--model", str(args.model),
+                        "--verify-admission", str(root), "--threads", str(args.threads), "--requests", str(n),
+                        "--system-prompts", str(n_sys)],
+                       capture_output=True, text=True, cwd=str(ROOT), timeout=900)
+    wall = time.perf_counter() - t
+    if p.returncode:
+        raise SystemExit(f"admission check process failed ({p.returncode}): {p.stderr}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    got = [r for r in res["results"] if r["source"] == "cache disk" and r["reused"] >= r["system_tokens"]]
+    srcs = collections.Counter(r["source"] for r in res["results"])
+    rows.append(Row("admission: new process, system prompts hit", f"{len(got)}/{n_sys}",
+                    f"fresh process, new PromptCache on the directory, one new question per system prompt: "
+                    f"sources {dict(srcs)}, reused {min(r['reused'] for r in res['results'])}-"
+                    f"{max(r['reused'] for r in res['results'])} tok (system prompts "
+                    f"{min(r['system_tokens'] for r in res['results'])}-"
+                    f"{max(r['system_tokens'] for r in res['results'])}); median TTFT {ms(res['ttft_median'])}; "
+                    f"process wall {wall:.1f} s", f"{n_sys}/{n_sys} disk hits", len(got) == n_sys))
 
-    mb = size / 1e6
-    rows = [
-        ("cold (in process)", res["cold"], 1.0),
-        ("cache on, 0% hits", res["miss"], res["miss_off"] / res["miss"]),
-        ("RAM hit", res["ram"], res["cold"] / res["ram"]),
-        ("disk hit, same process", res["disk"], res["cold"] / res["disk"]),
-        ("new process, cold (--no-cache)", cold_cli["ttft"], 1.0),
-        (f"new process, disk hit ({hit_cli['reused']} tok)", hit_cli["ttft"], cold_cli["ttft"] / hit_cli["ttft"]),
-    ]
-    print(f"\nSmolLM2-135M Q4_1, prompt {n_prompt} tokens (system ~{n_prompt - 20}), num_predict=1, "
-          f"median of {args.repeat}; CPU threads {os.cpu_count()}")
-    print(f"{'case':<40} {'TTFT':>10} {'speed-up vs cold':>17}")
-    for name, v, r in rows:
-        print(f"{name:<40} {v * 1000:>8.1f}ms {r:>16.1f}x")
-    print(f"overhead at 0% hits: {res['overhead'] * 100:+.1f}% (median of {args.pairs} alternating cache-off/on pairs, "
-          f"medians {res['miss_off'] * 1000:.0f} vs {res['miss'] * 1000:.0f} ms; target < 2% "
-          f"{'ok' if res['overhead'] < 0.02 else 'MISSED'})")
-    print(f"  direct cost: the engine thread spent {res['in_cache'] * 1000:.1f} ms per request inside the cache "
-          f"(lookup + state copies for the store), {res['in_cache'] / res['miss_off'] * 100:.2f}% of the cold TTFT")
-    print(f"new process model load: cold run {cold_cli['load'] * 1000:.0f} ms, hit run {hit_cli['load'] * 1000:.0f} ms; "
-          f"wall {cold_cli['wall']:.2f}s vs {hit_cli['wall']:.2f}s")
-    print(f"state file {mb:.1f} MB: plain read {mb / med(plain):.0f} MB/s; checked read {mb / med(check):.0f} MB/s; "
-          f"checked read + restore {mb / med(restore):.0f} MB/s ({med(restore) * 1000:.1f} ms)")
+
+def verify_admission(args) -> None:
+    """(Child process.) One new question per admission system prompt on a new cache; prints one JSON line."""
+    from ollapy import loader
+    from ollapy.loader import PathRef
+    from ollapy.options import Options
+
+    os.environ["OLLAPY_CACHE_DIR"] = args.verify_admission
+    ref = PathRef(name=MODEL_NAME, path=args.model)
+    opts = Options(num_ctx=ADMISSION_CTX, num_parallel=ADMISSION_SLOTS, temperature=0, num_predict=1,
+                   num_thread=args.threads)
+    out = []
+    with loader.open_model(ref, opts, cache=True, write_back=False) as m:
+        for k in range(min(args.system_prompts, args.requests)):
+            prompt = m.chat_prompt([{"role": "system", "content": admission_system(k)},
+                                    {"role": "user", "content": f"A new visitor, number {k}, asks: where is the exit?"}])
+            dt, met = ttft(m, prompt, opts)
+            out.append({"k": k, "source": met.prefix_source, "reused": met.prompt_cache_tokens,
+                        "system_tokens": prompt.keep, "ttft": dt})
+        snap = m.cache.snapshot()
+    print(json.dumps({"results": out, "ttft_median": statistics.median(r["ttft"] for r in out),
+                      "stats": snap.as_dict()}))
+
+
+# ---- main ---------------------------------------------------------------------------------------------
+def start_busy(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def stop_busy(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        try:
+            p.kill()
+        except OSError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--repeat", type=int, default=3, help="repeats per TTFT row (median)")
+    ap.add_argument("--pairs", type=int, default=8, help="cache-off/cache-on pairs for the 0%% hit overhead")
+    ap.add_argument("--requests", type=int, default=1000, help="chats in the admission run")
+    ap.add_argument("--num-predict", type=int, default=4, help="tokens generated per admission chat")
+    ap.add_argument("--system-prompts", type=int, default=ADMISSION_PROMPTS,
+                    help="distinct system prompts in the admission run (at most %(default)s)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="llama.cpp threads (num_thread) for every model this script loads; 0: the backend's default")
+    ap.add_argument("--skip-admission", action="store_true", help="leave out the admission rows")
+    ap.add_argument("--admission-only", action="store_true", help="only the admission rows")
+    ap.add_argument("--busy", type=int, default=0, help="run N CPU busy loops for the whole benchmark")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary cache directories")
+    ap.add_argument("--verify-admission", metavar="DIR", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    args.model = args.model.expanduser().resolve()
+    args.system_prompts = max(1, min(args.system_prompts, len(TOPICS)))
+    if args.verify_admission:
+        verify_admission(args)
+        return 0
+
+    t_start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cache-"))
+    os.environ["OLLAPY_CACHE_DIR"] = str(tmp / "default")
+    rows = Rows()
+    facts: dict = {}
+    phases: list[tuple[str, float]] = []
+    phase_list = [("in-process rows", ttft_rows), ("new-process rows", process_rows),
+                  ("admission rows", admission_rows)]
+    if args.admission_only:
+        phase_list = phase_list[2:]
+    elif args.skip_admission:
+        phase_list = phase_list[:2]
+        rows_skipped = [Row("admission rows", "skipped", "--skip-admission")]
+    load_before = os.getloadavg()
+
+    def terminated(signum, _frame):
+        raise SystemExit(f"bench_cache: stopped by signal {signum}; rows so far:\n"
+                         + "\n".join(f"  {r.case}: {r.value} {r.target} {verdict_text(r.verdict)}" for r in rows))
+
+    signal.signal(signal.SIGTERM, terminated)  # the finally below still stops the busy loops and removes the files
+    busy = start_busy(args.busy)
+    try:
+        for name, fn in phase_list:
+            t = time.perf_counter()
+            fn(args, tmp, rows, facts)
+            phases.append((name, time.perf_counter() - t))
+            if fn is process_rows:  # overhead and restore rows after the TTFT rows
+                rows.extend(facts.pop("late_rows", []))
+    finally:
+        stop_busy(busy)
+        if not args.keep:
+            shutil.rmtree(tmp, ignore_errors=True)
+    total = time.perf_counter() - t_start
+    load_after = os.getloadavg()
+    if args.skip_admission:
+        rows.extend(rows_skipped)
+
+    print()
+    print(f"model: {facts.get('model_name', '?')} ({facts.get('description', '?')}), file {args.model.name}; "
+          f"llama.cpp threads {facts.get('threads', '?')} (CPUs {os.cpu_count()}); busy loops {args.busy}")
+    print(f"load average (1 min) {load_before[0]:.1f} before, {load_after[0]:.1f} after"
+          + (" -- other processes competed for the CPU: timings are noisy"
+             if max(load_before[0], load_after[0]) > (os.cpu_count() or 1) + args.busy else ""))
+    if "n_prompt" in facts:
+        print(f"TTFT rows: prompt {facts['n_prompt']} tokens (system prompt {facts['n_system']}), num_predict=1, "
+              f"median of {args.repeat}")
+    w = max(len(r.case) for r in rows)
+    print(f"{'case':<{w}}  {'result':>10}  {'target':<28} {'':<6}")
+    for r in rows:
+        print(f"{r.case:<{w}}  {r.value:>10}  {r.target:<28} {verdict_text(r.verdict):<6}")
+        if r.detail:
+            print(f"{'':<{w}}    {r.detail}")
+    print("time: " + ", ".join(f"{n} {s:.0f} s" for n, s in phases) + f"; total {total:.0f} s"
+          + (f" (cache dirs kept in {tmp})" if args.keep else ""))
+    missed = [r.case for r in rows if r.verdict is False]
+    print("all targets met" if not missed else f"MISSED: {'; '.join(missed)}")
+    return 1 if missed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
