@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prompt-cache benchmark (SmolLM2) that judges itself: every target row prints ``ok`` or ``MISSED``.
 
-Rows (time to first token, TTFT, with a ~1,800-token shared system prompt, num_predict=1):
+Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_predict=1):
 
 * cold, in process (no cache): the reference;
 * RAM hit: target >= 30x faster than cold;
@@ -13,17 +13,21 @@ Rows (time to first token, TTFT, with a ~1,800-token shared system prompt, num_p
   that reused 0 tokens is MISSED;
 * cache on, 0% hits: overhead against cache off in alternating pairs, target < 2%;
 * restore: checked read of the state file + llama_state_seq_set_data, target >= 1 GB/s;
-* admission (server-like): N short chats (``--requests``, default 1000) over 40 distinct system prompts
-  through ONE LoadedModel (num_parallel=4, cache bound with write_back=False as ``ollapy serve`` does),
-  submitted concurrently in batches: disk bytes written <= 10% of what a write-everything policy would
-  have written (``bytes_stored``, same run); then a FRESH process binds a new cache on that directory and
-  asks one new question per system prompt: all 40 must be disk hits reusing the whole system prompt.
+* admission (server-like): N short chats (``--requests``, default 1000; num_predict 4) over 40 distinct
+  system prompts of ~270-300 tokens through ONE LoadedModel (num_parallel=4, cache opened by
+  ``loader.open_model`` with write_back=False as ``ollapy serve`` does), submitted concurrently in batches of
+  8: disk bytes written <= 10% of what a write-everything policy would have written (``bytes_stored``,
+  same run; the ratio is about 40/N here, so runs with N under ~450 miss it by construction); then a FRESH
+  process binds a new cache on that directory and asks one new question per system prompt: all 40 must
+  be disk hits ("cache disk") reusing at least the whole system prompt.
 
 The script exits 1 when any target row is MISSED. ``--busy N`` runs everything while N
-``python -c "while True: pass"`` processes compete for the CPU.
+``python -c "while True: pass"`` processes compete for the CPU (always stopped at the end, also on
+SIGTERM). The header prints the load average before and after: timings from a busy machine are noisy.
 
-Usage: python scripts/bench_cache.py [--model PATH] [--repeat N] [--pairs N] [--requests N]
-                                     [--skip-admission] [--busy N] [--keep]
+Usage: python scripts/bench_cache.py [--model PATH] [--repeat N] [--pairs N] [--requests N] [--num-predict N]
+                                     [--system-prompts N] [--threads N] [--skip-admission | --admission-only]
+                                     [--busy N] [--keep]
 """
 from __future__ import annotations
 

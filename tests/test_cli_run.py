@@ -47,7 +47,7 @@ def test_gemma_runs_with_fallback_template(gemma_path):
                 "The capital of France is")
     assert p.returncode == 0, p.stderr
     assert len(p.stdout.strip()) > 0
-    n = int(re.search(rb"eval count:\s+(\d+) token", p.stderr).group(1))
+    n = int(re.search(rb"^\s*eval count:\s+(\d+) token", p.stderr, re.M).group(1))  # not "prompt eval count"
     assert 1 <= n <= 12, p.stderr  # num_predict bounds it; a base model may also end with its EOS
 
 

@@ -262,8 +262,18 @@ def test_list_fits_the_terminal_and_pipes_whole(store_env, smollm2_path, tmp_pat
     piped = cli("list").stdout.splitlines()
     assert max(len(line) for line in piped) > 80  # otherwise this test proves nothing
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    child = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "list"], env=env, dimensions=(24, 80), encoding="utf-8")
-    child.expect(pexpect.EOF, timeout=60)
-    shown = [line for line in child.before.replace("\r", "").splitlines() if line]
+
+    def on_terminal(columns: int) -> list[str]:
+        child = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "list"], env=env, dimensions=(24, columns),
+                              encoding="utf-8")
+        child.expect(pexpect.EOF, timeout=60)
+        return [line for line in child.before.replace("\r", "").splitlines() if line]
+
+    # 110 columns leave SOURCE at least 30 characters whatever MODIFIED says ("Just now" or "Less than a minute ago"):
+    # it is cut with '…', never wrapped
+    shown = on_terminal(110)
+    assert len(shown) == len(piped) and all(len(line) < 110 for line in shown), shown
+    assert all(line.endswith("…") for line in shown[1:]) and shown[0].endswith("SOURCE"), shown
+    # 80 columns: every row still fits on one line (SOURCE cut, or left out when under 12 columns would remain)
+    shown = on_terminal(80)
     assert len(shown) == len(piped) and all(len(line) < 80 for line in shown), shown
-    assert any(line.endswith("…") for line in shown)

@@ -58,10 +58,15 @@ def list_cmd() -> None:
     if sys.stdout.isatty():  # on a terminal SOURCE (last, and the only long column) is cut to fit; piped: whole
         import shutil
 
-        room = max(12, shutil.get_terminal_size().columns - 1 - sum(widths) - 4 * 4)
+        room = shutil.get_terminal_size().columns - 1 - sum(widths) - 4 * 4
     for r in rows:
-        src = r[4] if room is None or len(r[4]) <= room else r[4][:room - 1] + "…"
-        print("    ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "    " + src)
+        line = "    ".join(c.ljust(w) for c, w in zip(r[:4], widths))
+        if room is None or len(r[4]) <= room:
+            print(line + "    " + r[4])
+        elif room >= 12:
+            print(line + "    " + r[4][:room - 1] + "…")
+        else:  # no useful room for SOURCE on this terminal: leave the column out (piped output keeps it)
+            print(line.rstrip())
 
 
 def show_cmd(
