@@ -204,8 +204,6 @@ def gemma(gemma_path):
     m.close()
 
 
-@pytest.mark.xfail(reason="fails since the disk admission change (open, see the issue 11 note): sliding-window "
-                          "states are restored only whole and the per-cut caches may no longer offer one", strict=False)
 def test_gemma_sliding_window_restores_equal_cold_or_miss(gemma, tmp_path):
     """Gemma (sliding window 512), prompts longer than the window, restored from a longer saved state
     and trimmed: the output equals a cold run (fresh prefill, no reuse) or the restore is a miss.

@@ -343,3 +343,35 @@ def test_seq_state_that_does_not_parse_is_refused():
     assert seqstate.to_portable(two, 2) is None  # two streams hold cells
     assert seqstate.from_portable(head + struct.pack("<II", 4, 1), 1) is None  # not in the portable layout
     assert seqstate.to_portable(bytearray(struct.pack("<IiII", 1, 0, 1, 3)), 1) is None  # wrong magic
+
+
+def _bound(tmp_path: Path, n_swa: int):
+    """A BoundCache on a stand-in model (no llama.cpp): the admission rules only see tokens and bytes."""
+    from types import SimpleNamespace
+
+    from ollapy.cache import PromptCache
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    backend = SimpleNamespace(cfg=SimpleNamespace(kv_cache_type="f16", flash_attn="auto"), n_swa=n_swa, token_piece=None)
+    ref = SimpleNamespace(path=model, name="m", digest="sha256:" + SHA)
+    return PromptCache(ref, None, root=tmp_path / "cache", write_back=True).bind(
+        SimpleNamespace(backend=backend, path=model, digest="sha256:" + SHA, name="m"))
+
+
+@pytest.mark.parametrize("n_swa", [0, 512])
+def test_write_back_keeps_a_short_state_only_a_sliding_window_model_needs(tmp_path, n_swa):
+    """A longer file covers a shorter prefix only when states can be trimmed: a sliding-window model
+    (whose states serve only whole) must write the short one back too, or the next process misses it."""
+    c = _bound(tmp_path, n_swa)
+    long_toks, short_toks = list(range(1, 1001)), list(range(1, 201))
+    c.store(long_toks, lambda: b"L" * 5000, persist=True)
+    c.store(short_toks, lambda: b"S" * 1000)
+    c.close()
+    written = {len(e.tokens) for e in c.entries.values() if e.on_disk}
+    assert written == ({1000} if n_swa == 0 else {1000, 200})
+    again = _bound(tmp_path, n_swa)
+    cand = again.peek(short_toks + [7, 8, 9])
+    assert cand is not None and cand.tier == "disk" and cand.n_tokens == 200
+    assert len(cand.entry.tokens) == (200 if n_swa else 1000)  # trimmable: the long file serves its first 200
+    again.close()

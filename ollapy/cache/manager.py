@@ -294,7 +294,8 @@ class BoundCache:
     def _maybe_promote(self, e: Entry, n_used: int) -> None:
         """Write a RAM-only entry to disk when it served at least a block more than persisted entries offer."""
         with self._lock:
-            _, n_disk = self.index.best(e.tokens[:n_used], accept=lambda x: x.persisted and x is not e)
+            _, n_disk = self.index.best(e.tokens[:n_used], accept=lambda x: x.persisted and x is not e and (
+                self.trimmable or len(x.tokens) <= n_used))  # an untrimmable state serves only whole
             if n_used - n_disk < self.block:
                 return
             log.debug("prompt cache: promoting %s (%d tokens reused, %d on disk) to disk", e.name, n_used, n_disk)
@@ -326,6 +327,17 @@ class BoundCache:
         return [r for r in self.index.covered_by(tokens)
                 if (pinned or not r.pinned) and (persist or not r.persisted)]
 
+    def _covering(self, tokens: list[int]) -> list[Entry]:
+        """Entries that can serve ``tokens`` whole: longer ones too when states can be trimmed.
+
+        States of sliding-window models cannot be trimmed (llama.cpp keeps only
+        in-window SWA cells), so for them only an entry of exactly ``tokens`` counts.
+        """
+        covering = self.index.covering(tokens)
+        if not self.trimmable:
+            covering = [e for e in covering if len(e.tokens) == len(tokens)]
+        return covering
+
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
               persist: bool = False) -> None:
         """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
@@ -338,9 +350,7 @@ class BoundCache:
         tokens = list(tokens)
         persist = persist or pinned
         with self._lock:
-            covering = self.index.covering(tokens)
-            if not self.trimmable:  # states of sliding-window models cannot be trimmed: keep each prefix
-                covering = [e for e in covering if len(e.tokens) == len(tokens)]
+            covering = self._covering(tokens)
             if persist:
                 covering = [e for e in covering if e.persisted]
             covering = [e for e in covering if e.persisted or e.payload is not None]
@@ -406,7 +416,7 @@ class BoundCache:
             for e in sorted(self.entries.values(), key=lambda x: len(x.tokens), reverse=True):
                 if e.persisted or e.payload is None or e.superseded:
                     continue
-                if any(c.persisted for c in self.index.covering(e.tokens) if c is not e):
+                if any(c.persisted for c in self._covering(e.tokens) if c is not e):
                     continue
                 replaced = self._replaced_by(e.tokens, True, e.pinned)
                 for r in replaced:
