@@ -375,3 +375,17 @@ def test_write_back_keeps_a_short_state_only_a_sliding_window_model_needs(tmp_pa
     assert cand is not None and cand.tier == "disk" and cand.n_tokens == 200
     assert len(cand.entry.tokens) == (200 if n_swa else 1000)  # trimmable: the long file serves its first 200
     again.close()
+
+
+def test_closing_a_write_back_cache_writes_only_the_newest_one_off_state(tmp_path):
+    """`ollapy run --each-line` leaves one RAM-only state per line: at exit only the last answer (the one a
+    next process may continue) is written, not all of them."""
+    import time
+
+    c = _bound(tmp_path, 0)
+    for i in range(5):
+        c.store([1000 + i] * 100, lambda: b"Q" * 1000)
+        time.sleep(0.01)
+    c.close()
+    assert sorted(e.tokens[0] for e in c.entries.values() if e.on_disk) == [1004]
+    assert c.snapshot().files_written == 1

@@ -18,8 +18,8 @@ Disk admission (what reaches the shared disk tier):
   evidence of reuse: a later request restores at least one block more of it
   than any persisted entry offers (a conversation that continues). A cache
   bound with ``write_back=True`` (the CLI: one process per answer) also
-  writes its RAM-only entries when it is closed, so the next process finds
-  them.
+  writes its most recently used RAM-only entry when it is closed, so the
+  next process can continue that conversation.
 
 Lifecycle: :meth:`BoundCache.close` (called by ``LoadedModel.close`` after the
 engine loop was joined) writes back, drains the writer at normal priority
@@ -46,6 +46,7 @@ from .writer import DrainResult
 log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
+WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
 
 
 @dataclass
@@ -407,16 +408,25 @@ class BoundCache:
         self.stats.save()
         return ok
 
-    def write_back_now(self) -> int:
-        """Queue disk writes of every RAM-only entry that no persisted entry covers; returns how many."""
+    def write_back_now(self, newest: int | None = None) -> int:
+        """Queue disk writes of RAM-only entries that no persisted entry covers; returns how many.
+
+        ``newest``: only the ``newest`` most recently used such entries (``close``
+        writes back :data:`WRITE_BACK_NEWEST`: the conversation a next process
+        may continue, not every one-off answer of an ``--each-line`` batch);
+        None writes them all.
+        """
         if self.disk is None:
             return 0
         n = 0
         with self._lock:
-            for e in sorted(self.entries.values(), key=lambda x: len(x.tokens), reverse=True):
-                if e.persisted or e.payload is None or e.superseded:
-                    continue
-                if any(c.persisted for c in self._covering(e.tokens) if c is not e):
+            todo = [e for e in self.entries.values()
+                    if not (e.persisted or e.payload is None or e.superseded)
+                    and not any(c.persisted for c in self._covering(e.tokens) if c is not e)]
+            if newest is not None:
+                todo = sorted(todo, key=lambda x: x.last_used, reverse=True)[:newest]
+            for e in sorted(todo, key=lambda x: len(x.tokens), reverse=True):
+                if e.superseded:  # replaced by a longer one written just now
                     continue
                 replaced = self._replaced_by(e.tokens, True, e.pinned)
                 for r in replaced:
@@ -455,7 +465,7 @@ class BoundCache:
         try:
             if self.disk is not None:
                 if self.write_back:
-                    self.write_back_now()
+                    self.write_back_now(newest=WRITE_BACK_NEWEST)
                 try:
                     self.last_drain = self.disk.close(timeout)
                 except KeyboardInterrupt:
