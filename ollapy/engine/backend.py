@@ -237,14 +237,28 @@ def _chat_formatter(template: str, bos: str, eos: str, add_generation_prompt: bo
     return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
 
 
+# llama-cpp-python's schema converter lets any character but '"' and '\\' into a string; JSON (RFC 8259, section 7)
+# and llama.cpp's own converter (common/json-schema-to-grammar.cpp, "char") exclude the control characters
+# U+0000-U+001F and DEL, so a raw newline can never end up inside a string.
+_LOOSE_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
+
+
 def json_schema_grammar(schema_json: str | None) -> str:
-    """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json``."""
+    """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json`` (a JSON string).
+
+    Strings admit no raw control characters (they must be escaped, as JSON
+    requires). Raises whatever the schema converter raises for a schema it
+    cannot convert (the caller maps it to an OptionError).
+    """
     finish_imports()
     from llama_cpp import llama_grammar
 
     if schema_json is None:
         return llama_grammar.JSON_GBNF
-    return llama_grammar.json_schema_to_gbnf(schema_json)
+    gbnf = llama_grammar.json_schema_to_gbnf(schema_json)
+    return "\n".join(_JSON_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
+                     for line in gbnf.split("\n"))
 
 
 def _load_model(path: Path, mp, interrupted: threading.Event):
