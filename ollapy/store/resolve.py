@@ -204,11 +204,13 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     by path (``show`` reports it). Raises UsageError, ModelNotFound.
     """
     from .download import link_blob
+    from .gotemplate import jinja_template
     from .modelfile import parse_modelfile
     from .pull import extra_layers
 
     target = parse_name(name)
     mf = parse_modelfile(modelfile_text)
+    template = jinja_template(mf.template) if mf.template else None  # Ollama's Go templates become Jinja
     own = local_store()
     src_path = Path(mf.from_).expanduser()
     if not src_path.is_absolute():
@@ -233,7 +235,7 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
         layers = [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {})) for x in entry.model_layers()]
         source = f"created from {base.name}"
     params = dict(base.parameters) | mf.parameters
-    layers += extra_layers(own, template=mf.template or base.template, system=mf.system or base.system, params=params,
+    layers += extra_layers(own, template=template or base.template, system=mf.system or base.system, params=params,
                            license="\n".join(mf.license) or base.license, messages=mf.messages or base.messages)
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                                 "layers": layers, "ollapy": {"source": source}})
