@@ -115,7 +115,20 @@ class LoadedModel:
         return toks
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """Render chat messages to prompt text with the selected template."""
+        """Render chat messages to prompt text with the selected template.
+
+        A chat whose last message is an assistant turn with content (and no
+        tool calls) is a prefill: the answer continues that message instead of
+        starting a new turn. The earlier messages are rendered with the
+        generation prompt and the assistant text is appended verbatim, as
+        llama.cpp's server does (``prefill_assistant``) and Ollama's template
+        layer does for a trailing assistant message. Raises OptionError for
+        template errors.
+        """
+        last = messages[-1] if messages else None
+        if (add_generation_prompt and len(messages) > 1 and last.get("role") == "assistant"
+                and last.get("content") and not last.get("tool_calls")):
+            return self.render(messages[:-1], add_generation_prompt=True) + str(last["content"])
         try:
             return render_chat_template(self.template.text, messages, self.bos_text, self.eos_text, add_generation_prompt)
         except Exception as exc:  # noqa: BLE001 - jinja errors, raise_exception() in templates: all become OptionError

@@ -1,0 +1,88 @@
+"""A trailing assistant message is a prefill: the answer continues it (Ollama's /api/chat, llama.cpp's server).
+
+The table renders message sequences with both test models' templates (SmolLM2's own ChatML template from
+its GGUF, Gemma's built-in fallback) and states the expected prompt text; a real model then continues the
+prefilled sentence through the live server, through the official ``ollama`` client."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from conftest import ROOT
+
+from ollapy.engine.model import LoadedModel
+from ollapy.options import Options
+
+U = {"role": "user", "content": "What is the capital of France?"}
+S = {"role": "system", "content": "Answer briefly."}
+A_DONE = {"role": "assistant", "content": "Paris."}
+PREFILL = {"role": "assistant", "content": "The capital of France is"}
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma"])
+def model(request, smollm2_path, gemma_path):
+    path = smollm2_path if request.param == "smollm2" else gemma_path
+    with LoadedModel(path, Options(num_ctx=512, num_parallel=1, temperature=0, num_predict=8)) as m:
+        yield m
+
+
+def _closed(m: LoadedModel, msgs: list[dict]) -> str:
+    """The template's own rendering (no prefill rule): every turn closed, then the generation prompt."""
+    from ollapy.engine.backend import render_chat_template
+
+    return render_chat_template(m.template.text, msgs, m.bos_text, m.eos_text, True)
+
+
+@pytest.mark.parametrize("msgs, prefill", [
+    ([U], None),
+    ([S, U], None),
+    ([U, PREFILL], PREFILL["content"]),
+    ([S, U, PREFILL], PREFILL["content"]),
+    ([S, U, A_DONE, U, PREFILL], PREFILL["content"]),
+    ([S, U, A_DONE, U], None),
+    ([U, {"role": "assistant", "content": ""}], None),  # nothing to continue: a new turn as the template says
+    ([U, {"role": "assistant", "content": "x", "tool_calls": [{"function": {"name": "f", "arguments": {}}}]}],
+     None),
+])
+def test_render_table(model, msgs, prefill):
+    text = model.render(msgs)
+    if prefill is None:
+        assert text == _closed(model, msgs)
+    else:
+        head = model.render(msgs[:-1])
+        assert text == head + prefill and head == _closed(model, msgs[:-1])
+        assert text != _closed(model, msgs)  # the template alone would close the turn and open a new one
+
+
+def test_prefill_is_continued_not_restarted(smollm2_path):
+    """Through `ollapy serve` and the official client: the reply continues 'The capital of France is'."""
+    import socket
+
+    import ollama
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_CONTEXT_LENGTH="1024")
+    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(ROOT))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        c = ollama.Client(host=url)
+        r = c.chat(model=str(smollm2_path), messages=[U, PREFILL], options={"temperature": 0, "num_predict": 6})
+        assert r.message.content.startswith(" Paris"), r.message.content
+        plain = c.chat(model=str(smollm2_path), messages=[U], options={"temperature": 0, "num_predict": 6})
+        assert r.prompt_eval_count > plain.prompt_eval_count  # the prefill's tokens are part of the prompt
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0
