@@ -7,6 +7,7 @@ llama_cpp.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -81,30 +82,120 @@ PULL_RETRIES = _setting(
 )
 
 
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+_BOOL_TEXT = "a boolean: 1, 0, true, false, yes, no, on or off"
+
+
+def invalid(s: Setting, expected: str, hint: str = "") -> Exception:
+    """The one error for a bad ``OLLAPY_*`` value: ``OLLAPY_X='v' is not valid: expected ...`` (UsageError, exit 2)."""
+    from .errors import SettingError
+
+    return SettingError(s.env, s.raw(), expected, hint=hint)
+
+
 def _bool(s: Setting) -> bool:
-    return s.raw().strip().lower() in {"1", "true", "yes", "on"}
+    """``s`` as a boolean; raises SettingError for anything but 1/0/true/false/yes/no/on/off."""
+    v = s.raw().strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise invalid(s, _BOOL_TEXT)
 
 
-def _int(s: Setting) -> int:
+def _int(s: Setting, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``s`` as an integer in ``[minimum, maximum]``; raises SettingError (not a number, or out of range)."""
+    if minimum is not None and maximum is not None:
+        expected = f"an integer from {minimum} to {maximum}"
+    elif minimum is not None:
+        expected = f"an integer >= {minimum}"
+    else:
+        expected = "an integer"
     try:
-        return int(s.raw())
+        value = int(s.raw().strip())
     except ValueError:
-        from .errors import UsageError
+        raise invalid(s, expected) from None
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise invalid(s, expected)
+    return value
 
-        raise UsageError(f"{s.env}={s.raw()!r} is not an integer", hint=f"unset {s.env} or set it to a number") from None
+
+def _choice(s: Setting, choices: tuple[str, ...]) -> str:
+    """``s`` lower-cased when it is one of ``choices``; raises SettingError otherwise."""
+    v = s.raw().strip().lower()
+    if v not in choices:
+        raise invalid(s, "one of " + ", ".join(choices))
+    return v
 
 
 def debug() -> bool:
-    """True when ``OLLAPY_DEBUG`` is set to a true value."""
+    """True when ``OLLAPY_DEBUG`` is set to a true value.
+
+    Never raises (error reporting itself asks it): a bad value reads as off
+    here and is reported by :func:`check_settings`, which the CLI runs first.
+    """
+    return DEBUG.raw().strip().lower() in _TRUE
+
+
+def _debug_checked() -> bool:
     return _bool(DEBUG)
 
 
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?$")
+_HOST_TEXT = "[http[s]://]host[:port] with a port from 1 to 65535, e.g. 127.0.0.1:11435"
+DEFAULT_PORT = 11435
+
+
+def _host_parts() -> tuple[str, str, int]:
+    """``(scheme, hostname, port)`` of ``OLLAPY_HOST``; raises SettingError for a bad value.
+
+    Without a scheme the port defaults to 11435; with ``http://`` or
+    ``https://`` and no port, to 80 or 443 (as Ollama does). An empty host
+    (``:8080``) means 127.0.0.1. A bare IPv6 address (``::1``) is accepted.
+    """
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    raw = HOST.raw().strip().strip("\"'").strip()
+    scheme_given = "://" in raw
+    text = raw if scheme_given else "http://" + raw
+    try:
+        ipaddress.IPv6Address(text.split("://", 1)[1].rstrip("/"))
+        text = text.split("://", 1)[0] + "://[" + text.split("://", 1)[1].rstrip("/") + "]"
+    except ValueError:
+        pass
+    try:
+        u = urlsplit(text)
+        port = u.port
+        hostname = u.hostname or ""
+    except ValueError:
+        raise invalid(HOST, _HOST_TEXT) from None
+    scheme = u.scheme.lower()
+    if scheme not in ("http", "https") or u.path.strip("/") or u.query or u.fragment or "@" in u.netloc:
+        raise invalid(HOST, _HOST_TEXT)
+    if "[" in u.netloc:
+        try:
+            ipaddress.IPv6Address(hostname)
+        except ValueError:
+            raise invalid(HOST, _HOST_TEXT) from None
+    elif hostname and not _HOSTNAME.match(hostname):
+        raise invalid(HOST, _HOST_TEXT)
+    if port is None:
+        port = {"http": 80, "https": 443}[scheme] if scheme_given else DEFAULT_PORT
+    if not 1 <= port <= 65535:
+        raise invalid(HOST, _HOST_TEXT)
+    return scheme, hostname or "127.0.0.1", port
+
+
 def host() -> str:
-    """Return ``http://host:port`` for ``OLLAPY_HOST`` (scheme optional in the variable)."""
-    h = HOST.raw().strip()
-    if "://" not in h:
-        h = "http://" + h
-    return h.rstrip("/")
+    """Return ``http[s]://host:port`` for ``OLLAPY_HOST`` (scheme and port optional in the variable).
+
+    Raises SettingError for a value that is not ``[http[s]://]host[:port]``.
+    """
+    scheme, hostname, port = _host_parts()
+    shown = f"[{hostname}]" if ":" in hostname else hostname
+    return f"{scheme}://{shown}:{port}"
 
 
 def models_dir() -> Path:
@@ -125,33 +216,98 @@ def state_dir() -> Path:
 
 
 def num_parallel() -> int:
-    """Default number of parallel slots."""
-    return max(1, _int(NUM_PARALLEL))
+    """Default number of parallel slots (>= 1); raises SettingError."""
+    return _int(NUM_PARALLEL, 1)
+
+
+MIN_CTX = 16
 
 
 def num_ctx() -> int:
-    """Default per-slot context length in tokens."""
-    return max(16, _int(NUM_CTX))
+    """Default per-slot context length in tokens (>= 16); raises SettingError."""
+    return _int(NUM_CTX, MIN_CTX)
 
 
 def max_queue() -> int:
-    """Bound of the request queue of one engine."""
-    return max(0, _int(MAX_QUEUE))
+    """Bound of the request queue of one engine (>= 0; 0 = no waiting); raises SettingError."""
+    return _int(MAX_QUEUE, 0)
 
 
 def num_thread() -> int:
-    """CPU threads (0 = choose automatically)."""
-    return max(0, _int(NUM_THREAD))
+    """CPU threads (0 = choose automatically); raises SettingError."""
+    return _int(NUM_THREAD, 0)
+
+
+def max_loaded_models() -> int:
+    """``OLLAPY_MAX_LOADED_MODELS`` (>= 1); raises SettingError."""
+    return _int(MAX_LOADED, 1)
+
+
+def pull_retries() -> int:
+    """``OLLAPY_PULL_RETRIES``: retries per blob download (0 to 100); raises SettingError."""
+    return _int(PULL_RETRIES, 0, 100)
+
+
+def nohistory() -> bool:
+    """True when ``OLLAPY_NOHISTORY`` turns the chat history file off; raises SettingError."""
+    return _bool(NOHISTORY)
+
+
+def registry_url() -> str:
+    """``OLLAPY_REGISTRY`` without a trailing slash; raises SettingError unless it is an http(s) URL."""
+    from urllib.parse import urlsplit
+
+    raw = REGISTRY.raw().strip().rstrip("/")
+    try:
+        u = urlsplit(raw)
+        u.port  # noqa: B018 - validates the port
+    except ValueError:
+        raise invalid(REGISTRY, "an http:// or https:// URL, e.g. https://registry.ollama.ai") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise invalid(REGISTRY, "an http:// or https:// URL, e.g. https://registry.ollama.ai")
+    return raw
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds for ``300``, ``1.5``, ``5m``, ``1h30m``, ``-1`` (Go duration units ns..h); raises ValueError.
+
+    A negative value stays negative (callers read it as "forever").
+    """
+    t = text.strip()
+    try:
+        secs = float(t)
+    except ValueError:
+        body = t.lstrip("+-")
+        pos, secs = 0, 0.0
+        for m in _DURATION.finditer(body):
+            if m.start() != pos:
+                break
+            secs += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+            pos = m.end()
+        if not body or pos != len(body):
+            raise ValueError(text) from None
+        secs = -secs if t.startswith("-") else secs
+    if secs != secs or secs in (float("inf"), float("-inf")):
+        raise ValueError(text)
+    return secs
+
+
+def keep_alive() -> float:
+    """``OLLAPY_KEEP_ALIVE`` in seconds (``inf`` for a negative value = forever); raises SettingError."""
+    try:
+        secs = parse_duration(KEEP_ALIVE.raw())
+    except ValueError:
+        raise invalid(KEEP_ALIVE, "a duration such as 5m, 1h, 30s, 0 (unload at once) or -1 (forever)") from None
+    return float("inf") if secs < 0 else secs
 
 
 def extra_bufts() -> str:
-    """``auto``, ``on`` or ``off`` (see :data:`EXTRA_BUFTS`)."""
-    v = EXTRA_BUFTS.raw().strip().lower()
-    if v not in {"auto", "on", "off"}:
-        from .errors import UsageError
-
-        raise UsageError(f"OLLAPY_EXTRA_BUFTS={v!r} is not valid", hint="use auto, on or off")
-    return v
+    """``auto``, ``on`` or ``off`` (see :data:`EXTRA_BUFTS`); raises SettingError."""
+    return _choice(EXTRA_BUFTS, ("auto", "on", "off"))
 
 
 ACCESSORS: dict[str, Callable[[], object]] = {}
@@ -196,9 +352,7 @@ def _size(s: Setting) -> int:
     try:
         return parse_size(s.raw())
     except ValueError:
-        from .errors import UsageError
-
-        raise UsageError(f"{s.env}={s.raw()!r} is not a byte size", hint=f"e.g. {s.env}=2GiB or {s.env}=500000000") from None
+        raise invalid(s, "a byte size >= 0 such as 2GiB, 500M or 500000000") from None
 
 
 def cache_ram_bytes() -> int:
@@ -212,18 +366,13 @@ def cache_disk_bytes() -> int:
 
 
 def cache_enabled() -> bool:
-    """False when ``OLLAPY_CACHE`` turns the prompt cache off."""
-    return CACHE_ENABLED.raw().strip().lower() not in {"0", "false", "no", "off"}
+    """False when ``OLLAPY_CACHE`` turns the prompt cache off; raises SettingError for a bad boolean."""
+    return _bool(CACHE_ENABLED)
 
 
 def kv_cache_type() -> str:
     """Default ``kv_cache_type`` load option: f16, q8_0 or q4_0."""
-    v = KV_CACHE_TYPE.raw().strip().lower()
-    if v not in {"f16", "q8_0", "q4_0"}:
-        from .errors import UsageError
-
-        raise UsageError(f"OLLAPY_KV_CACHE_TYPE={v!r} is not valid", hint="use f16, q8_0 or q4_0")
-    return v
+    return _choice(KV_CACHE_TYPE, ("f16", "q8_0", "q4_0"))
 
 
 # ---- server (ollapy/server, ollapy/runtime.py) ------------------------------------------------
@@ -235,9 +384,16 @@ ORIGINS = _setting(
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
 
 
+_ORIGIN = re.compile(r"^(\*|[A-Za-z*][A-Za-z0-9+.*-]*://[^\s/?#]*)$")
+
+
 def origins() -> list[str]:
-    """Extra CORS origins from ``OLLAPY_ORIGINS``."""
-    return [o.strip() for o in ORIGINS.raw().split(",") if o.strip()]
+    """Extra CORS origins from ``OLLAPY_ORIGINS`` (``scheme://host[:port]``, ``*`` wildcards); raises SettingError."""
+    out = [o.strip() for o in ORIGINS.raw().split(",") if o.strip()]
+    for o in out:
+        if not _ORIGIN.match(o):
+            raise invalid(ORIGINS, "comma-separated origins such as https://example.com,chrome-extension://*")
+    return out
 
 
 def max_body() -> int:
@@ -247,7 +403,34 @@ def max_body() -> int:
 
 def host_port() -> tuple[str, int]:
     """``(host, port)`` that ``ollapy serve`` binds, from ``OLLAPY_HOST`` (default port 11435)."""
-    from urllib.parse import urlsplit
+    _, hostname, port = _host_parts()
+    return hostname, port
 
-    u = urlsplit(host())
-    return (u.hostname or "127.0.0.1"), (u.port or 11435)
+
+def _catalogue_raw() -> str:
+    return CATALOGUE.raw()
+
+
+def _test_models_raw() -> str:
+    return TEST_MODELS.raw()
+
+
+ACCESSORS.update({
+    HOST.env: host, MODELS.env: models_dir, CACHE_DIR.env: cache_dir, DEBUG.env: _debug_checked,
+    NUM_PARALLEL.env: num_parallel, NUM_CTX.env: num_ctx, MAX_QUEUE.env: max_queue, EXTRA_BUFTS.env: extra_bufts,
+    NUM_THREAD.env: num_thread, KEEP_ALIVE.env: keep_alive, MAX_LOADED.env: max_loaded_models,
+    NOHISTORY.env: nohistory, TEST_MODELS.env: _test_models_raw, REGISTRY.env: registry_url,
+    CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
+    CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
+    ORIGINS.env: origins, MAX_BODY.env: max_body,
+})
+
+
+def check_settings() -> None:
+    """Read every ``OLLAPY_*`` setting through its accessor; raise the first SettingError.
+
+    The CLI calls this before any command, so a bad value is one clear line
+    and exit 2 instead of a surprise later (or a silently odd value).
+    """
+    for env in SETTINGS:
+        ACCESSORS[env]()

@@ -14,10 +14,12 @@ class OllapyError(Exception):
     exit_code = 1
     status = 500
 
-    def __init__(self, message: str, hint: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", *, public: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # what a remote (HTTP) client is told instead, when message/hint name server paths or listings
+        self.public = public
 
     def __str__(self) -> str:
         return self.message + (f" ({self.hint})" if self.hint else "")
@@ -105,3 +107,25 @@ class CorruptManifest(OllapyError):
     """A manifest that is not valid JSON or lacks a model layer; ``ollapy rm`` removes it."""
 
     status = 500
+
+
+class SettingError(UsageError):
+    """An ``OLLAPY_*`` environment variable with a value that is invalid or out of range. Exit 2.
+
+    The message names the variable, its value and what it accepts:
+    ``OLLAPY_NUM_PARALLEL='abc' is not valid: expected an integer >= 1``.
+    """
+
+    def __init__(self, env: str, value: str, expected: str, hint: str = "") -> None:
+        shown = value if len(value) <= 60 else value[:59] + "…"
+        super().__init__(f"{env}={shown!r} is not valid: expected {expected}", hint=hint or f"fix or unset {env}")
+        self.env = env
+        self.value = value
+        self.expected = expected
+
+
+class PathNotAllowed(UsageError):
+    """A request named a server file path where only store names and uploaded blobs are accepted. HTTP 400.
+
+    The message never depends on whether the file exists (no existence oracle).
+    """

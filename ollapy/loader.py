@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config
-from .errors import ModelNotFound, UsageError
+from .errors import ModelNotFound, PathNotAllowed
 from .options import Options
 
 log = logging.getLogger("ollapy.loader")
@@ -49,18 +49,36 @@ def is_path_name(name: str) -> bool:
     return os.path.isabs(os.path.expanduser(name))
 
 
+def is_path_like(name: str) -> bool:
+    """True when ``name`` is written as a file path rather than a store name, judged by its text alone.
+
+    Absolute or ``~`` paths, ``./`` and ``../`` prefixes, backslashes, and
+    ``*.gguf`` without a ``:tag``. Never looks at the filesystem, so the
+    answer (and any error built on it) cannot reveal whether a file exists.
+    """
+    text = name.strip()
+    if is_path_name(text) or text.startswith(("./", "../", "~", ".\\")) or text in (".", "..") or "\\" in text:
+        return True
+    return text.lower().endswith(".gguf") and ":" not in text
+
+
+PATHS_REFUSED = "model paths are not accepted here"
+PATHS_REFUSED_HINT = "use a model name from `ollapy list`, or start the server with `ollapy serve --allow-paths`"
+
+
 def resolve(name: str, *, pull: bool = False, allow_paths: bool = False):
     """Resolve a model name to a reference with ``.path``, ``.system``, ``.parameters``...
 
-    An absolute path is a :class:`PathRef` when ``allow_paths``; otherwise it
-    is refused with UsageError (a server must not reveal which files exist).
-    Store names go through :func:`ollapy.store.resolve_model` (pulling when
-    ``pull``). Raises ModelNotFound when nothing matches.
+    An absolute path is a :class:`PathRef` when ``allow_paths``; without it,
+    anything written as a path (:func:`is_path_like`, relative ones too) is
+    refused with PathNotAllowed, the same words whether or not the file
+    exists (a server must not reveal which files exist). Store names go
+    through :func:`ollapy.store.resolve_model` (pulling when ``pull``).
+    Raises ModelNotFound when nothing matches.
     """
+    if not allow_paths and is_path_like(name):
+        raise PathNotAllowed(PATHS_REFUSED, hint=PATHS_REFUSED_HINT)
     if is_path_name(name):
-        if not allow_paths:
-            raise UsageError("model paths are not accepted here", hint="use a model name from `ollapy list`, or start "
-                             "the server with `ollapy serve --allow-paths`")
         p = Path(os.path.expanduser(name))
         return PathRef(name=p.name, path=p)
     try:

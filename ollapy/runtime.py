@@ -44,7 +44,7 @@ def parse_keep_alive(value: Any) -> float:
     Raises OptionError for text that is not a duration.
     """
     if value is None or value == "":
-        value = config.KEEP_ALIVE.raw()
+        return config.keep_alive()
     if isinstance(value, bool):
         raise OptionError(f"keep_alive must be a duration, got {value!r}")
     if isinstance(value, (int, float)):
@@ -70,10 +70,7 @@ def parse_keep_alive(value: Any) -> float:
 
 def max_loaded() -> int:
     """``OLLAPY_MAX_LOADED_MODELS`` (at least 1)."""
-    try:
-        return max(1, int(config.MAX_LOADED.raw()))
-    except ValueError:
-        return 3
+    return config.max_loaded_models()
 
 
 @dataclass

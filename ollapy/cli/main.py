@@ -35,6 +35,9 @@ def _root(
                                  is_eager=True),
 ) -> None:
     """Run local LLMs (GGUF, llama.cpp) from the command line, Ollama-style."""
+    from .. import config
+
+    config.check_settings()  # a bad OLLAPY_* value: one line and exit 2 before any command runs
 
 
 def _register_all() -> None:

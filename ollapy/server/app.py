@@ -26,15 +26,17 @@ from .metrics import Metrics
 
 log = logging.getLogger("ollapy.server")
 
+# Ollama's default AllowedOrigins (envconfig): localhost, 127.0.0.1 and 0.0.0.0 over http/https with or without
+# a port, and the app://, file://, tauri://, vscode-webview://, vscode-file:// schemes; OLLAPY_ORIGINS adds to it.
 LOCAL_ORIGINS = [
     r"https?://localhost(:\d+)?",
     r"https?://127\.0\.0\.1(:\d+)?",
-    r"https?://\[::1\](:\d+)?",
     r"https?://0\.0\.0\.0(:\d+)?",
     r"app://.*",
     r"file://.*",
     r"tauri://.*",
     r"vscode-webview://.*",
+    r"vscode-file://.*",
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 from .. import config
 from ..errors import Cancelled, ModelNotFound, OllapyError, describe
@@ -30,11 +31,27 @@ def status_for(exc: BaseException) -> int:
     return 500
 
 
+# an absolute path in a message: after a space, quote, bracket or '=' (so no URL), not an API route in a hint
+_SERVER_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))~?/(?!api/|v1/)[^\s'"()<>\[\],;:]*""")
+
+
+def redact_paths(text: str) -> str:
+    """``text`` with every server filesystem path replaced by ``<path>`` (API errors never show them)."""
+    return _SERVER_PATH.sub("<path>", text)
+
+
 def message_for(exc: BaseException) -> str:
-    """The one-line message (with hint) for an exception; unknown models get a pull hint."""
-    if isinstance(exc, ModelNotFound) and not exc.hint:
-        return f"{exc.message} (try `ollapy pull NAME`)"
-    return describe(exc)
+    """The one-line message (with hint) a client is told: an error's ``public`` words when it has them (no
+    server paths, no catalogue listing), unknown models with a pull hint, and never a server path."""
+    if isinstance(exc, OllapyError) and exc.public:
+        text = exc.public
+        if isinstance(exc, ModelNotFound):
+            text += " (try `ollapy pull NAME`)"
+    elif isinstance(exc, ModelNotFound) and not exc.hint:
+        text = f"{exc.message} (try `ollapy pull NAME`)"
+    else:
+        text = describe(exc)
+    return redact_paths(text)
 
 
 def log_error(exc: BaseException, status: int) -> None:

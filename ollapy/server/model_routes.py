@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import re
 import tempfile
 import threading
 import time
@@ -256,22 +257,69 @@ async def api_create(request: Request):
             raise UsageError("quantize is not supported by ollapy")
         if data.get("adapters"):
             raise UsageError("adapters are not supported by ollapy")
-        text = _create_modelfile(data, parse_modelfile, format_modelfile)
+        text = _create_modelfile(data, parse_modelfile, format_modelfile, state_of(request).runtime.allow_paths)
     except Exception as exc:  # noqa: BLE001
         return err(exc)
 
     def work(emit):
         emit({"status": "reading model metadata"})
-        create_model(name, text, Path.cwd(), quiet=True)
+        with tempfile.TemporaryDirectory(prefix="ollapy-create-") as nowhere:  # FROM never resolves against the cwd
+            create_model(name, text, Path(nowhere), quiet=True)
         emit({"status": "writing manifest"})
 
     return await _threaded_progress(request, work, data.get("stream", True) is not False)
 
 
-def _create_modelfile(data: dict, parse_modelfile, format_modelfile) -> str:
-    """Modelfile text for /api/create: the legacy ``modelfile`` field, or ``from``/``files`` + fields."""
+CREATE_PATHS_REFUSED = "create takes a model name or an uploaded blob, not a file path on the server"
+CREATE_PATHS_HINT = ("upload the GGUF with POST /api/blobs/sha256:<digest> and pass files={name: digest}, "
+                     "or start the server with `ollapy serve --allow-paths` for absolute paths")
+
+
+def _blob_file(digest: str) -> str:
+    """The store file of an uploaded blob (``sha256:<hex>``, ``sha256-<hex>``, ``@sha256:<hex>``); UsageError when
+    the digest is malformed or the blob was not uploaded (only the blob store is consulted, never other paths)."""
     from ..store.pull import local_store
 
+    try:
+        path = local_store().blob_path(str(digest).strip().removeprefix("@"))
+    except ValueError:
+        raise UsageError(f"bad digest {str(digest)[:30]!r}", hint="use sha256:<64 hex digits>") from None
+    if not path.is_file():
+        raise UsageError(f"blob {str(digest).removeprefix('@')[:19]} was not uploaded",
+                         hint="POST it to /api/blobs/<digest> first")
+    return str(path)
+
+
+def create_source(src: str, allow_paths: bool) -> str:
+    """The FROM of an /api/create request as ``create_model`` takes it.
+
+    A digest (``sha256:<hex>``, ``@sha256:<hex>``) becomes its uploaded blob's
+    file; a store name stays as it is; an absolute path passes only with
+    ``serve --allow-paths``. Any other path (relative, ``~``, ``../x.gguf``,
+    ``/etc/passwd`` without the flag) raises PathNotAllowed with the same
+    message whether or not the file exists: nothing on disk is looked at.
+    """
+    from ..errors import PathNotAllowed
+    from ..loader import is_path_like, is_path_name
+    from ..store import parse_name
+
+    text = str(src).strip()
+    if re.fullmatch(r"@?sha256[:-][0-9a-fA-F]{64}", text):
+        return _blob_file(text)
+    if is_path_like(text):
+        if allow_paths and is_path_name(text):
+            return text
+        raise PathNotAllowed(CREATE_PATHS_REFUSED, hint=CREATE_PATHS_HINT)
+    parse_name(text)
+    return text
+
+
+def _create_modelfile(data: dict, parse_modelfile, format_modelfile, allow_paths: bool = False) -> str:
+    """Modelfile text for /api/create: the legacy ``modelfile`` field, or ``from``/``files`` + fields.
+
+    FROM is checked by :func:`create_source` (store names and uploaded blobs;
+    absolute paths only with ``allow_paths``). Raises UsageError/PathNotAllowed.
+    """
     src = data.get("from") or data.get("from_")
     files = data.get("files") or {}
     legacy = data.get("modelfile")
@@ -288,14 +336,11 @@ def _create_modelfile(data: dict, parse_modelfile, format_modelfile) -> str:
         ggufs = [d for f, d in files.items() if str(f).lower().endswith(".gguf")] or list(files.values())
         if len(ggufs) != 1:
             raise UsageError("create from files needs exactly one .gguf file", hint="split GGUFs: create from a path")
-        store = local_store()
-        try:
-            path = store.blob_path(str(ggufs[0]))
-        except ValueError:
-            raise UsageError(f"bad digest {str(ggufs[0])[:30]!r}") from None
-        if not path.is_file():
-            raise UsageError(f"blob {str(ggufs[0])[:19]} was not uploaded", hint="POST it to /api/blobs/<digest> first")
-        src = str(path)
+        src = _blob_file(str(ggufs[0]))
+    elif src:
+        if not isinstance(src, str):
+            raise UsageError("from must be a model name or a blob digest")
+        src = create_source(src, allow_paths)
     if not src:
         raise UsageError("create needs from, files or modelfile")
     params = dict(base["parameters"])

@@ -42,10 +42,7 @@ class _Retryable(Exception):
 
 def pull_retries() -> int:
     """Retry budget per blob from ``OLLAPY_PULL_RETRIES`` (default 6)."""
-    try:
-        return max(0, int(config.PULL_RETRIES.raw()))
-    except ValueError:
-        return 6
+    return config.pull_retries()
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ class RegistryUnreachable(DownloadError):
 def registry_base(name: ModelName, insecure: bool = False) -> str:
     """Base URL of the registry serving ``name`` (no trailing slash)."""
     if name.host == DEFAULT_HOST:
-        return config.REGISTRY.raw().rstrip("/")
+        return config.registry_url()
     scheme = "http" if insecure or name.host.startswith(_LOOPBACK) else "https"
     return f"{scheme}://{name.host}"
 

@@ -1,0 +1,203 @@
+"""Server security: CORS origins as Ollama's, /api/create without server paths, path-free API errors.
+
+The app runs under FastAPI's TestClient without its lifespan: nothing is
+loaded (every request here is refused or handled before a model would be).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from ollapy import config
+from ollapy.server.app import create_app
+
+
+@pytest.fixture
+def client(tmp_path, monkeypatch) -> TestClient:
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    monkeypatch.delenv("OLLAPY_ORIGINS", raising=False)
+    return TestClient(create_app())
+
+
+def _preflight(c: TestClient, origin: str):
+    return c.options("/api/tags", headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+
+
+# ---- CORS ---------------------------------------------------------------------------------------
+OLLAMA_DEFAULT_ORIGINS = [
+    "http://localhost", "https://localhost", "http://localhost:3000", "https://localhost:8443",
+    "http://127.0.0.1", "https://127.0.0.1:5173", "http://0.0.0.0", "https://0.0.0.0:80",
+    "app://obsidian.md", "file://", "tauri://localhost", "vscode-webview://1234abcd", "vscode-file://vscode-app",
+]
+FOREIGN_ORIGINS = ["https://evil.example", "http://localhost.evil.example", "http://127.0.0.1.evil.example",
+                   "http://192.168.1.10:3000", "chrome-extension://abcdef", "null"]
+
+
+@pytest.mark.parametrize("origin", OLLAMA_DEFAULT_ORIGINS)
+def test_cors_default_origins_are_ollamas(client, origin):
+    r = _preflight(client, origin)
+    assert r.status_code == 200
+    assert r.headers.get("access-control-allow-origin") == origin
+
+
+@pytest.mark.parametrize("origin", FOREIGN_ORIGINS)
+def test_cors_foreign_origin_gets_no_allow_header(client, origin):
+    r = _preflight(client, origin)
+    assert "access-control-allow-origin" not in r.headers
+    simple = client.get("/api/version", headers={"Origin": origin})
+    assert "access-control-allow-origin" not in simple.headers
+
+
+def test_cors_ollapy_origins_extends_the_list(tmp_path, monkeypatch):
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("OLLAPY_ORIGINS", "https://evil.example, chrome-extension://*")
+    c = TestClient(create_app())
+    for origin in ("https://evil.example", "chrome-extension://abcdef", "http://localhost:3000"):
+        assert _preflight(c, origin).headers.get("access-control-allow-origin") == origin
+    assert "access-control-allow-origin" not in _preflight(c, "https://other.example").headers
+
+
+# ---- /api/create: uploaded blobs and store names only -------------------------------------------
+def _create(c: TestClient, body: dict):
+    return c.post("/api/create", json={"model": "mine", "stream": False, **body})
+
+
+@pytest.fixture
+def files(tmp_path) -> tuple[Path, Path]:
+    """An existing GGUF-looking file and a path that does not exist, side by side."""
+    d = tmp_path / "secret"
+    d.mkdir()
+    real = d / "weights.gguf"
+    real.write_bytes(b"GGUF" + bytes(60))
+    return real, d / "missing.gguf"
+
+
+def _same_400(a, b) -> str:
+    assert a.status_code == b.status_code == 400, (a.text, b.text)
+    assert a.content == b.content
+    return a.text
+
+
+def test_create_from_absolute_path_same_answer_exists_or_not(client, files):
+    real, missing = files
+    text = _same_400(_create(client, {"from": str(real)}), _create(client, {"from": str(missing)}))
+    assert "not a file path on the server" in json.loads(text)["error"]
+    assert str(real.parent) not in text
+    assert not (config.models_dir() / "manifests").exists()  # nothing was created
+
+
+def test_create_from_system_file_same_answer(client):
+    _same_400(_create(client, {"from": "/etc/passwd"}), _create(client, {"from": "/etc/no-such-file-here"}))
+
+
+def test_create_from_relative_path_same_answer(client, files, monkeypatch):
+    real, missing = files
+    monkeypatch.chdir(real.parent.parent / "secret")  # the server's cwd holds weights.gguf
+    _same_400(_create(client, {"from": "weights.gguf"}), _create(client, {"from": "missing.gguf"}))
+    _same_400(_create(client, {"from": "./weights.gguf"}), _create(client, {"from": "./missing.gguf"}))
+    _same_400(_create(client, {"from": "../secret/weights.gguf"}), _create(client, {"from": "../secret/missing.gguf"}))
+    _same_400(_create(client, {"from": "~/weights.gguf"}), _create(client, {"from": "~/missing.gguf"}))
+
+
+def test_create_modelfile_from_path_same_answer(client, files, monkeypatch):
+    real, missing = files
+    monkeypatch.chdir(real.parent)
+    for a, b in ((str(real), str(missing)), ("weights.gguf", "missing.gguf"), ("/etc/passwd", "/etc/nope")):
+        _same_400(_create(client, {"modelfile": f"FROM {a}\nPARAMETER temperature 0\n"}),
+                  _create(client, {"modelfile": f"FROM {b}\nPARAMETER temperature 0\n"}))
+
+
+def test_create_from_uploaded_blob_works(client, files):
+    from ollapy.store import resolve_model
+
+    data = files[0].read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert client.head(f"/api/blobs/{digest}").status_code == 404
+    assert client.post(f"/api/blobs/{digest}", content=data).status_code == 201
+    assert client.head(f"/api/blobs/{digest}").status_code == 200
+    r = _create(client, {"files": {"weights.gguf": digest}, "parameters": {"temperature": 0}})
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "success"}
+    ref = resolve_model("mine", pull=False)
+    assert ref.path.read_bytes() == data and ref.parameters == {"temperature": 0}
+    # the same blob named by digest in `from` and in a Modelfile's FROM
+    assert _create(client, {"model": "mine2", "from": digest}).status_code == 200
+    assert _create(client, {"model": "mine3", "modelfile": f"FROM @{digest}\nSYSTEM hi\n"}).status_code == 200
+    assert resolve_model("mine3", pull=False).system == "hi"
+    # a store name as FROM (an existing model) works too
+    assert _create(client, {"model": "mine4", "from": "mine", "system": "be brief"}).status_code == 200
+    assert resolve_model("mine4", pull=False).system == "be brief"
+
+
+def test_create_blob_not_uploaded_is_400_without_paths(client):
+    r = _create(client, {"files": {"m.gguf": "sha256:" + "0" * 64}})
+    assert r.status_code == 400
+    assert "was not uploaded" in r.json()["error"]
+    assert str(config.models_dir()) not in r.text and "/blobs/sha256-" not in r.text
+
+
+def test_create_allow_paths_takes_absolute_paths_only(tmp_path, monkeypatch, files):
+    from ollapy.store import resolve_model
+
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    c = TestClient(create_app(allow_paths=True))
+    real, _ = files
+    r = _create(c, {"from": str(real)})
+    assert r.status_code == 200, r.text
+    assert resolve_model("mine", pull=False).path.read_bytes() == real.read_bytes()
+    monkeypatch.chdir(real.parent)
+    _same_400(_create(c, {"from": "weights.gguf"}), _create(c, {"from": "missing.gguf"}))
+
+
+# ---- /api/generate, /api/chat, /api/show: a model given as a server path -------------------------
+@pytest.mark.parametrize("route,extra", [("/api/generate", {"prompt": "hi"}),
+                                         ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+                                         ("/api/show", {})])
+def test_model_path_same_answer_exists_or_not(client, files, monkeypatch, route, extra):
+    real, missing = files
+    monkeypatch.chdir(real.parent)
+
+    def ask(model):
+        return client.post(route, json={"model": model, "stream": False, **extra})
+
+    for a, b in ((str(real), str(missing)), ("./weights.gguf", "./missing.gguf"), ("weights.gguf", "missing.gguf")):
+        text = _same_400(ask(a), ask(b))
+        assert str(real.parent) not in text
+
+
+# ---- API errors carry no server paths and no catalogue listing ----------------------------------
+def test_errors_name_no_server_paths(client):
+    from ollapy.store import catalogue
+
+    store = str(config.models_dir())
+    cat = str(catalogue.catalogue_dir())
+    aliases = catalogue.default_aliases()
+    answers = [
+        client.post("/api/show", json={"model": "nosuch"}),
+        client.request("DELETE", "/api/delete", json={"model": "nosuch"}),
+        client.post("/api/copy", json={"source": "nosuch", "destination": "other"}),
+        client.post("/api/generate", json={"model": "nosuch", "prompt": "hi", "stream": False}),
+        client.post("/v1/chat/completions", json={"model": "nosuch", "messages": [{"role": "user", "content": "x"}]}),
+    ]
+    for r in answers:
+        assert r.status_code in (400, 404), r.text
+        assert store not in r.text and cat not in r.text, r.text
+        assert not any(a in r.text for a in aliases), r.text
+        assert "nosuch" in r.text
+    assert json.loads(answers[0].text)["error"].startswith("model 'nosuch:latest' not found")
+
+
+def test_redact_paths_keeps_api_routes_and_urls():
+    from ollapy.server.errors import redact_paths
+
+    assert redact_paths("model 'x' not found in /home/u/.local/share/ollapy/models (run `ollapy list`)") == \
+        "model 'x' not found in <path> (run `ollapy list`)"
+    assert redact_paths("'/srv/m.gguf': no such file") == "'<path>': no such file"
+    assert redact_paths("/srv/m.gguf: not a readable GGUF file") == "<path>: not a readable GGUF file"
+    kept = "POST it to /api/blobs/<digest> first; see https://registry.ollama.ai/v2/library and hf.co/org/repo"
+    assert redact_paths(kept) == kept
