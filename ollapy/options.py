@@ -113,6 +113,21 @@ COMPAT_OPTIONS = {
 _noted_compat: set[str] = set()
 
 
+def predict_limit(num_predict: int, n_ctx_train: int) -> int:
+    """The most tokens one request may generate: ``num_predict`` when set (>= 0).
+
+    Unset (any negative, Ollama's default -1) is capped at ``n_ctx_train``,
+    the model's training context length in tokens (GGUF metadata), as
+    llama.cpp's server does: a base model that never emits an end token would
+    otherwise generate forever, context shift after context shift. The
+    request then ends with ``done_reason`` ``"length"``. Returns -1 (no
+    limit) only when ``n_ctx_train`` is unknown (0 or less).
+    """
+    if num_predict >= 0 or n_ctx_train <= 0:
+        return num_predict
+    return n_ctx_train
+
+
 def _unknown(name: str) -> OptionError:
     return OptionError(f"unknown option {name!r}", hint="valid options: " + ", ".join(Options.names()))
 

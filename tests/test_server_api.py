@@ -62,7 +62,8 @@ def server(tmp_path_factory, smollm2_path):
         time.sleep(0.2)
     import ollama
 
-    ollama.Client(host=url).create(model="smol", from_=str(smollm2_path))
+    boot = ollama.Client(host=url)  # as a remote client: upload the GGUF (a server path needs serve --allow-paths)
+    boot.create(model="smol", files={"model.gguf": boot.create_blob(smollm2_path)})
     yield SimpleNamespace(url=url, env=env, port=port, base=base, registry=reg, log=base / "serve.log")
     proc.terminate()
     try:
@@ -152,6 +153,40 @@ def test_list_show_ps_copy_delete(oc, server):
     with pytest.raises(ollama.ResponseError) as ei:
         oc.delete("smol-copy:v1")
     assert ei.value.status_code == 404
+
+
+def test_generate_context_continues_the_earlier_call(oc, server):
+    opts = {"temperature": 0, "num_predict": 8}
+    first = oc.generate(model="smol", prompt="My name is Ada. Say hello.", options=opts)
+    ctx = list(first.context)
+    assert ctx and first.prompt_eval_count + first.eval_count - 1 <= len(ctx)
+    alone = oc.generate(model="smol", prompt="What is my name?", options=opts)
+    second = oc.generate(model="smol", prompt="What is my name?", context=ctx, options=opts)  # the client sends it
+    assert list(second.context)[:len(ctx)] == ctx  # the earlier prompt + answer, then the new prompt
+    assert second.prompt_eval_count == len(ctx) + alone.prompt_eval_count  # SmolLM2 adds no BOS to drop
+    assert len(second.context) > len(ctx) + alone.prompt_eval_count
+    u = server.url + "/api/generate"
+    for bad in ([-1], [10 ** 9], ["a"], [1.5], [True], "1 2 3", {"a": 1}):
+        r = httpx.post(u, json={"model": "smol", "prompt": "hi", "context": bad, "stream": False}, timeout=120)
+        assert r.status_code == 400 and set(r.json()) == {"error"} and "context" in r.json()["error"], (bad, r.text)
+
+
+def test_one_model_id_in_list_ps_tags_and_api_ps(oc, server):
+    oc.generate(model="smol", prompt="hi", options={"num_predict": 1})
+    tags = httpx.get(server.url + "/api/tags").json()["models"]
+    digest = next(m["digest"] for m in tags if m["name"] == "smol:latest")
+    assert len(digest) == 64
+    api_ps = httpx.get(server.url + "/api/ps").json()["models"]
+    assert next(m["digest"] for m in api_ps if m["name"] == "smol:latest") == digest
+    for cmd in ("list", "ps"):
+        out = run_cli(cmd, env=server.env)
+        assert out.returncode == 0, out.stderr
+        row = next(line.split() for line in out.stdout.decode().splitlines() if line.startswith("smol:latest "))
+        assert row[1] == digest[:12], (cmd, row)
+    import datetime
+
+    times = [datetime.datetime.fromisoformat(m["modified_at"].replace("Z", "+00:00")) for m in tags]
+    assert times == sorted(times, reverse=True)  # newest first, as Ollama
 
 
 def test_create_from_uploaded_blob_and_from_model(oc, smollm2_path):

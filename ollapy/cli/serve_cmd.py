@@ -34,6 +34,7 @@ def serve(
     h, port = config.host_port()
     logging.basicConfig(level=logging.DEBUG if config.debug() else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = bind_listener(h, port)  # before any "listening" line: a taken port is one error line, exit 1
     if h not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: listening on {h}:{port}, reachable from other machines", file=sys.stderr)
     print(f"ollapy serve listening on http://{h}:{port}", file=sys.stderr)
@@ -45,12 +46,46 @@ def serve(
         raise typer.Exit(0)
 
     previous = signal.signal(signal.SIGTERM, _terminated)
+    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths), host=h, port=port,
+                                           log_level="debug" if config.debug() else "warning",
+                                           timeout_graceful_shutdown=5))
     try:
-        uvicorn.run(create_app(allow_paths=allow_paths), host=h, port=port,
-                    log_level="debug" if config.debug() else "warning", timeout_graceful_shutdown=5)
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # Ctrl-C: uvicorn already shut down gracefully
+        pass
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sock.close()
         print("ollapy serve stopped", file=sys.stderr)
+    if not server.started:
+        raise OllapyError(f"server on {h}:{port} failed to start", hint="set OLLAPY_DEBUG=1 to see why")
+
+
+def bind_listener(host: str, port: int):
+    """A TCP socket bound to ``host:port`` (IPv6 when ``host`` has a colon) for uvicorn to listen on.
+
+    Binding here, before anything is printed, turns a taken port into one
+    OllapyError line (exit 1) naming the address and the cause, instead of
+    uvicorn's log line and exit 3.
+    """
+    import errno
+    import os
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses TIME_WAIT ports
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        cause = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        if exc.errno == errno.EADDRINUSE:
+            hint = "stop the server using it, or pick another port with --host HOST:PORT or OLLAPY_HOST"
+        else:
+            hint = "pick another address with --host HOST:PORT or OLLAPY_HOST"
+        raise OllapyError(f"cannot listen on {shown}: {cause}", hint=hint) from None
+    return sock
 
 
 def _until(expires: str | None) -> str:

@@ -33,10 +33,11 @@ import logging
 import threading
 import time
 from array import array
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
-from ..options import Options
+from ..options import Options, predict_limit
 from .backend import Backend
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
@@ -95,7 +96,9 @@ class Engine:
                first: bool = False, pin: bool = False, truncated: bool = False) -> Request:
         """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
 
-        Raises ContextError when the prompt does not fit ``num_ctx`` and
+        An unset ``options.num_predict`` (negative) becomes the model's
+        ``n_ctx_train`` (:func:`~ollapy.options.predict_limit`). Raises
+        ContextError when the prompt does not fit ``num_ctx`` and
         ``options.truncate`` is false, BusyError when the queue is full.
         """
         if not tokens:
@@ -108,6 +111,9 @@ class Engine:
                                    hint="raise num_ctx, shorten the prompt, or allow truncate")
             tokens, keep = truncate_prompt(tokens, self.resolve_keep(keep, options), n_ctx)
             truncated = True
+        limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
+        if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
+            options = replace(options, num_predict=limit)
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
                       save_points=save_points, loop=loop, pin=pin)
         req.metrics.truncated = truncated

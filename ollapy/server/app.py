@@ -17,11 +17,12 @@ import re
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__, config
 from ..runtime import Runtime
-from .errors import ollama_error, openai_error
+from .errors import RouteError, ollama_error, openai_error
 from .metrics import Metrics
 
 log = logging.getLogger("ollapy.server")
@@ -143,6 +144,14 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False) -> 
 
     for cls in (OllapyError, ValueError, Exception):
         app.add_exception_handler(cls, lambda request, exc: error_response(request, exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException):  # the router's 404 / 405, in the caller's format
+        allow = (exc.headers or {}).get("Allow", "")
+        resp = error_response(request, RouteError(exc.status_code, request.method, request.url.path, allow))
+        if allow:
+            resp.headers["Allow"] = allow
+        return resp
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):

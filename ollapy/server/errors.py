@@ -19,6 +19,21 @@ log = logging.getLogger("ollapy.server")
 CLIENT_GONE = 499
 
 
+class RouteError(OllapyError):
+    """An unknown route (404) or a method the route does not take (405), raised for the router's HTTPException
+    so that it answers in the caller's error format like every other error."""
+
+    def __init__(self, status: int, method: str, path: str, allow: str = "") -> None:
+        if status == 405:
+            super().__init__(f"method {method} not allowed on {path}", hint=f"use {allow}" if allow else "")
+        elif status == 404:
+            super().__init__(f"no such endpoint: {method} {path}", hint="check the URL")
+        else:
+            super().__init__(f"{method} {path}: HTTP {status}")
+        self.status = status
+        self.allow = allow
+
+
 def status_for(exc: BaseException) -> int:
     """HTTP status for an exception: the OllapyError's ``status`` (404 unknown model, 400 bad options,
     503 busy, 499 client gone, 507 disk full...), 400 for malformed JSON/values, else 500."""
@@ -73,8 +88,9 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
     """``(status, {"error": {...}})`` in OpenAI's error shape."""
     status = status_for(exc)
     log_error(exc, status)
-    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "server_busy", 499: "client_closed"}.get(
-        status, "api_error")
+    # as OpenAI: unknown models, unknown URLs and wrong methods are all invalid_request_error
+    kind = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
+            413: "invalid_request_error", 503: "server_busy", 499: "client_closed"}.get(status, "api_error")
     code = "model_not_found" if isinstance(exc, ModelNotFound) else None
     return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
 

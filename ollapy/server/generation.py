@@ -12,6 +12,7 @@ the slot is freed within one engine step).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import time
 from typing import Any, AsyncIterator
@@ -119,12 +120,53 @@ class Generation:
                 mt.observe_done(self.model, self.metrics(), self.first_token_s)
 
 
+def context_field(value: Any) -> list[int] | None:
+    """``/api/generate``'s ``context`` (token ids an earlier call returned): None when absent or empty.
+
+    Raises OptionError (400) when it is not a list of non-negative integers;
+    :func:`with_context` checks the ids against the model's vocabulary.
+    """
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list):
+        raise OptionError("context must be a list of token ids",
+                          hint="send back the context an earlier /api/generate call returned")
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+            raise OptionError(f"context holds {t!r}, not a token id (a non-negative integer)",
+                              hint="send back the context an earlier /api/generate call returned")
+    return value
+
+
+def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):
+    """``prompt`` (an engine Prompt) with the ``context`` tokens in front, as Ollama does: the earlier
+    prompt and answer, then the new templated prompt. ``bos`` is the BOS id when the model adds one
+    (else None): the new prompt's leading BOS is dropped, the context already starts the sequence.
+    ``keep`` becomes the context's BOS; save points move with the tokens.
+
+    Raises OptionError (400) for an id outside ``0 .. n_vocab - 1``.
+    """
+    bad = next((t for t in context if t >= n_vocab), None)
+    if bad is not None:
+        raise OptionError(f"context holds token id {bad}, but this model's vocabulary has {n_vocab} tokens",
+                          hint="send back the context an earlier /api/generate call of this model returned")
+    new = list(prompt.tokens)
+    if bos is not None and new and new[0] == bos:
+        new = new[1:]
+    shift = len(context) - (len(prompt.tokens) - len(new))
+    points = tuple(p + shift for p in prompt.save_points if 0 < p + shift < len(context) + len(new))
+    keep = 1 if bos is not None and context[0] == bos else 0
+    return dataclasses.replace(prompt, tokens=list(context) + new, keep=keep, save_points=points)
+
+
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
-                keep_alive=None, cache: bool = True) -> Generation:
+                keep_alive=None, cache: bool = True, context: list[int] | None = None) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
 
     ``options`` is the request's raw ``options`` object, read leniently by :func:`~ollapy.options.api_options`.
+    ``context`` (generate only, not raw, as in Ollama) goes in front of the templated prompt
+    (:func:`with_context`).
     """
     t0 = time.perf_counter()
     rt = state.runtime
@@ -145,6 +187,9 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 msgs.append({"role": "system", "content": sys_text})
             msgs.append({"role": "user", "content": prompt or ""})
             p = await asyncio.to_thread(model.chat_prompt, model_messages(_NoSystem(ref), msgs), opts)
+            if context:
+                b = model.backend
+                p = with_context(p, context, b.n_vocab, b.bos if b.add_bos else None)
         req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop())
     except BaseException:
         rt.release_nowait(entry)

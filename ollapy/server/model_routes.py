@@ -63,9 +63,8 @@ async def api_tags(request: Request):
         except Exception:  # noqa: BLE001
             path = None
         info = await asyncio.to_thread(gguf_info, path)
-        digest = hashlib.sha256(m.entry.path.read_bytes()).hexdigest() if m.entry.path.is_file() else m.id
         out.append({"name": m.name, "model": m.name, "modified_at": iso_time(m.modified), "size": m.size,
-                    "digest": digest, "details": model_details(info)})
+                    "digest": m.digest, "details": model_details(info)})  # newest first, as list_models sorts
     return {"models": out}
 
 

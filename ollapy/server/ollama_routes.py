@@ -197,11 +197,12 @@ async def api_generate(request: Request):
         if not isinstance(prompt, str):
             raise OptionError("prompt must be a string")
         ka = data.get("keep_alive")
+        context = generation.context_field(data.get("context"))
         if not prompt and not data.get("suffix"):
             return await _load_or_unload(st, name, data, ka, chat=False)
         gen = await generation.start(st, name, route="generate", prompt=prompt, raw=bool(data.get("raw")),
                                      system=data.get("system"), options=data.get("options"), fmt=_fmt(data.get("format")),
-                                     keep_alive=ka, cache=data.get("cache", True) is not False)
+                                     keep_alive=ka, cache=data.get("cache", True) is not False, context=context)
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return err(exc)
     model = data.get("model") or name
@@ -323,18 +324,11 @@ def model_details(info: dict | None) -> dict:
             "parameter_size": str(info.get("parameters") or ""), "quantization_level": str(info.get("quantization") or "")}
 
 def _manifest_ids() -> dict[str, str]:
-    """name -> sha256 of its manifest file: the same ID `list` and /api/tags show."""
-    import hashlib
-
+    """name -> the model's ID (manifest digest, :func:`ollapy.store.resolve.manifest_digest`): the same ID
+    `ollapy list`, `ollapy ps` and /api/tags show."""
     from ..store import list_models
 
-    out = {}
-    for m in list_models():
-        try:
-            out[m.name] = hashlib.sha256(m.entry.path.read_bytes()).hexdigest()
-        except (OSError, AttributeError):
-            continue
-    return out
+    return {m.name: m.digest for m in list_models() if m.digest}
 
 
 @router.get("/api/ps")

@@ -37,7 +37,11 @@ class ModelRef:
 
 @dataclass
 class ModelInfo:
-    """One row of ``ollapy list``: size in bytes, modified as a POSIX timestamp, ``broken`` = reason or None."""
+    """One row of ``ollapy list``: size in bytes, modified as a POSIX timestamp, ``broken`` = reason or None.
+
+    ``digest`` is the manifest's sha256 (64 hex, :func:`manifest_digest`), the one model ID that ``list``,
+    ``ps``, ``/api/tags`` and ``/api/ps`` show; ``id`` is its first 12 hex digits.
+    """
 
     name: str
     id: str
@@ -47,6 +51,7 @@ class ModelInfo:
     store: str
     broken: str | None
     entry: Entry
+    digest: str = ""
 
 
 def _text(store: Store, layer: dict[str, Any]) -> str:
@@ -124,8 +129,8 @@ def resolve_model(name: str, *, pull: bool = True, quiet: bool = False) -> Model
     return ref_from_entry(store, entry, local_store())
 
 
-def _manifest_id(path: Path) -> str:
-    """First 12 hex digits of the manifest's sha256, as Ollama shows IDs.
+def manifest_digest(path: Path) -> str:
+    """The manifest's sha256 (64 hex digits): a model's ID, shown as its first 12 digits as Ollama does.
 
     ollapy's own bookkeeping inside a manifest (``ollapy``: the name and the
     source it came from) is left out, so the ID names the content: a ``cp``
@@ -135,7 +140,7 @@ def _manifest_id(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError:
-        return "?" * 12
+        return "?" * 64
     try:
         manifest = json.loads(data)
         if isinstance(manifest, dict) and "ollapy" in manifest:
@@ -143,11 +148,12 @@ def _manifest_id(path: Path) -> str:
             data = json.dumps(manifest, indent=2).encode("utf-8")
     except ValueError:
         pass
-    return hashlib.sha256(data).hexdigest()[:12]
+    return hashlib.sha256(data).hexdigest()
 
 
 def list_models() -> list[ModelInfo]:
-    """Every model in the local store, then those only in the Ollama store; broken entries included."""
+    """Every model in the local store and those only in the Ollama store, newest first (by the manifest's
+    modified time, as Ollama sorts ``list`` and ``/api/tags``); broken entries included."""
     out: list[ModelInfo] = []
     own = local_store()
     seen = set()
@@ -161,7 +167,9 @@ def list_models() -> list[ModelInfo]:
             layers = (e.manifest or {}).get("layers", [])
             size = sum(int(x.get("size") or 0) for x in layers if isinstance(x, dict))
             src = ((e.manifest or {}).get("ollapy") or {}).get("source") or label
-            out.append(ModelInfo(e.display(), _manifest_id(e.path), size, e.modified, src, label, e.broken, e))
+            digest = manifest_digest(e.path)
+            out.append(ModelInfo(e.display(), digest[:12], size, e.modified, src, label, e.broken, e, digest))
+    out.sort(key=lambda m: (-m.modified, m.name))
     return out
 
 
