@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import run_cli
+
 from ollapy import config
 from ollapy.errors import SettingError, UsageError
 

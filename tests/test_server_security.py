@@ -201,3 +201,14 @@ def test_redact_paths_keeps_api_routes_and_urls():
     assert redact_paths("/srv/m.gguf: not a readable GGUF file") == "<path>: not a readable GGUF file"
     kept = "POST it to /api/blobs/<digest> first; see https://registry.ollama.ai/v2/library and hf.co/org/repo"
     assert redact_paths(kept) == kept
+
+
+def test_public_words_are_what_clients_see():
+    from ollapy.errors import ModelLoadError, ModelNotFound
+    from ollapy.server.errors import message_for
+
+    exc = ModelNotFound("model 'x' not found: not in the store /srv/store", hint="aliases: a, b",
+                        public="model 'x' not found")
+    assert message_for(exc) == "model 'x' not found (try `ollapy pull NAME`)"
+    assert message_for(ModelLoadError("/srv/m.gguf: not a readable GGUF file", hint="re-pull the model")) == \
+        "<path>: not a readable GGUF file (re-pull the model)"

@@ -56,17 +56,17 @@ def redact_paths(text: str) -> str:
 
 
 def message_for(exc: BaseException) -> str:
-    """The one-line message (with hint) a client is told: an error's ``public`` words when it has them (no
-    server paths, no catalogue listing), unknown models with a pull hint, and never a server path."""
+    """The one-line message (with hint) a client is told, never with a server path.
+
+    An error's ``public`` words are used as they are (written for clients: no
+    server paths, no catalogue listing; unknown models get a pull hint);
+    every other message has its absolute paths replaced (:func:`redact_paths`).
+    """
     if isinstance(exc, OllapyError) and exc.public:
-        text = exc.public
-        if isinstance(exc, ModelNotFound):
-            text += " (try `ollapy pull NAME`)"
-    elif isinstance(exc, ModelNotFound) and not exc.hint:
-        text = f"{exc.message} (try `ollapy pull NAME`)"
-    else:
-        text = describe(exc)
-    return redact_paths(text)
+        return exc.public + (" (try `ollapy pull NAME`)" if isinstance(exc, ModelNotFound) else "")
+    if isinstance(exc, ModelNotFound) and not exc.hint:
+        return redact_paths(f"{exc.message} (try `ollapy pull NAME`)")
+    return redact_paths(describe(exc))
 
 
 def log_error(exc: BaseException, status: int) -> None:
