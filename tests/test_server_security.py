@@ -212,3 +212,8 @@ def test_public_words_are_what_clients_see():
     assert message_for(exc) == "model 'x' not found (try `ollapy pull NAME`)"
     assert message_for(ModelLoadError("/srv/m.gguf: not a readable GGUF file", hint="re-pull the model")) == \
         "<path>: not a readable GGUF file (re-pull the model)"
+
+
+def test_unknown_url_is_shown_as_sent(client):
+    """The path of a request's own URL is not a server path: a 404 names it as sent."""
+    assert client.get("/foo/bar").json()["error"].startswith("no such endpoint: GET /foo/bar")

@@ -32,6 +32,7 @@ class RouteError(OllapyError):
             super().__init__(f"{method} {path}: HTTP {status}")
         self.status = status
         self.allow = allow
+        self.public = str(self)  # the client's own URL, not a server path: shown as it is
 
 
 def status_for(exc: BaseException) -> int:
