@@ -102,6 +102,8 @@ _CHOICES = {
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
         "mirostat": 0}
 _MAX = {"mirostat": 2}
+# OpenAI's presence/frequency penalties range over [-2, 2]; a negative one favours repeats (llama.cpp applies it so)
+_FLOAT_MIN = {"presence_penalty": -2.0, "frequency_penalty": -2.0}
 
 #: Option names the official Ollama client's ``Options`` type (and older Ollama servers) carry that ollapy has no
 #: use for, with their types. The HTTP API accepts them (a wrong type is still an error) and ignores them.
@@ -179,8 +181,10 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
             out = float(value)
             if out != out or out in (float("inf"), float("-inf")):
                 raise ValueError
-            if name != "seed" and out < 0:
-                raise OptionError(f"option {name} must not be negative, got {out}")
+            low = _FLOAT_MIN.get(name, 0.0)
+            if out < low:
+                raise OptionError(f"option {name} must be at least {low:g}, got {out}" if low else
+                                  f"option {name} must not be negative, got {out}")
             return out
         s = str(value).strip().lower()
         if name in _CHOICES and s not in _CHOICES[name]:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -83,7 +84,7 @@ def test_repl_set_stop_words_replace_and_show_modelfile_parses(smollm2_path):
     `/show modelfile` prints one JSON-quoted PARAMETER line per value, which the Modelfile parser reads back."""
     from ollapy.store.modelfile import parse_modelfile
 
-    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
+    c = _spawn(smollm2_path, "-o", "repeat_penalty=1", env_extra={"OLLAPY_NOHISTORY": "1"})  # the greedy answer below
     c.expect_exact(">>> ")
     c.sendline("/set parameter stop Berlin")
     c.expect_exact(">>> ")
@@ -93,8 +94,9 @@ def test_repl_set_stop_words_replace_and_show_modelfile_parses(smollm2_path):
     c.sendline("/show modelfile")
     c.expect_exact(">>> ")
     shown = c.before.replace("\r\n", "\n").split("\n", 1)[1]  # the echoed command line first
-    assert shown.splitlines()[1:] == ["PARAMETER temperature 0", 'PARAMETER stop "Paris"', 'PARAMETER stop "France"']
-    assert parse_modelfile(shown).parameters == {"temperature": 0.0, "stop": ["Paris", "France"]}
+    assert shown.splitlines()[1:] == ["PARAMETER temperature 0", "PARAMETER repeat_penalty 1",
+                                      'PARAMETER stop "Paris"', 'PARAMETER stop "France"']
+    assert parse_modelfile(shown).parameters == {"temperature": 0.0, "repeat_penalty": 1.0, "stop": ["Paris", "France"]}
     c.sendline("What is the capital of France? Answer in one word.")  # unstopped: "The capital of France is Paris."
     c.expect_exact(">>> ")
     assert c.before.replace("\r\n", "\n").split("\n")[1] == "The capital of "
@@ -187,3 +189,81 @@ def test_ctrl_c_during_prompt_eval_exits_130_without_crashing(smollm2_path, tmp_
         c.close()
         assert c.signalstatus is None and c.exitstatus == 130, c.before[-2000:]
         assert "Traceback" not in c.before and "Exception ignored" not in c.before
+
+
+def test_repl_save_creates_a_model_that_list_show_run_and_load_use(smollm2_path):
+    """`/save NAME` makes a store model, as Ollama's does: FROM the current model, its system prompt, the
+    session's parameters and the conversation as MESSAGEs; `run NAME` and `/load NAME` pick all of it up."""
+    from ollapy.store.modelfile import parse_modelfile
+
+    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter num_predict 7")
+    c.expect_exact(">>> ")
+    c.sendline("/set system You are a pirate named Captain Zorblax.")
+    c.expect_exact(">>> ")
+    c.sendline("My favourite city is Zanzibar. Say OK.")
+    c.expect_exact(">>> ")
+    c.sendline("/save pirate")
+    c.expect_exact("Created new model 'pirate'")
+    c.expect_exact(">>> ")
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 0
+
+    assert b"pirate:latest" in run_cli("list").stdout
+    show = run_cli("show", "pirate", "--modelfile")
+    assert show.returncode == 0, show.stderr
+    mf = parse_modelfile(show.stdout.decode())
+    assert mf.system == "You are a pirate named Captain Zorblax."
+    assert mf.parameters["num_predict"] == 7 and mf.parameters["temperature"] == 0
+    assert [m["role"] for m in mf.messages] == ["user", "assistant"]
+    assert mf.messages[0]["content"] == "My favourite city is Zanzibar. Say OK." and mf.messages[1]["content"]
+
+    r = run_cli("run", "pirate", "--verbose", "What is my favourite city?", env={"OLLAPY_DEBUG": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    err = r.stderr.decode()
+    prompt = [ln for ln in err.splitlines() if "chat prompt" in ln][-1]
+    assert "chat prompt (4 messages" in prompt and "Captain Zorblax" in prompt and "Zanzibar" in prompt
+    n = int(re.search(r"^\s*eval count:\s+(\d+) token", err, re.M).group(1))
+    assert 1 <= n <= 7, err[-1500:]  # the saved num_predict
+    assert r.stdout.strip()
+
+    d = _spawn(smollm2_path, "--verbose", env_extra={"OLLAPY_NOHISTORY": "1"})
+    d.expect_exact(">>> ")
+    d.sendline("/load nosuchmodel")
+    d.expect_exact("Couldn't find model 'nosuchmodel'")
+    d.expect_exact(">>> ")
+    d.sendline("/load pirate")
+    d.expect_exact("Loading model 'pirate'")
+    d.expect_exact(">>> ")
+    d.sendline("/show system")
+    d.expect_exact("You are a pirate named Captain Zorblax.")
+    d.expect_exact(">>> ")
+    d.sendline("What is my favourite city?")
+    d.expect(r"prompt eval count: +(\d+) token")
+    assert int(d.match.group(1)) > 45  # system + saved turns + question (60); the question alone is about 35
+    d.expect(r"\beval count: +(\d+) token")
+    assert 1 <= int(d.match.group(1)) <= 7
+    d.expect_exact(">>> ")
+    d.sendline("/bye")
+    d.expect(pexpect.EOF)
+    d.close()
+    assert d.exitstatus == 0
+
+
+def test_session_restores_options_and_explicit_option_wins(smollm2_path):
+    def eval_count(p) -> int:
+        assert p.returncode == 0, p.stderr
+        return int(re.search(rb"^\s*eval count:\s+(\d+) token", p.stderr, re.M).group(1))
+
+    story = "Write a very long story about a dragon."
+    a = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=5", "--session", "opts",
+                "--verbose", story)
+    assert eval_count(a) == 5
+    b = run_cli("run", str(smollm2_path), "--session", "opts", "--verbose", "Write another, longer one.")
+    assert eval_count(b) == 5  # num_predict came back with the session
+    c = run_cli("run", str(smollm2_path), "-o", "num_predict=9", "--session", "opts", "--verbose",
+                "Write one more very long story.")
+    assert 5 < eval_count(c) <= 9  # -o wins over the saved value

@@ -1,6 +1,7 @@
 """Subprocess tests of ``ollapy run`` on real models: one-shot, pipes, no escape codes, bad input."""
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -10,14 +11,14 @@ Q = "What is the capital of France? Answer in one word."
 
 
 def test_one_shot_prints_answer_and_exits_0(smollm2_path):
-    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", Q)
+    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "repeat_penalty=1", Q)
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"The capital of France is Paris.\n"
     assert b"\x1b" not in p.stdout + p.stderr and b"\r" not in p.stdout + p.stderr
 
 
 def test_piped_stdin_without_newline(smollm2_path):
-    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", input=Q)
+    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "repeat_penalty=1", input=Q)
     assert p.returncode == 0, p.stderr
     assert p.stdout == b"The capital of France is Paris.\n"
 
@@ -98,3 +99,81 @@ def test_format_json_starts_an_object(smollm2_path):
     p = run_cli("run", str(smollm2_path), "--format", "json", "-o", "temperature=0", "-o", "num_predict=10", "Hi")
     assert p.returncode == 0, p.stderr
     assert p.stdout.decode().lstrip().startswith(("{", "["))
+
+
+def _pipe_env() -> dict:
+    import os
+
+    env = dict(os.environ)
+    env.pop("OLLAPY_DEBUG", None)
+    return env
+
+
+def test_stdout_closed_by_head_exits_141_quietly(smollm2_path, tmp_path):
+    """`run ... | head -1`: generation stops, nothing on stderr, exit 141 (as `yes | head -1`), one-shot and batch."""
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    py, model = shlex.quote(sys.executable), shlex.quote(str(smollm2_path))
+    err = tmp_path / "err"
+    ask = "'List twenty fruits, one per line.'"  # a greedy answer of many lines: the 2nd write finds the pipe closed
+    cmd = (f"{py} -m ollapy.cli.main run {model} -o temperature=0 -o num_predict=200 {ask} 2>{err} "
+           f"| head -1; exit ${{PIPESTATUS[0]}}")
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, env=_pipe_env(), cwd=str(ROOT), timeout=300)
+    assert err.read_bytes() == b""
+    assert p.returncode == 141, p
+    assert len(p.stdout.splitlines()) == 1 and p.stdout.strip()
+    cmd = (f"printf 'List twenty fruits, one per line.\\nList twenty animals, one per line.\\n' "
+           f"| {py} -m ollapy.cli.main run {model} --each-line -o temperature=0 -o num_predict=100 2>{err} "
+           f"| head -1; exit ${{PIPESTATUS[1]}}")
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, env=_pipe_env(), cwd=str(ROOT), timeout=300)
+    assert err.read_bytes() == b""
+    assert p.returncode == 141, p
+    assert len(p.stdout.splitlines()) == 1
+
+
+def test_json_without_each_line_is_usage_error(smollm2_path):
+    p = run_cli("run", str(smollm2_path), "--json", "hi")
+    assert p.returncode == 2
+    lines = p.stderr.decode().splitlines()
+    assert len(lines) == 1 and "--each-line" in lines[0] and lines[0].startswith("Error: "), lines
+    assert p.stdout == b""
+
+
+def test_each_line_one_output_line_per_input_line_escaped(smollm2_path):
+    from ollapy.cli.batch import escape_answer
+
+    prompts = ["Write a poem about the sea in four short lines.", "", "List three colours, one per line.",
+               "What is the capital of France? Answer in one word.", "   "]
+    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=60", "--each-line",
+                input="\n".join(prompts) + "\n")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.decode()
+    assert out.endswith("\n") and "\r" not in out and "\t" not in out
+    lines = out[:-1].split("\n")
+    assert len(lines) == len(prompts), lines
+    assert lines[1] == "" and lines[4] == ""  # blank input line: empty output line
+    assert "\\n" in lines[0] and "\\n" in lines[2]  # multi-line answers stay on their line
+    assert "Paris" in lines[3]
+    assert escape_answer("a\\b\nc\r\td") == "a\\\\b\\nc\\r\\td"
+    # --json: one record per input line too, indexed by input line; the plain line is its escaped response
+    j = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=60", "--each-line", "--json",
+                input="\n".join(prompts) + "\n")
+    recs = [json.loads(x) for x in j.stdout.decode().splitlines()]
+    assert [r["index"] for r in recs] == list(range(len(prompts)))
+    assert recs[1] == {"index": 1, "prompt": "", "response": ""} and "eval_count" in recs[0]
+    assert escape_answer(recs[3]["response"]) == lines[3]
+
+
+def test_each_line_verbose_prints_stats_per_line(smollm2_path):
+    p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=8", "--each-line", "--verbose",
+                input="Say hi.\n\nSay bye.\n")
+    assert p.returncode == 0, p.stderr
+    err = p.stderr.decode()
+    assert re.findall(r"^line (\d+):$", err, re.M) == ["1", "3"], err
+    assert err.count("prompt eval count:") == 2 and err.count("eval rate:") == 4  # "prompt eval rate" + "eval rate"
+    for block in err.split("line ")[1:]:
+        assert 1 <= int(re.search(r"^eval count:\s+(\d+) token", block, re.M).group(1)) <= 8

@@ -24,7 +24,7 @@ from conftest import ROOT, run_cli
 from fake_registry import FakeRegistry
 
 Q = "What is the capital of France? Answer in one word."
-GREEDY = {"temperature": 0, "num_predict": 24}
+GREEDY = {"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0}  # prompt tokens enter the penalty window
 
 
 def _free_port() -> int:
@@ -308,11 +308,12 @@ def test_openai_client(server):
 
     c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
     msgs = [{"role": "user", "content": Q}]
-    r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24, seed=1)
+    flat = {"options": {"repeat_penalty": 1.0}}  # ollapy's extension: Ollama options (the answer pinned here has none)
+    r = c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24, seed=1, extra_body=flat)
     assert r.choices[0].message.content == "The capital of France is Paris."
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens > 0
     chunks = list(c.chat.completions.create(model="smol", messages=msgs, temperature=0, max_tokens=24, stream=True,
-                                            stream_options={"include_usage": True}))
+                                            stream_options={"include_usage": True}, extra_body=flat))
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert text == "The capital of France is Paris."
     assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens > 0
@@ -348,11 +349,11 @@ def test_openai_client(server):
 
 # ---- CLI through the server ------------------------------------------------------------------------------
 def test_cli_run_through_server_matches_in_process(server, smollm2_path):
-    local = run_cli("run", str(smollm2_path), "-o", "temperature=0", Q, env={"OLLAPY_HOST": "127.0.0.1:9"})
-    remote = run_cli("run", "smol", "-o", "temperature=0", Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    local = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "repeat_penalty=1", Q, env={"OLLAPY_HOST": "127.0.0.1:9"})
+    remote = run_cli("run", "smol", "-o", "temperature=0", "-o", "repeat_penalty=1", Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout == b"The capital of France is Paris.\n"
-    piped = run_cli("run", "smol", "-o", "temperature=0", input=Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    piped = run_cli("run", "smol", "-o", "temperature=0", "-o", "repeat_penalty=1", input=Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert piped.stdout == local.stdout, piped.stderr
     bad = run_cli("run", "nosuch", "hi", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert bad.returncode == 1 and b"not found" in bad.stderr and b"Traceback" not in bad.stderr

@@ -387,7 +387,7 @@ class Engine:
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
-        slot.sampler = Sampler(b, req.options, req.grammar)
+        slot.sampler = Sampler(b, req.options, req.grammar, prompt)
         slot.begin(req, self.resolve_keep(req.keep, req.options))
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)

@@ -9,10 +9,23 @@ unless the repeat penalty touched it, and that case is reproduced exactly in
 float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
 always go through the chain. llama.cpp itself is reached through
 :mod:`ollapy.engine.backend` (the only module that imports ``llama_cpp``).
+
+Two rules follow llama.cpp's common sampler (``common/sampling.cpp``) and its
+server, which Ollama's runner mirrors:
+
+* The prompt's tokens enter the penalty window before the first sample
+  (``common_sampler_accept(..., accept_grammar=false)`` for every prompt
+  token), so ``repeat_penalty`` also discourages repeating the prompt.
+* A grammar is not part of the chain. The chain samples first; the token is
+  checked against the grammar alone, and only when the grammar rejects it are
+  the logits reset and sampled again with the grammar applied first. Same
+  distribution, and the grammar's full-vocabulary pass runs only on rejection.
 """
 from __future__ import annotations
 
 import collections
+import ctypes
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import backend as _backend
@@ -30,15 +43,22 @@ class Sampler:
     penalties, temperature, Mirostat v1/v2 with ``mirostat`` 1/2; an optional GBNF grammar first).
     Free with :meth:`close`."""
 
-    def __init__(self, backend: "Backend", o, grammar: str | None = None) -> None:
+    def __init__(self, backend: "Backend", o, grammar: str | None = None, prompt: Sequence[int] = ()) -> None:
+        """``o``: the request's Options; ``grammar``: GBNF text (ValueError when llama.cpp rejects it);
+        ``prompt``: the prompt's token ids, fed to the penalty window (see the module docstring)."""
+        self._grammar = None
+        if grammar:
+            self._grammar = C.llama_sampler_init_grammar(backend.vocab, grammar.encode(), b"root")
+            if not self._grammar:
+                raise ValueError("invalid grammar")
+            n = backend.n_vocab
+            self._cand = _backend.np.zeros(n, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+            self._ids = _backend.np.arange(n, dtype=_backend.np.int32)
+            self._cur = C.llama_token_data_array()
+            self._one = (C.llama_token_data * 1)()
+            self._one_arr = C.llama_token_data_array()
         self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         add = lambda s: C.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
-        if grammar:
-            g = C.llama_sampler_init_grammar(backend.vocab, grammar.encode(), b"root")
-            if not g:
-                C.llama_sampler_free(self._ptr)
-                raise ValueError("invalid grammar")
-            add(g)
         if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
             last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
             add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
@@ -59,6 +79,7 @@ class Sampler:
         self._rp = _backend.np.float32(o.repeat_penalty)
         self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
         self._counts: collections.Counter[int] = collections.Counter()
+        self._accept_prompt(prompt)
         if o.temperature <= 0:
             add(C.llama_sampler_init_greedy())
             return
@@ -83,8 +104,24 @@ class Sampler:
         add(C.llama_sampler_init_temp(o.temperature))
         add(C.llama_sampler_init_dist(seed))
 
+    def _accept_prompt(self, prompt: Sequence[int]) -> None:
+        """Put the prompt's tokens in the penalty window (only the last ``repeat_last_n`` can matter).
+
+        Called before any sampler but the penalties is in the chain: only the
+        penalties sampler keeps state from ``accept``."""
+        if not self._penalized or not self._last_n or not prompt:
+            return
+        tail = list(prompt)[-self._last_n:]
+        if self._fast:
+            for t in tail:
+                self._remember(t)
+        for t in tail:  # the chain too, even where the fast path keeps the history itself (it may fall back)
+            C.llama_sampler_accept(self._ptr, t)
+
     def sample(self, backend: "Backend", row: int) -> int:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""
+        if self._grammar is not None:
+            return self._sample_with_grammar(backend, row)
         if self._fast:
             logits = backend.logits_row(row)
             tok = int(logits.argmax())
@@ -123,6 +160,40 @@ class Sampler:
                 logits[t] = raw
         return tok
 
+    def _candidates(self, logits) -> ctypes.Structure:
+        """A fresh ``llama_token_data_array`` over ``logits`` (samplers may sort or move its data)."""
+        cand = self._cand
+        cand["id"] = self._ids
+        cand["logit"] = logits
+        cand["p"] = 0.0
+        cur = self._cur
+        cur.data = ctypes.cast(cand.ctypes.data, C.llama_token_data_p)
+        cur.size = len(cand)
+        cur.selected = -1
+        cur.sorted = False
+        return cur
+
+    def _sample_with_grammar(self, backend: "Backend", row: int) -> int:
+        """llama.cpp's ``common_sampler_sample``: chain first, grammar check, resample only on rejection."""
+        logits = backend.logits_row(row)
+        cur = self._candidates(logits)
+        C.llama_sampler_apply(self._ptr, ctypes.byref(cur))
+        tok = int(cur.data[cur.selected].id)
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = tok, 1.0, 0.0
+        arr = self._one_arr
+        arr.data = ctypes.cast(one, C.llama_token_data_p)
+        arr.size, arr.selected, arr.sorted = 1, -1, False
+        C.llama_sampler_apply(self._grammar, ctypes.byref(arr))
+        if one[0].logit == float("-inf"):  # rejected: the grammar first over every token, then the chain
+            cur = self._candidates(logits)
+            C.llama_sampler_apply(self._grammar, ctypes.byref(cur))
+            C.llama_sampler_apply(self._ptr, ctypes.byref(cur))
+            tok = int(cur.data[cur.selected].id)
+        C.llama_sampler_accept(self._grammar, tok)
+        C.llama_sampler_accept(self._ptr, tok)
+        return tok
+
     def _sample_chain(self, backend: "Backend", row: int) -> int:
         tok = C.llama_sampler_sample(self._ptr, backend.ctx, row)
         if self._fast:
@@ -145,3 +216,6 @@ class Sampler:
         if self._ptr:
             C.llama_sampler_free(self._ptr)
             self._ptr = None
+        if self._grammar:
+            C.llama_sampler_free(self._grammar)
+            self._grammar = None
