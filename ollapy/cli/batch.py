@@ -1,11 +1,46 @@
-"""``run --each-line``: every input line is its own prompt, run concurrently over the slots, printed in order."""
+"""``run --each-line``: every input line is its own prompt, run concurrently over the slots, printed in order.
+
+Output is exactly one line per input line, in input order, so a shell loop
+(``while IFS= read -r line``) can pair answers with prompts:
+
+* plain: the answer (leading/trailing blanks stripped) with a backslash written
+  as ``\\\\``, a newline as ``\\n``, a carriage return as ``\\r`` and a tab as
+  ``\\t`` (:func:`escape_answer`); a blank input line gives an empty output line
+  and no model call; a failed line gives an empty line and a warning on stderr.
+* ``--json``: one JSON object per input line (``index`` = 0-based input line,
+  ``prompt``, ``response``, ``done_reason`` and the stats, or ``error``).
+
+With ``--verbose`` each answered line's stats go to stderr as one block headed
+``line N:`` (1-based), the same fields ``run --verbose`` prints for one answer.
+"""
 from __future__ import annotations
 
 import json
 import sys
 
 from ..errors import describe
-from .output import warn
+from .output import OutputClosed, format_stats, info, warn, write_out
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def escape_answer(text: str) -> str:
+    """One answer as one output line: ``\\`` -> ``\\\\``, newline -> ``\\n``, CR -> ``\\r``, tab -> ``\\t``.
+
+    Reversible (``printf '%b'`` or Python's ``codecs.decode(s, "unicode_escape")`` for ASCII text).
+    """
+    return text.translate(_ESCAPES)
+
+
+def split_lines(text: str) -> list[str]:
+    """Input lines as a shell's ``read`` sees them: split at ``\\n`` only (a final newline ends the last line,
+    it does not start an empty one); a trailing ``\\r`` (CRLF files) is dropped."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
 
 
 class _Peeked:
@@ -33,52 +68,70 @@ class _Peeked:
         self.stream.cancel()
 
 
-def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) -> None:
-    """Submit every line at once (the engine queues what exceeds the slots) and print answers in input order.
+def _metrics(final) -> dict:
+    if final is None or final.metrics is None:
+        return {}
+    return final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
 
-    A shared ``--system`` prompt is the same prefix for every request, so the
-    engine copies its KV between slots (or the prompt cache serves it) instead
-    of prefilling it once per line.
+
+def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) -> None:
+    """Submit every non-blank line at once (the engine queues what exceeds the slots); print one line per input
+    line in input order (see the module docstring for the format).
+
+    ``conv`` may be None when every line is blank. A shared ``--system``
+    prompt is the same prefix for every request, so the engine copies its KV
+    between slots (or the prompt cache serves it) instead of prefilling it once
+    per line. Raises OutputClosed (after cancelling every request) when stdout's
+    reader goes away, SystemExit(1) after the last line when any line failed.
     """
-    streams = []
-    for i, line in enumerate(lines):
+    streams: list = []
+    first = True
+    n_prompts = sum(1 for ln in lines if ln.strip())
+    for line in lines:
+        if not line.strip():
+            streams.append(None)
+            continue
         text = f"{line}\n\n{suffix}" if suffix else line
         msgs = conv.chat_messages(text, settings.system)
         stream = conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache)
-        if i == 0 and len(lines) > 1:
+        if first and n_prompts > 1:
             # let the first request prefill the shared prefix (system prompt, template header) alone, so the
             # others copy its KV in-context instead of all prefilling it at once
             stream = _Peeked(stream)
+        first = False
         streams.append(stream)
     failed = 0
     try:
         for i, (line, stream) in enumerate(zip(lines, streams)):
             parts, final, error = [], None, None
-            try:
-                for c in stream:
-                    parts.append(c.text)
-                    if c.done:
-                        final = c
-            except Exception as exc:  # noqa: BLE001 - report per line, keep going
-                error = describe(exc)
-                failed += 1
+            if stream is not None:
+                try:
+                    for c in stream:
+                        parts.append(c.text)
+                        if c.done:
+                            final = c
+                except Exception as exc:  # noqa: BLE001 - report per line, keep going
+                    error = describe(exc)
+                    failed += 1
             answer = "".join(parts).strip()
+            m = _metrics(final)
             if as_json:
                 rec = {"index": i, "prompt": line, "response": answer}
                 if final is not None:
-                    m = final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics or {})
                     rec.update(done_reason=final.done_reason, **m)
                 if error:
                     rec["error"] = error
-                sys.stdout.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                write_out(sys.stdout, json.dumps(rec, ensure_ascii=False) + "\n")
             else:
-                sys.stdout.write((answer if not error else "") + "\n")
-                if error:
-                    warn(f"line {i + 1}: {error}")
-            sys.stdout.flush()
-    except KeyboardInterrupt:
+                write_out(sys.stdout, (escape_answer(answer) if not error else "") + "\n")
+            if error:
+                warn(f"line {i + 1}: {error}")
+            elif m and settings.verbose:
+                info(f"line {i + 1}:\n" + format_stats(m))
+    except (KeyboardInterrupt, OutputClosed):
         for s in streams:
-            s.cancel()
+            if s is not None:
+                s.cancel()
         raise
     if failed:
         raise SystemExit(1)

@@ -23,7 +23,13 @@ _ABORT = tuple({typer.Abort, *(c for c in (getattr(getattr(_click, "exceptions",
 
 
 def run_app(app) -> int:
-    """Invoke ``app`` with sys.argv; return the exit code (0 ok, 1 error, 2 usage, 130 interrupted)."""
+    """Invoke ``app`` with sys.argv; return the exit code (0 ok, 1 error, 2 usage, 130 interrupted, 141 stdout closed).
+
+    stdout's reader going away (``ollapy ... | head -1``) is not an error: nothing is printed and the
+    exit status is :data:`~ollapy.cli.output.EXIT_PIPE`, as a shell reports for ``yes | head -1``.
+    """
+    from .output import EXIT_PIPE, OutputClosed, detach_stdout
+
     try:
         rv = app(standalone_mode=False)
         # typer returns the exit code of typer.Exit (and 130 for Ctrl-C) in non-standalone mode
@@ -46,8 +52,14 @@ def run_app(app) -> int:
     except KeyboardInterrupt:
         _flush()
         return 130
-    except BrokenPipeError:
-        return 0
+    except (OutputClosed, BrokenPipeError):
+        detach_stdout()
+        return EXIT_PIPE
+    except SystemExit:
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":  # click's own EPIPE handling ends in sys.exit(1)
+            detach_stdout()
+            return EXIT_PIPE
+        raise
     except OllapyError as exc:
         _report(exc)
         return exc.exit_code

@@ -66,7 +66,24 @@ def main() -> None:
 
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
     code = run_app(app)
-    sys.exit(finish_process(code))
+    sys.exit(flush_stdout(finish_process(code)))
+
+
+def flush_stdout(code: int) -> int:
+    """Flush stdout before the interpreter does; when its reader has gone away, exit quietly with 141.
+
+    Python's own final flush would print "Exception ignored ... BrokenPipeError" and exit 120.
+    """
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        from .output import EXIT_PIPE, detach_stdout
+
+        detach_stdout()
+        return EXIT_PIPE if code == 0 else code
+    except ValueError:  # stdout already closed
+        pass
+    return code
 
 
 def finish_process(code: int) -> int:

@@ -1,11 +1,48 @@
 """Terminal output: model text to stdout (optionally word-wrapped on a TTY), stats and warnings to stderr.
 
 Nothing here writes ANSI escape codes when the stream is not a terminal.
+When the reader of stdout goes away (``ollapy run ... | head -1``) every write
+here raises :class:`OutputClosed`; the caller cancels generation and the
+process exits quietly with :data:`EXIT_PIPE`.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import sys
+
+EXIT_PIPE = 141
+"""Exit status when stdout's reader went away: 128 + SIGPIPE, what a shell reports for ``yes | head -1``
+(and for Ollama, whose Go runtime dies of SIGPIPE there). Nothing is printed on stderr."""
+
+
+class OutputClosed(Exception):
+    """stdout's reader went away (EPIPE). Not an OSError on purpose: click would turn that into exit 1."""
+
+
+def detach_stdout() -> None:
+    """Point stdout's file descriptor at /dev/null after EPIPE, so that the interpreter's final flush of the
+    text still buffered cannot fail (no "Exception ignored ... BrokenPipeError" line, no exit 120)."""
+    try:
+        fd = sys.__stdout__.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError, AttributeError):
+        return
+    try:
+        os.dup2(devnull, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
+
+
+def write_out(stream, text: str) -> None:
+    """Write ``text`` to ``stream`` and flush; raises OutputClosed when the reader has gone away."""
+    try:
+        stream.write(text)
+        stream.flush()
+    except BrokenPipeError:
+        raise OutputClosed("stdout closed") from None
 
 
 def is_tty(stream) -> bool:
@@ -47,8 +84,7 @@ class TextSink:
             return
         self.last = text[-1]
         if not self.wrap or self.width < 20:
-            self.stream.write(text)
-            self.stream.flush()
+            write_out(self.stream, text)
             return
         out = []
         for ch in text:
@@ -67,21 +103,21 @@ class TextSink:
                 if len(self.word) >= self.width:
                     out.append(self.word)
                     self.col, self.word = 0, ""
-        self.stream.write("".join(out))
-        self.stream.flush()
+        write_out(self.stream, "".join(out))
 
     def finish(self) -> None:
-        """Flush the pending word and end with exactly one newline."""
+        """Flush the pending word and end with exactly one newline; raises OutputClosed like :meth:`write`."""
+        out = ""
         if self.wrap and self.word:
             if self.col + len(self.word) > self.width:
-                self.stream.write("\n")
-            self.stream.write(self.word)
+                out += "\n"
+            out += self.word
             self.last = self.word[-1]
             self.word = ""
         if self.last != "\n":
-            self.stream.write("\n")
-        self.stream.flush()
+            out += "\n"
         self.col, self.last = 0, "\n"
+        write_out(self.stream, out)
 
 
 def _dur(ns: int) -> str:

@@ -12,15 +12,15 @@ import json
 import sys
 
 from .. import config
-from ..errors import Cancelled, OllapyError, describe
+from ..errors import Cancelled, ModelNotFound, OllapyError, describe
 from ..options import coerce_option
 from .output import TextSink, format_stats
 
 HELP = """Available Commands:
   /set            Set session variables
   /show           Show model information
-  /load <name>    Load a saved session
-  /save <name>    Save your current session
+  /load <model>   Load a session or model
+  /save <model>   Save your current session
   /clear          Clear session context
   /bye, /exit     Exit
   /?, /help       Help for a command
@@ -184,13 +184,15 @@ def handle_command(conv, settings, line: str) -> str | None:
         if len(parts) < 2:
             print(f"Usage:\n  {cmd} <name>")
             return None
-        if cmd == "/save":
-            conv.save(parts[1], settings)
-            print(f"Created new session '{parts[1]}'")
-        elif conv.load(parts[1]):
-            print(f"Loaded session '{parts[1]}' ({len(conv.messages)} messages)")
-        else:
-            print(f"No session named '{parts[1]}'")
+        if cmd == "/save":  # as Ollama: a new model FROM this one, with its system, parameters and messages
+            conv.save_model(parts[1], settings)
+            print(f"Created new model '{parts[1]}'")
+            return None
+        print(f"Loading model '{parts[1]}'")
+        try:
+            conv.switch_model(parts[1], settings)
+        except ModelNotFound:
+            print(f"Couldn't find model '{parts[1]}'")
         return None
     if cmd == "/set":
         return _set(conv, settings, line)

@@ -2,7 +2,9 @@
 
 Piped stdin is read whole and put before the prompt arguments (Ollama's
 rule). Model text goes to stdout, everything else to stderr. Ctrl-C stops
-generation at once, keeps what was printed, and exits 130.
+generation at once, keeps what was printed, and exits 130. When stdout's
+reader goes away (``| head -1``) generation is cancelled, the model closed,
+and the process exits 141 without a word on stderr.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import Cancelled, OptionError, UsageError
-from .output import TextSink, format_stats, info, is_tty, warn
+from .output import OutputClosed, TextSink, format_stats, info, is_tty, warn
 
 
 def read_stdin() -> str | None:
@@ -53,10 +55,13 @@ def run(
                                                help="Model option key=value (repeatable), e.g. -o temperature=0."),
     parallel: Optional[int] = typer.Option(None, "--parallel", help="Parallel slots (num_parallel)."),
     each_line: bool = typer.Option(False, "--each-line",
-                                   help="Treat every stdin line as its own prompt; answers in input order."),
-    as_json: bool = typer.Option(False, "--json", help="With --each-line: print JSON Lines with stats."),
+                                   help="Treat every stdin line as its own prompt; one output line per input line, "
+                                        "in order (newlines in an answer written as \\n, backslashes as \\\\)."),
+    as_json: bool = typer.Option(False, "--json", help="With --each-line: one JSON object per input line, with stats."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Do not use the prompt cache for this run."),
-    session: Optional[str] = typer.Option(None, "--session", help="Named conversation to continue and save."),
+    session: Optional[str] = typer.Option(None, "--session",
+                                          help="Named conversation to continue and save (messages, system prompt, "
+                                               "options; -o wins over saved options)."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Fail instead of pulling a missing model."),
     markdown: bool = typer.Option(False, "--markdown", help="Render replies as Markdown in the interactive chat."),
 ) -> None:
@@ -64,6 +69,8 @@ def run(
     from ..options import parse_options
     from .session import RunSettings, load_model_for_run
 
+    if as_json and not each_line:
+        raise UsageError("--json needs --each-line", hint="add --each-line: ollapy run MODEL --each-line --json < prompts.txt")
     opts = parse_options(option or [])
     if parallel is not None:
         if parallel < 1:
@@ -77,12 +84,16 @@ def run(
         if stdin_text is None:
             raise UsageError("--each-line reads prompts from stdin",
                              hint="pipe a file: ollapy run MODEL --each-line < prompts.txt")
-        from .batch import run_each_line
+        from .batch import run_each_line, split_lines
 
-        lines = [ln for ln in stdin_text.splitlines() if ln.strip()]
+        lines = split_lines(stdin_text)
         suffix = " ".join(prompt or []).strip()
+        n_prompts = sum(1 for ln in lines if ln.strip())
+        if not n_prompts:  # blank lines only: one empty answer each, no model needed
+            run_each_line(None, lines, suffix, settings, as_json)
+            return
         if "num_parallel" not in opts:
-            opts["num_parallel"] = max(1, min(4, len(lines)))
+            opts["num_parallel"] = max(1, min(4, n_prompts))
         with load_model_for_run(model, opts, settings, pull=not no_pull) as loaded:
             run_each_line(loaded, lines, suffix, settings, as_json)
         return
@@ -126,6 +137,9 @@ def answer_once(loaded, text: str | None, settings) -> None:
     except KeyboardInterrupt:
         stream.cancel()
         sink.finish()
+        raise
+    except OutputClosed:  # `| head -1` is done reading: stop generating now (the caller's `with` closes the model)
+        stream.cancel()
         raise
     except Cancelled:
         sink.finish()

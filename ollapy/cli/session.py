@@ -3,8 +3,10 @@
 :func:`load_model_for_run` resolves the name (pulling when allowed), then
 returns a :class:`Conversation` whose ``ask`` streams chunks. The
 conversation keeps the chat history (so each REPL turn reuses the KV of
-earlier turns) and, with ``--session NAME``, saves it to the state dir so a
-new process can continue it.
+earlier turns) and, with ``--session NAME``, saves it (with its options) to
+the state dir so a new process can continue it. The REPL's ``/save NAME``
+makes a model in the store instead (:meth:`Conversation.save_model`), as
+Ollama does, and ``/load NAME`` switches to a model (:meth:`Conversation.switch_model`).
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ class Conversation:
     options: dict
     messages: list[dict] = field(default_factory=list)
     session: str | None = None
+    base: str | None = None  # what a saved model's FROM line names: the store name, or the GGUF's absolute path
 
     def __enter__(self) -> Conversation:
         return self
@@ -130,15 +133,41 @@ class Conversation:
             "messages": self.messages,
         })
 
-    def load(self, name: str) -> bool:
-        """Replace the history with a saved session's; False when there is none."""
-        data = load_session(name)
-        if not data:
-            return False
-        self.messages = list(data.get("messages", []))
-        if data.get("system"):
-            self.system = data["system"]
-        return True
+    def save_model(self, name: str, settings: RunSettings) -> str:
+        """Create model ``name`` in the store (Ollama's ``/save``): FROM the current model, with the current
+        system prompt, the options (``-o`` and ``/set parameter``) as PARAMETERs and the chat so far as
+        MESSAGEs. Goes through the store's ``create_model``; returns the stored name. Raises UsageError
+        (bad name), ModelNotFound."""
+        from ..store import create_model
+        from ..store.modelfile import format_modelfile
+
+        system = settings.system if settings.system is not None else self.system
+        params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()}
+        msgs = [{"role": m["role"], "content": m.get("content", "")} for m in self.messages if m["role"] != "system"]
+        text = format_modelfile(self.base or self.name, params, system, None, None, msgs)
+        return create_model(name, text, Path.cwd(), quiet=True).name
+
+    def switch_model(self, name: str, settings: RunSettings) -> None:
+        """Unload the current model and load ``name`` (Ollama's ``/load``): its system prompt and messages
+        replace the current ones; options given with ``-o`` or ``/set parameter`` stay. Raises ModelNotFound
+        (the current model stays loaded) or the load error (the previous model is loaded again first)."""
+        from .. import loader
+        from .runner import absolute_model_arg, connect_runner, resolve_for_cli
+
+        resolve_for_cli(name, pull=False)  # an unknown name fails here, before anything is unloaded
+        old_name = self.base or self.name
+        self.close()
+        try:
+            runner, ref = connect_runner(name, self.options, settings, pull=False)
+        except Exception:
+            self.runner, _ = connect_runner(old_name, self.options, settings, pull=False)
+            raise
+        arg = absolute_model_arg(name)
+        self.runner, self.name = runner, ref.name
+        self.base = arg if loader.is_path_name(arg) else ref.name
+        self.system = ref.system
+        self.messages = list(ref.messages or [])
+        settings.system = None
 
     def clear(self) -> None:
         """Forget the chat history (the system prompt stays)."""
@@ -162,16 +191,39 @@ class _Recording:
 
 
 def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull: bool = True) -> Conversation:
-    """Resolve ``name`` and return a ready Conversation (through a server when one answers, else in-process)."""
-    from .runner import connect_runner
+    """Resolve ``name`` and return a ready Conversation (through a server when one answers, else in-process).
 
-    runner, ref = connect_runner(name, cli_options, settings, pull=pull)
-    conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=cli_options,
-                        messages=list(ref.messages or []), session=settings.session)
-    if settings.session:  # (nothing below can fail: the runner is closed by the caller's `with`)
-        data = load_session(settings.session)
-        if data:
-            conv.messages = list(data.get("messages", []))
-            if settings.system is None and data.get("system"):
-                conv.system = data["system"]
+    With ``settings.session`` naming a saved session, its messages, system prompt and options come back;
+    options in ``cli_options`` (``-o``) win over saved ones.
+    """
+    from .. import loader
+    from .runner import absolute_model_arg, connect_runner
+
+    data = load_session(settings.session) if settings.session else None
+    options = dict(cli_options)
+    if data:
+        options = {**_saved_options(data.get("options")), **cli_options}
+    runner, ref = connect_runner(name, options, settings, pull=pull)
+    arg = absolute_model_arg(name)
+    conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=options,
+                        messages=list(ref.messages or []), session=settings.session,
+                        base=arg if loader.is_path_name(arg) else ref.name)
+    if data:  # (nothing below can fail: the runner is closed by the caller's `with`)
+        conv.messages = list(data.get("messages", []))
+        if settings.system is None and data.get("system"):
+            conv.system = data["system"]
     return conv
+
+
+def _saved_options(saved) -> dict:
+    """A saved session's options, typed again; a value that no longer parses (hand-edited file) is dropped."""
+    from ..errors import OptionError
+    from ..options import coerce_option
+
+    out = {}
+    for k, v in (saved or {}).items() if isinstance(saved, dict) else ():
+        try:
+            out[k] = coerce_option(k, v)
+        except OptionError:
+            continue
+    return out
