@@ -33,7 +33,12 @@ def test_pull_registry_and_resolve(store_env, registry, smollm2_path):
     assert ref.name == "tiny:q4" and ref.digest == hexd
     assert ref.path == store_env / "blobs" / f"sha256-{hexd}" and ref.path.stat().st_size == smollm2_path.stat().st_size
     assert ref.parameters == {"temperature": 0.2, "stop": ["<|im_end|>"]}
-    assert (ref.template, ref.system, ref.license) == ("{{ .Prompt }}", "You are terse.", "Apache-2.0")
+    from ollapy.store.gotemplate import translate_go_template
+
+    # the registry's Go template is used translated to Jinja (the engine renders Jinja only)
+    assert (ref.template, ref.system, ref.license) == (translate_go_template("{{ .Prompt }}"), "You are terse.",
+                                                       "Apache-2.0")
+    assert "{{ .Prompt }}" not in ref.template
     assert (store_env / "manifests/registry.ollama.ai/library/tiny/q4").is_file()
     assert not list((store_env / "blobs").glob("*-partial"))
     assert registry.bytes_served[hexd] == smollm2_path.stat().st_size
@@ -237,3 +242,11 @@ def test_pull_by_manifest_digest_is_verified(store_env, registry, smollm2_path):
         pull_model(f"tiny@sha256:{want}", quiet=True)
     with pytest.raises(ModelNotFound):
         pull_model(f"tiny@sha256:{'0' * 64}", quiet=True)
+
+
+def test_registry_template_that_cannot_be_translated_falls_back_to_the_gguf(store_env, registry, smollm2_path):
+    """A library template using tool syntax ollapy cannot translate: the GGUF's own chat template applies."""
+    registry.add_model("library", "tools", "latest", smollm2_path,
+                       template="{{ if .Tools }}{{ .Tools }}{{ end }}{{ .Prompt }}")
+    ref = resolve_model("tools", quiet=True)
+    assert ref.template is None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 from ..errors import CorruptManifest, ModelNotFound
 from . import catalogue
 from .layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
+
+log = logging.getLogger("ollapy.store")
 from .names import ModelName, looks_like_path, parse_name
 from .ollama_store import ollama_store
 from .pull import local_store, not_found, pull_model
@@ -58,6 +61,20 @@ def _text(store: Store, layer: dict[str, Any]) -> str:
     return store.layer_file(layer).read_text(encoding="utf-8")
 
 
+def _runnable_template(name: str, text: str) -> str | None:
+    """A stored TEMPLATE as the engine can use it: Jinja as is; a Go template (a model pulled from an
+    Ollama registry, or created before translation existed) translated; None when it cannot be, so the
+    GGUF's own chat template applies (logged; ``run --verbose`` and ``show`` name the template used)."""
+    from ..errors import UsageError
+    from .gotemplate import jinja_template
+
+    try:
+        return jinja_template(text)
+    except UsageError as exc:
+        log.info("model %s: %s; using the GGUF's chat template", name, exc)
+        return None
+
+
 def ref_from_entry(store: Store, entry: Entry, links: Store) -> ModelRef:
     """Build a ModelRef from a valid manifest entry; ``links`` is the writable store for split-GGUF links."""
     if entry.broken or entry.manifest is None:
@@ -75,7 +92,7 @@ def ref_from_entry(store: Store, entry: Entry, links: Store) -> ModelRef:
         mt = layer.get("mediaType")
         try:
             if mt == MT_TEMPLATE:
-                ref.template = _text(store, layer)
+                ref.template = _runnable_template(entry.display(), _text(store, layer))
             elif mt == MT_SYSTEM:
                 ref.system = _text(store, layer)
             elif mt == MT_LICENSE:
