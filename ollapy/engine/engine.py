@@ -41,7 +41,7 @@ from ..options import Options, predict_limit
 from .backend import Backend
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
-from .sampler import Sampler
+from .sampler import Sampler, token_logprob
 from .slot import Slot, SlotState
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ class Engine:
 
     def submit(self, tokens: list[int], options: Options, *, grammar: str | None = None, keep: int = -1,
                cache: bool = True, save_points: tuple[int, ...] = (), loop: asyncio.AbstractEventLoop | None = None,
-               first: bool = False, pin: bool = False, truncated: bool = False) -> Request:
+               first: bool = False, pin: bool = False, truncated: bool = False, logprobs: int = -1) -> Request:
         """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
 
         An unset ``options.num_predict`` (negative) becomes the model's
@@ -115,7 +115,7 @@ class Engine:
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
-                      save_points=save_points, loop=loop, pin=pin)
+                      save_points=save_points, loop=loop, pin=pin, logprobs=logprobs)
         req.metrics.truncated = truncated
         # like Ollama, only the request that caused the load reports it
         req.metrics.load_duration, self.load_duration_ns = self.load_duration_ns, 0
@@ -293,6 +293,8 @@ class Engine:
         b = self.backend
         req = s.request
         tok = s.sampler.sample(b, s.batch_row)
+        if req.logprobs >= 0 and not b.is_eog(tok):
+            req.pending_logprobs.append(token_logprob(b, s.batch_row, tok, req.logprobs))
         limit = req.options.num_predict
         if limit >= 0 and req.metrics.eval_count >= limit:
             self._finish(s, "length")
@@ -305,7 +307,7 @@ class Engine:
         text = s.detok.feed(b.token_piece(tok))
         emit, stopped = s.stops.feed(text) if text else ("", False)
         if emit:
-            req.push(Chunk(emit))
+            req.push(Chunk(emit, logprobs=req.take_logprobs()))
         if stopped:
             self._finish(s, "stop", flush=False)
             return
@@ -429,7 +431,8 @@ class Engine:
         self._save(s, pinned=req.pin, persist=req.pin)
         s.release()
         self.requests_done += 1
-        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=list(s.tokens)))
+        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=list(s.tokens),
+                       logprobs=req.take_logprobs()))
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
         req = s.request

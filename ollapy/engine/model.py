@@ -210,15 +210,17 @@ class LoadedModel:
 
     # ---- generation ---------------------------------------------------------------------------
     def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,
-               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False) -> Request:
+               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1) -> Request:
         """Queue a generation for ``prompt``; returns the Request to stream chunks from.
 
         ``pin`` marks the prompt-cache entries this request saves as pinned
-        (never evicted); ``cache=False`` bypasses the prompt cache.
+        (never evicted); ``cache=False`` bypasses the prompt cache;
+        ``logprobs`` >= 0 attaches each token's log-probability and that many
+        alternatives to the chunks (:class:`~ollapy.engine.request.TokenLogprob`).
         """
         return self.engine.submit(prompt.tokens, options, grammar=self.grammar_for(fmt), keep=prompt.keep,
                                   cache=cache, save_points=prompt.save_points, loop=loop, pin=pin,
-                                  truncated=prompt.truncated)
+                                  truncated=prompt.truncated, logprobs=logprobs)
 
     def chat(self, messages: list[dict], options: Options | None = None, **kw) -> Request:
         """Render ``messages`` and submit; keyword arguments as in :meth:`submit`."""

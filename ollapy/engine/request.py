@@ -42,14 +42,29 @@ class Metrics:
 
 
 @dataclass
+class TokenLogprob:
+    """One generated token's log-probability under the model (natural log of the softmax of its raw logits,
+    before any sampler), its bytes, and the ``top`` most likely alternatives as (piece, logprob, bytes)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top: list[tuple[str, float, list[int]]] = field(default_factory=list)
+
+
+@dataclass
 class Chunk:
-    """One streamed piece: ``text`` (may be ''), and on the last chunk ``done`` with ``done_reason`` and metrics."""
+    """One streamed piece: ``text`` (may be ''), and on the last chunk ``done`` with ``done_reason`` and metrics.
+
+    ``logprobs``: the requested :class:`TokenLogprob` of the tokens sampled since the previous chunk (None
+    when the request did not ask for them)."""
 
     text: str
     done: bool = False
     done_reason: str | None = None
     metrics: Metrics | None = None
     tokens: list[int] | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -70,10 +85,12 @@ class Request:
     save_points: tuple[int, ...] = ()
     pin: bool = False
     loop: asyncio.AbstractEventLoop | None = None
+    logprobs: int = -1  # -1: none; n >= 0: each token's logprob and its n most likely alternatives
     id: int = 0
     created_ns: int = field(default_factory=time.perf_counter_ns)
     metrics: Metrics = field(default_factory=Metrics)
     output_tokens: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # sampled, not yet sent with a chunk
     cancelled_in: str = ""  # the phase a cancel ended it in: queue, prefill or generate (an event for tests and logs)
     _cancel: threading.Event = field(default_factory=threading.Event)
     _q: Any = None
@@ -88,6 +105,13 @@ class Request:
             self._q = queue.SimpleQueue()
 
     # -- engine side ----------------------------------------------------------------------
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The logprobs sampled since the last chunk (emptied), or None when the request wants none."""
+        if self.logprobs < 0:
+            return None
+        out, self.pending_logprobs = self.pending_logprobs, []
+        return out
+
     def push(self, item: Chunk | BaseException) -> None:
         """Deliver a chunk or a terminal exception to the reader (engine thread)."""
         if self._closed:

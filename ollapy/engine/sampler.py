@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 from . import backend as _backend
 
+from .request import TokenLogprob
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -219,3 +221,24 @@ class Sampler:
         if self._grammar:
             C.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def token_logprob(backend: "Backend", row: int, tok: int, top: int) -> TokenLogprob:
+    """``tok``'s log-probability in logits row ``row`` (log-softmax of the raw logits, float64 sums), with
+    the ``top`` most likely tokens (most likely first). Costs one pass over the ``n_vocab`` logits."""
+    np_ = _backend.np
+    logits = backend.logits_row(row)
+    peak = float(logits.max())
+    lse = peak + float(np_.log(np_.exp((logits - peak).astype(np_.float64)).sum()))
+
+    def entry(t: int) -> tuple[str, float, list[int]]:
+        raw = backend.token_piece(t)
+        return raw.decode("utf-8", "replace"), float(logits[t]) - lse, list(raw)
+
+    best: list[tuple[str, float, list[int]]] = []
+    if top > 0:
+        k = min(top, len(logits))
+        idx = np_.argpartition(-logits, k - 1)[:k]
+        best = [entry(int(t)) for t in idx[np_.argsort(-logits[idx], kind="stable")]]
+    text, lp, raw = entry(tok)
+    return TokenLogprob(text, lp, raw, best)

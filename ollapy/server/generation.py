@@ -83,6 +83,7 @@ class Generation:
         self.closed = False
         self.first_token_s: float | None = None
         self.final = None
+        self.logprobs: list = []  # every chunk's TokenLogprob items so far (when the request asked for them)
 
     async def chunks(self) -> AsyncIterator[Any]:
         """Engine chunks; the last one has ``done``. Raises the request's error."""
@@ -90,6 +91,8 @@ class Generation:
             async for c in self.req:
                 if self.first_token_s is None and (c.text or c.done):
                     self.first_token_s = time.perf_counter() - self.t0
+                if c.logprobs:
+                    self.logprobs.extend(c.logprobs)
                 if c.done:
                     self.finished = True
                     self.final = c
@@ -118,6 +121,32 @@ class Generation:
             mt.requests.labels(self.route, status or ("ok" if self.finished else "cancelled")).inc()
             if self.finished:
                 mt.observe_done(self.model, self.metrics(), self.first_token_s)
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs
+
+
+def logprobs_field(want: Any, top: Any) -> int:
+    """Read ``logprobs`` (bool) and ``top_logprobs`` (int 0..20), as OpenAI's chat API and Ollama name them;
+    returns -1 (none) or the number of alternatives per token. Raises OptionError on bad values."""
+    if want in (None, False):
+        if top not in (None, 0):
+            raise OptionError("top_logprobs needs logprobs: true")
+        return -1
+    if want is not True:
+        raise OptionError(f"logprobs must be true or false, got {want!r}")
+    if top is None:
+        return 0
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise OptionError(f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {top!r}")
+    return top
+
+
+def logprob_entries(items) -> list[dict]:
+    """Chunk logprobs in the shape both APIs use: ``{token, logprob, bytes, top_logprobs: [{token, logprob,
+    bytes}]}`` (OpenAI's chat ``logprobs.content`` items; Ollama's ``logprobs`` items)."""
+    return [{"token": e.token, "logprob": e.logprob, "bytes": e.bytes,
+             "top_logprobs": [{"token": t, "logprob": lp, "bytes": b} for t, lp, b in e.top]} for e in items or ()]
 
 
 def context_field(value: Any) -> list[int] | None:
@@ -161,12 +190,14 @@ def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):
 
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
-                keep_alive=None, cache: bool = True, context: list[int] | None = None) -> Generation:
+                keep_alive=None, cache: bool = True, context: list[int] | None = None,
+                logprobs: int = -1) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
 
     ``options`` is the request's raw ``options`` object, read leniently by :func:`~ollapy.options.api_options`.
     ``context`` (generate only, not raw, as in Ollama) goes in front of the templated prompt
-    (:func:`with_context`).
+    (:func:`with_context`). ``logprobs`` >= 0: each chunk carries its tokens' log-probabilities and that many
+    alternatives (:func:`logprobs_field` reads the request's fields).
     """
     t0 = time.perf_counter()
     rt = state.runtime
@@ -190,7 +221,7 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
             if context:
                 b = model.backend
                 p = with_context(p, context, b.n_vocab, b.bos if b.add_bos else None)
-        req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop())
+        req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop(), logprobs=logprobs)
     except BaseException:
         rt.release_nowait(entry)
         raise

@@ -202,7 +202,8 @@ async def api_generate(request: Request):
             return await _load_or_unload(st, name, data, ka, chat=False)
         gen = await generation.start(st, name, route="generate", prompt=prompt, raw=bool(data.get("raw")),
                                      system=data.get("system"), options=data.get("options"), fmt=_fmt(data.get("format")),
-                                     keep_alive=ka, cache=data.get("cache", True) is not False, context=context)
+                                     keep_alive=ka, cache=data.get("cache", True) is not False, context=context,
+                                     logprobs=generation.logprobs_field(data.get("logprobs"), data.get("top_logprobs")))
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return err(exc)
     model = data.get("model") or name
@@ -222,15 +223,16 @@ async def api_generate(request: Request):
             return err(exc)
         obj = final_obj(final)
         obj["response"] = text
-        return JSONResponse(obj)
+        return JSONResponse(_with_logprobs(obj, gen.req, gen.logprobs))
 
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for c in gen.chunks():
                 if c.text:
-                    yield ndjson_line({"model": model, "created_at": generation.now_iso(), "response": c.text, "done": False})
+                    yield ndjson_line(_with_logprobs({"model": model, "created_at": generation.now_iso(),
+                                                      "response": c.text, "done": False}, gen.req, c.logprobs))
                 if c.done:
-                    yield ndjson_line(final_obj(c))
+                    yield ndjson_line(_with_logprobs(final_obj(c), gen.req, None if c.text else c.logprobs))
         except Exception as exc:  # noqa: BLE001
             yield stream_error_line(exc)
 
@@ -254,7 +256,8 @@ async def api_chat(request: Request):
             return await _load_or_unload(st, name, data, ka, chat=True)
         gen = await generation.start(st, name, route="chat", messages=messages, options=data.get("options"),
                                      fmt=_fmt(data.get("format")), keep_alive=ka,
-                                     cache=data.get("cache", True) is not False)
+                                     cache=data.get("cache", True) is not False,
+                                     logprobs=generation.logprobs_field(data.get("logprobs"), data.get("top_logprobs")))
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     model = data.get("model") or name
@@ -272,20 +275,28 @@ async def api_chat(request: Request):
             return err(exc)
         obj = final_obj(final)
         obj["message"]["content"] = text
-        return JSONResponse(obj)
+        return JSONResponse(_with_logprobs(obj, gen.req, gen.logprobs))
 
     async def lines() -> AsyncIterator[bytes]:
         try:
             async for c in gen.chunks():
                 if c.text:
-                    yield ndjson_line({"model": model, "created_at": generation.now_iso(),
-                                 "message": {"role": "assistant", "content": c.text}, "done": False})
+                    yield ndjson_line(_with_logprobs({"model": model, "created_at": generation.now_iso(),
+                                                      "message": {"role": "assistant", "content": c.text},
+                                                      "done": False}, gen.req, c.logprobs))
                 if c.done:
-                    yield ndjson_line(final_obj(c))
+                    yield ndjson_line(_with_logprobs(final_obj(c), gen.req, None if c.text else c.logprobs))
         except Exception as exc:  # noqa: BLE001
             yield stream_error_line(exc)
 
     return GenStream(lines(), gen.close, NDJSON)
+
+
+def _with_logprobs(obj: dict, req, items) -> dict:
+    """Add Ollama's ``logprobs`` list to a response object when the request asked for them."""
+    if req.logprobs >= 0 and items is not None:
+        obj["logprobs"] = generation.logprob_entries(items)
+    return obj
 
 
 def ndjson_line(obj: dict) -> bytes:

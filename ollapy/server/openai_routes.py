@@ -78,6 +78,36 @@ def _response_format(rf: Any):
     raise OptionError(f"unsupported response_format type {kind!r}", hint="use text, json_object or json_schema")
 
 
+def _chat_logprobs(req, items) -> dict | None:
+    """OpenAI's chat ``logprobs`` object (``{"content": [...]}``), or None when the request did not ask."""
+    if req.logprobs < 0:
+        return None
+    return {"content": generation.logprob_entries(items), "refusal": None}
+
+
+def _legacy_logprobs_field(data: dict) -> int:
+    """The legacy completions API's ``logprobs``: null, or the number of alternatives (0..5) per token."""
+    n = data.get("logprobs")
+    if n is None:
+        return -1
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 5:
+        raise OptionError(f"logprobs must be an integer from 0 to 5, got {n!r}")
+    return n
+
+
+def _legacy_logprobs(req, items, offset: int) -> dict | None:
+    """The legacy completions ``logprobs`` object: tokens, token_logprobs, top_logprobs, text_offset."""
+    if req.logprobs < 0:
+        return None
+    items = list(items or ())
+    offsets = []
+    for e in items:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in items], "token_logprobs": [e.logprob for e in items],
+            "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in items], "text_offset": offsets}
+
+
 def _finish_reason(done_reason: str | None) -> str:
     return "length" if done_reason == "length" else "stop"
 
@@ -115,7 +145,8 @@ async def chat_completions(request: Request):
         gen = await generation.start(st, name, route="v1/chat/completions", messages=_messages(messages),
                                      options=_options(data),
                                      fmt=_response_format(data.get("response_format")),
-                                     keep_alive=data.get("keep_alive"))
+                                     keep_alive=data.get("keep_alive"),
+                                     logprobs=generation.logprobs_field(data.get("logprobs"), data.get("top_logprobs")))
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     cid = f"chatcmpl-{uuid.uuid4().hex[:24]}"
@@ -129,7 +160,7 @@ async def chat_completions(request: Request):
             return err(exc)
         return JSONResponse({**base, "object": "chat.completion", "choices": [
             {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(final.done_reason),
-             "logprobs": None}], "usage": _usage(gen.metrics())})
+             "logprobs": _chat_logprobs(gen.req, gen.logprobs)}], "usage": _usage(gen.metrics())})
 
     include_usage = bool((data.get("stream_options") or {}).get("include_usage"))
 
@@ -141,7 +172,8 @@ async def chat_completions(request: Request):
                 if c.text or first:
                     delta = {"role": "assistant", "content": c.text} if first else {"content": c.text}
                     first = False
-                    yield _sse({**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None, "logprobs": None}]})
+                    yield _sse({**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
+                                                      "logprobs": _chat_logprobs(gen.req, c.logprobs)}]})
                 if c.done:
                     yield _sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": _finish_reason(c.done_reason),
                                                       "logprobs": None}]})
@@ -169,7 +201,7 @@ async def completions(request: Request):
             raise OptionError("prompt must be a non-empty string")
         gen = await generation.start(st, name, route="v1/completions", prompt=prompt, raw=True, options=_options(data),
                                      fmt=_response_format(data.get("response_format")),
-                                     keep_alive=data.get("keep_alive"))
+                                     keep_alive=data.get("keep_alive"), logprobs=_legacy_logprobs_field(data))
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     cid = f"cmpl-{uuid.uuid4().hex[:24]}"
@@ -181,7 +213,8 @@ async def completions(request: Request):
             text, final = await collect(request, gen)
         except Exception as exc:  # noqa: BLE001
             return err(exc)
-        return JSONResponse({**base, "choices": [{"index": 0, "text": text, "logprobs": None,
+        return JSONResponse({**base, "choices": [{"index": 0, "text": text,
+                                                  "logprobs": _legacy_logprobs(gen.req, gen.logprobs, 0),
                                                   "finish_reason": _finish_reason(final.done_reason)}],
                              "usage": _usage(gen.metrics())})
 
@@ -189,9 +222,12 @@ async def completions(request: Request):
 
     async def events() -> AsyncIterator[bytes]:
         try:
+            offset = 0
             async for c in gen.chunks():
                 if c.text:
-                    yield _sse({**base, "choices": [{"index": 0, "text": c.text, "logprobs": None, "finish_reason": None}]})
+                    lp = _legacy_logprobs(gen.req, c.logprobs, offset)
+                    offset += len(c.text)
+                    yield _sse({**base, "choices": [{"index": 0, "text": c.text, "logprobs": lp, "finish_reason": None}]})
                 if c.done:
                     yield _sse({**base, "choices": [{"index": 0, "text": "", "logprobs": None,
                                                      "finish_reason": _finish_reason(c.done_reason)}]})
