@@ -1,6 +1,7 @@
 """Shared fixtures: the real test models (fetched by scripts/fetch_test_models.py) and loaded engines."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import subprocess
@@ -61,3 +62,38 @@ def run_cli(*args: str, input: bytes | str | None = None, env: dict | None = Non
         input = input.encode()
     return subprocess.run([sys.executable, "-m", "ollapy.cli.main", *args], input=input, capture_output=True,
                           env=full_env, timeout=timeout, cwd=str(ROOT))
+
+
+@contextlib.contextmanager
+def live_server(base: Path, *serve_args: str, env: dict | None = None):
+    """Run ``ollapy serve`` on a free loopback port with its store, prompt cache and state under ``base``;
+    yields its URL once it answers; on exit SIGTERM, which must end it with status 0."""
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    full_env = dict(os.environ)
+    full_env.pop("OLLAPY_DEBUG", None)
+    full_env.update(OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_MODELS=str(base / "models"),
+                    OLLAPY_CACHE_DIR=str(base / "cache"), XDG_STATE_HOME=str(base / "state"))
+    full_env.update(env or {})
+    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", *serve_args], env=full_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"ollapy serve exited with {proc.returncode} before answering") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0

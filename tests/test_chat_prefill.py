@@ -5,14 +5,8 @@ its GGUF, Gemma's built-in fallback) and states the expected prompt text; a real
 prefilled sentence through the live server, through the official ``ollama`` client."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
-import httpx
 import pytest
-from conftest import ROOT
+from conftest import live_server
 
 from ollapy.engine.model import LoadedModel
 from ollapy.options import Options
@@ -58,31 +52,13 @@ def test_render_table(model, msgs, prefill):
         assert text != _closed(model, msgs)  # the template alone would close the turn and open a new one
 
 
-def test_prefill_is_continued_not_restarted(smollm2_path):
+def test_prefill_is_continued_not_restarted(smollm2_path, tmp_path):
     """Through `ollapy serve` and the official client: the reply continues 'The capital of France is'."""
-    import socket
-
     import ollama
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_CONTEXT_LENGTH="1024")
-    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=str(ROOT))
-    try:
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            try:
-                if httpx.get(url, timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with live_server(tmp_path, "--allow-paths") as url:
         c = ollama.Client(host=url)
         r = c.chat(model=str(smollm2_path), messages=[U, PREFILL], options={"temperature": 0, "num_predict": 6})
         assert r.message.content.startswith(" Paris"), r.message.content
         plain = c.chat(model=str(smollm2_path), messages=[U], options={"temperature": 0, "num_predict": 6})
         assert r.prompt_eval_count > plain.prompt_eval_count  # the prefill's tokens are part of the prompt
-    finally:
-        proc.terminate()
-        assert proc.wait(timeout=60) == 0

@@ -6,37 +6,18 @@ own first alternative; log-probabilities are <= 0 and the alternatives' probabil
 from __future__ import annotations
 
 import math
-import os
-import socket
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
-from conftest import ROOT
+from conftest import live_server
 
 Q = "What is the capital of France? Answer in one word."
 
 
 @pytest.fixture(scope="module")
-def url(smollm2_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_CONTEXT_LENGTH="1024")
-    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(ROOT))
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(base, timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield base
-    proc.terminate()
-    assert proc.wait(timeout=60) == 0
+def url(tmp_path_factory):
+    with live_server(tmp_path_factory.mktemp("serve"), "--allow-paths") as u:
+        yield u
 
 
 def _check(entries, text: str, top: int, with_bytes: bool = True) -> None:
