@@ -39,21 +39,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..cache.index import common_prefix
+
 MIN_GAIN = 16
 COPY_BYTES_PER_TOKEN = 4 << 20
 RESTORE_BYTES_PER_TOKEN = 1 << 20
 
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token sequences."""
-    n = min(len(a), len(b))
-    i = 0
-    step = 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 @dataclass(frozen=True)
