@@ -127,8 +127,9 @@ def test_stdout_closed_by_head_exits_141_quietly(smollm2_path, tmp_path):
     assert p.returncode == 141, p
     assert len(p.stdout.splitlines()) == 1 and p.stdout.strip()
     cmd = (f"printf 'List twenty fruits, one per line.\\nList twenty animals, one per line.\\n' "
-           f"| {py} -m ollapy.cli.main run {model} --each-line -o temperature=0 -o num_predict=100 2>{err} "
+           f"| {py} -m ollapy.cli.main run {model} --each-line --parallel 1 -o temperature=0 -o num_predict=100 2>{err} "
            f"| head -1; exit ${{PIPESTATUS[1]}}")
+    # (one slot: the 2nd answer is generated after the 1st is written, so `head` has gone by then)
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, env=_pipe_env(), cwd=str(ROOT), timeout=300)
     assert err.read_bytes() == b""
     assert p.returncode == 141, p
