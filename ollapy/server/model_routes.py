@@ -4,8 +4,8 @@
 ``/api/delete``, ``/api/copy``, ``/api/create``, ``/api/blobs/:digest``.
 Long-running operations (pull, create) run in a worker thread and stream
 their progress as NDJSON; an error after a stream started is its last line,
-``{"error": "..."}``. The shared request helpers live in
-:mod:`ollapy.server.ollama_routes`.
+``{"error": "..."}``. Request bodies are :mod:`ollapy.server.bodies`; the
+shared HTTP helpers live in :mod:`ollapy.server.http`.
 """
 from __future__ import annotations
 
@@ -23,21 +23,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ..errors import UsageError
-from .errors import stream_error_line
-from .ollama_routes import (
-    NDJSON,
-    GenStream,
-    check_name,
-    err,
-    errors_as_json,
-    gguf_info,
-    iso_time,
-    model_details,
-    model_field,
-    ndjson_line,
-    read_body,
-    state_of,
-)
+from .bodies import CopyBody, CreateBody, NamedBody, PullBody, StoreNameBody, check_name
+from .details import gguf_info, iso_time, model_details
+from .http import err, errors_as_json, ndjson_response, read_body, state_of
 
 router = APIRouter()
 
@@ -71,8 +59,7 @@ async def api_tags(request: Request):
 @router.post("/api/show")
 @errors_as_json
 async def api_show(request: Request):
-    data = await read_body(request)
-    name = model_field(data)
+    name = NamedBody.from_dict(await read_body(request)).model
     check_name(name)
     ref = await state_of(request).runtime.resolve(name)
     info = await asyncio.to_thread(gguf_info, ref.path)
@@ -106,11 +93,9 @@ async def api_show(request: Request):
 @router.delete("/api/delete")
 @errors_as_json
 async def api_delete(request: Request):
-    data = await read_body(request)
-    name = model_field(data)
-    from ..store import parse_name, remove_model
+    name = StoreNameBody.from_dict(await read_body(request)).model
+    from ..store import remove_model
 
-    parse_name(name)
     await state_of(request).runtime.unload(name)
     await asyncio.to_thread(remove_model, name)
     return Response(status_code=200)
@@ -119,10 +104,8 @@ async def api_delete(request: Request):
 @router.post("/api/copy")
 @errors_as_json
 async def api_copy(request: Request):
-    data = await read_body(request)
-    src, dst = data.get("source"), data.get("destination")
-    if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
-        raise UsageError("source and destination are required")
+    body = CopyBody.from_dict(await read_body(request))
+    src, dst = body.source, body.destination
     from ..store import copy_model, parse_name
 
     parse_name(src)
@@ -210,63 +193,54 @@ async def _threaded_progress(request: Request, work: Callable[[Callable[[dict], 
     if isinstance(first, BaseException):  # failed before any progress: a real status code
         return err(first)
 
-    async def lines() -> AsyncIterator[bytes]:
+    async def statuses() -> AsyncIterator[dict]:
         item = first
         while item is not None:
-            if isinstance(item, BaseException):
-                yield stream_error_line(item)
-            else:
-                yield ndjson_line(item)
+            if isinstance(item, BaseException):  # the stream's last line, {"error": ...}
+                raise item if isinstance(item, Exception) else RuntimeError(f"interrupted: {item!r}")
+            yield item
             item = await q.get()
 
-    return GenStream(lines(), lambda: None, NDJSON)
+    return ndjson_response(statuses(), lambda: None)
 
 
 @router.post("/api/pull")
 async def api_pull(request: Request):
     try:
-        data = await read_body(request)
-        name = model_field(data)
-        from ..store import parse_name, pull_model
-
-        parse_name(name)
-        insecure = bool(data.get("insecure"))
+        body = PullBody.from_dict(await read_body(request))
     except Exception as exc:  # noqa: BLE001
         return err(exc)
 
     def work(emit):
+        from ..store import pull_model
+
         emit({"status": "pulling manifest"})
-        pull_model(name, quiet=True, insecure=insecure, progress=_ThreadProgress(emit))
+        pull_model(body.model, quiet=True, insecure=body.insecure, progress=_ThreadProgress(emit))
         emit({"status": "verifying sha256 digest"})
         emit({"status": "writing manifest"})
 
-    return await _threaded_progress(request, work, data.get("stream", True) is not False)
+    return await _threaded_progress(request, work, body.stream)
 
 
 @router.post("/api/create")
 async def api_create(request: Request):
     try:
-        data = await read_body(request)
-        name = model_field(data)
-        from ..store import create_model, parse_name
+        body = CreateBody.from_dict(await read_body(request))
         from ..store.modelfile import format_modelfile, parse_modelfile
 
-        parse_name(name)
-        if data.get("quantize"):
-            raise UsageError("quantize is not supported by ollapy")
-        if data.get("adapters"):
-            raise UsageError("adapters are not supported by ollapy")
-        text = _create_modelfile(data, parse_modelfile, format_modelfile, state_of(request).runtime.allow_paths)
+        text = _create_modelfile(body, parse_modelfile, format_modelfile, state_of(request).runtime.allow_paths)
     except Exception as exc:  # noqa: BLE001
         return err(exc)
 
     def work(emit):
+        from ..store import create_model
+
         emit({"status": "reading model metadata"})
         with tempfile.TemporaryDirectory(prefix="ollapy-create-") as nowhere:  # FROM never resolves against the cwd
-            create_model(name, text, Path(nowhere), quiet=True)
+            create_model(body.model, text, Path(nowhere), quiet=True)
         emit({"status": "writing manifest"})
 
-    return await _threaded_progress(request, work, data.get("stream", True) is not False)
+    return await _threaded_progress(request, work, body.stream)
 
 
 CREATE_PATHS_REFUSED = "create takes a model name or an uploaded blob, not a file path on the server"
@@ -313,15 +287,15 @@ def create_source(src: str, allow_paths: bool) -> str:
     return text
 
 
-def _create_modelfile(data: dict, parse_modelfile, format_modelfile, allow_paths: bool = False) -> str:
+def _create_modelfile(body: CreateBody, parse_modelfile, format_modelfile, allow_paths: bool = False) -> str:
     """Modelfile text for /api/create: the legacy ``modelfile`` field, or ``from``/``files`` + fields.
 
     FROM is checked by :func:`create_source` (store names and uploaded blobs;
     absolute paths only with ``allow_paths``). Raises UsageError/PathNotAllowed.
     """
-    src = data.get("from") or data.get("from_")
-    files = data.get("files") or {}
-    legacy = data.get("modelfile")
+    src = body.source
+    files = body.files or {}
+    legacy = body.modelfile
     if legacy:
         mf = parse_modelfile(legacy)
         src = src or mf.from_
@@ -343,16 +317,16 @@ def _create_modelfile(data: dict, parse_modelfile, format_modelfile, allow_paths
     if not src:
         raise UsageError("create needs from, files or modelfile")
     params = dict(base["parameters"])
-    if isinstance(data.get("parameters"), dict):
+    if isinstance(body.parameters, dict):
         from ..options import coerce_option
 
-        for k, v in data["parameters"].items():
+        for k, v in body.parameters.items():
             params[k] = list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v)
-    lic = data.get("license")
+    lic = body.license
     if isinstance(lic, list):
         lic = "\n".join(lic)
-    return format_modelfile(src, params, data.get("system") or base["system"], data.get("template") or base["template"],
-                            lic or base["license"], list(data.get("messages") or base["messages"]))
+    return format_modelfile(src, params, body.system or base["system"], body.template or base["template"],
+                            lic or base["license"], list(body.messages or base["messages"]))
 
 
 @router.head("/api/blobs/{digest}")

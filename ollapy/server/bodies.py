@@ -1,0 +1,387 @@
+"""Request bodies of the HTTP API as pydantic models, shared by the routes.
+
+Every body is read as Ollama's server reads JSON: unknown top-level fields are
+ignored and a ``null`` value counts as absent (the field's default). A bad
+value raises one of ollapy's errors with a one-line message naming the field
+(status 400), never FastAPI's automatic 422: the routes parse with
+:meth:`Body.from_dict` inside their own ``try`` and answer in their API's error
+shape. Fields that need Ollama's or OpenAI's exact semantics stay ``Any`` and
+are read by a validator (``options`` by :func:`ollapy.options.api_options`
+where a generation starts, so that Ollama's leniency holds there).
+"""
+from __future__ import annotations
+
+import reprlib
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticUndefined
+
+from ..errors import OptionError, UsageError
+from . import generation
+
+MODEL_HINT = 'send {"model": "NAME", ...}'
+
+
+def check_name(name: str) -> None:
+    """Validate a model name (no path traversal; InvalidModelName → 400); ``*.gguf`` paths without ``..`` are allowed."""
+    from ..store import parse_name
+    from ..store.names import looks_like_path
+
+    if looks_like_path(name) and name.lower().endswith(".gguf") and ".." not in Path(name).parts:
+        return  # a GGUF file given by path (the CLI's `run ./model.gguf` through a server)
+    parse_name(name)
+
+
+def body_error(exc: ValidationError) -> OptionError:
+    """pydantic's first validation error as one line naming the field: ``stream: input should be a valid boolean,
+    got 'maybe'`` (OptionError, status 400)."""
+    e = exc.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in e.get("loc", ())) or "body"
+    if e.get("type") == "missing":
+        return OptionError(f"{where} is required")
+    msg = "input should be an object" if e.get("type") in ("model_type", "dict_type") else e.get("msg") or "invalid value"
+    msg = msg[:1].lower() + msg[1:]
+    got = e.get("input", PydanticUndefined)
+    return OptionError(f"{where}: {msg}" + ("" if got is PydanticUndefined else f", got {reprlib.repr(got)}"))
+
+
+def refusal(field: str, message: str, error: type[UsageError] = OptionError):
+    """A field validator refusing any non-empty value of ``field`` (a feature ollapy does not have) with
+    ``error(message)``; ``message`` may name the body's ``{model}``."""
+
+    def refuse(cls, v: Any, info) -> Any:
+        if v:
+            raise error(message.format(model=info.data.get("model")))
+        return v
+
+    return field_validator(field)(refuse)
+
+
+class Body(BaseModel):
+    """Base of every request body: unknown fields ignored, ``null`` read as absent."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_absent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """The body parsed from a request's JSON object; raises OptionError/UsageError (400) with one line."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise body_error(exc) from None
+
+
+class LogprobsBody(Body):
+    """``logprobs`` (bool) and ``top_logprobs`` (0..20), as Ollama and OpenAI's chat API name them
+    (:func:`ollapy.server.generation.logprobs_field`); :attr:`logprob_count` is what the engine takes."""
+
+    logprobs: Any = None
+    top_logprobs: Any = None
+    _logprob_count: int = PrivateAttr(-1)
+
+    @model_validator(mode="after")
+    def _logprobs(self):
+        self._logprob_count = generation.logprobs_field(self.logprobs, self.top_logprobs)
+        return self
+
+    @property
+    def logprob_count(self) -> int:
+        """-1 (none) or how many alternatives each token's logprobs carry."""
+        return self._logprob_count
+
+
+# ---- Ollama (/api) --------------------------------------------------------------------------------
+class NamedBody(Body):
+    """A body naming a model: ``model`` (or the older ``name``); UsageError "model is required" without one.
+
+    After parsing, ``model`` holds the name, stripped."""
+
+    name: Any = None  # before ``model``: its validator reads it
+    model: Any = Field("", validate_default=True)
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model_or_name(cls, v: Any, info) -> str:
+        name = v or info.data.get("name") or ""
+        if not isinstance(name, str) or not name.strip():
+            raise UsageError("model is required", hint=MODEL_HINT)
+        return name.strip()
+
+
+class OllamaGenBody(NamedBody, LogprobsBody):
+    """What ``/api/generate`` and ``/api/chat`` share: options, format, keep_alive, cache, logprobs, stream.
+
+    ``model`` must pass :func:`check_name`. ``format``: None, ``"json"`` or a JSON schema object.
+    :attr:`logprob_count` is -1 (no logprobs) or the number of alternatives per token."""
+
+    options: Any = None  # read leniently by api_options where the generation starts
+    format: Any = None
+    keep_alive: Any = None
+    cache: bool = True
+    stream: bool = True
+
+    @field_validator("model")
+    @classmethod
+    def _checked_name(cls, v: str) -> str:
+        check_name(v)
+        return v
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, v: Any) -> Any:
+        if v == "":
+            return None
+        if v == "json" or isinstance(v, dict):
+            return v
+        raise OptionError(f"format must be 'json' or a JSON schema object, got {v!r}")
+
+
+
+class GenerateBody(OllamaGenBody):
+    """``/api/generate``: ``prompt`` (str), ``suffix``, ``raw``, ``system``, ``context`` (token ids or None);
+    ``images`` are refused."""
+
+    images: Any = None
+    prompt: Any = ""
+    suffix: Any = None
+    raw: bool = False
+    system: str | None = None
+    context: Any = None
+
+    _no_images = refusal("images", "images are not supported by ollapy models")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> str:
+        if not v:
+            return ""
+        if not isinstance(v, str):
+            raise OptionError("prompt must be a string")
+        return v
+
+    @field_validator("context")
+    @classmethod
+    def _context(cls, v: Any) -> list[int] | None:
+        return generation.context_field(v)
+
+
+class ChatBody(OllamaGenBody):
+    """``/api/chat``: ``messages`` (a list, possibly empty); ``tools`` are refused."""
+
+    messages: Any = []
+    tools: Any = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: Any) -> list:
+        v = v or []
+        if not isinstance(v, list):
+            raise OptionError("messages must be a list")
+        return v
+
+    _no_tools = refusal("tools", "{model} does not support tools in ollapy")
+
+
+class CopyBody(Body):
+    """``/api/copy``: ``source`` and ``destination`` model names (both required)."""
+
+    source: Any = None
+    destination: Any = None
+
+    @model_validator(mode="after")
+    def _both(self):
+        src, dst = self.source, self.destination
+        if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
+            raise UsageError("source and destination are required")
+        return self
+
+
+class StoreNameBody(NamedBody):
+    """A body naming a model of the store (pull, create, delete): ``model`` must follow the store's name rules
+    (InvalidModelName, 400; no ``.gguf`` paths)."""
+
+    @field_validator("model")
+    @classmethod
+    def _store_name(cls, v: str) -> str:
+        from ..store import parse_name
+
+        parse_name(v)
+        return v
+
+
+class PullBody(StoreNameBody):
+    """``/api/pull``: ``insecure`` (plain-HTTP registries), ``stream`` (default true)."""
+
+    insecure: bool = False
+    stream: bool = True
+
+
+class CreateBody(StoreNameBody):
+    """``/api/create``: ``from`` (or ``from_``), ``files``, the legacy ``modelfile``, and the fields that override
+    it (typed as Ollama's Go struct types them); ``quantize`` and ``adapters`` are refused."""
+
+    quantize: Any = None
+    adapters: Any = None
+    from_: Any = Field(None, alias="from")
+    from_underscore: Any = Field(None, alias="from_")
+    files: Any = None  # {file name: blob digest}, checked where the Modelfile is built
+    modelfile: str | None = None
+    parameters: dict[str, Any] | None = None
+    license: str | list[str] | None = None
+    system: str | None = None
+    template: str | None = None
+    messages: list[dict] | None = None
+    stream: bool = True
+
+    _no_quantize = refusal("quantize", "quantize is not supported by ollapy", UsageError)
+    _no_adapters = refusal("adapters", "adapters are not supported by ollapy", UsageError)
+
+    @property
+    def source(self) -> Any:
+        """The FROM the request names (``from`` or ``from_``), unchecked."""
+        return self.from_ or self.from_underscore
+
+
+# ---- OpenAI (/v1) ---------------------------------------------------------------------------------
+class StreamOptions(Body):
+    """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk with ``usage``."""
+
+    include_usage: bool = False
+
+
+class OpenAIBody(Body):
+    """What ``/v1/chat/completions`` and ``/v1/completions`` share: the model, sampling fields (mapped to
+    Ollama options by :meth:`ollama_options`), ``response_format`` (read as a format: None, ``"json"`` or a
+    JSON schema), ``keep_alive``, ``stream`` (default false) and ``stream_options``."""
+
+    SAMPLING: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
+
+    model: Any = Field("", validate_default=True)
+    max_completion_tokens: Any = None
+    max_tokens: Any = None
+    temperature: Any = None
+    top_p: Any = None
+    seed: Any = None
+    presence_penalty: Any = None
+    frequency_penalty: Any = None
+    stop: Any = None
+    n: Any = None
+    options: Any = None  # ollapy/Ollama extension, used when it is an object
+    response_format: Any = None
+    keep_alive: Any = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, v: Any) -> str:
+        if not isinstance(v, str) or not v.strip():
+            raise UsageError("model is required")
+        check_name(v.strip())
+        return v.strip()
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, v: Any) -> Any:
+        if v not in (None, 1):
+            raise OptionError("n must be 1", hint="ollapy returns one choice per request")
+        return v
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, rf: Any) -> Any:
+        if rf == {}:
+            return None
+        if not isinstance(rf, dict):
+            raise OptionError("response_format must be an object")
+        kind = rf.get("type")
+        if kind in (None, "text"):
+            return None
+        if kind == "json_object":
+            return "json"
+        if kind == "json_schema":
+            js = rf.get("json_schema") or {}
+            schema = js.get("schema") if isinstance(js, dict) else None
+            if not isinstance(schema, dict):
+                raise OptionError("response_format.json_schema.schema must be a JSON schema object")
+            return schema
+        raise OptionError(f"unsupported response_format type {kind!r}", hint="use text, json_object or json_schema")
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a stream ends with a usage chunk."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def ollama_options(self) -> dict:
+        """Ollama options from the sampling fields (``max_completion_tokens`` or ``max_tokens`` → ``num_predict``,
+        ``stop`` string or list), then ``options``; values are validated later by ``api_options``."""
+        opts: dict[str, Any] = {}
+        mt = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if mt is not None:
+            opts["num_predict"] = mt
+        for name in self.SAMPLING:
+            if getattr(self, name) is not None:
+                opts[name] = getattr(self, name)
+        if self.stop is not None:
+            opts["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
+        if isinstance(self.options, dict):
+            opts.update(self.options)
+        return opts
+
+
+class ChatCompletionBody(OpenAIBody, LogprobsBody):
+    """``/v1/chat/completions``: ``messages`` (non-empty; the ``developer`` role read as ``system``, as llama.cpp's
+    server does), ``logprobs``/``top_logprobs`` (:attr:`logprob_count`); ``tools`` are refused."""
+
+    messages: Any = Field(None, validate_default=True)
+    tools: Any = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: Any) -> list:
+        if not isinstance(v, list) or not v:
+            raise OptionError("messages must be a non-empty list")
+        return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in v]
+
+    _no_tools = refusal("tools", "tools are not supported by ollapy")
+
+
+
+class CompletionBody(OpenAIBody):
+    """``/v1/completions``: ``prompt`` (a non-empty string, or a list of one) and the legacy ``logprobs``
+    (null, or 0..5 alternatives per token: :attr:`logprob_count`)."""
+
+    prompt: Any = Field("", validate_default=True)
+    logprobs: Any = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v: Any) -> str:
+        if isinstance(v, list):
+            if len(v) != 1 or not isinstance(v[0], str):
+                raise OptionError("prompt must be a string or a list of one string")
+            v = v[0]
+        if not isinstance(v, str) or not v:
+            raise OptionError("prompt must be a non-empty string")
+        return v
+
+    @field_validator("logprobs")
+    @classmethod
+    def _legacy_logprobs(cls, n: Any) -> Any:
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 5:
+            raise OptionError(f"logprobs must be an integer from 0 to 5, got {n!r}")
+        return n
+
+    @property
+    def logprob_count(self) -> int:
+        """-1 (none) or how many alternatives each token's logprobs carry."""
+        return -1 if self.logprobs is None else self.logprobs

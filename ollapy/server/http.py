@@ -1,0 +1,182 @@
+"""HTTP helpers every route module shares: the request body, error responses, streaming and collecting.
+
+A generation is answered either whole (:func:`collected`: read to the end,
+cancelled if the client goes away) or streamed (:func:`ndjson_response` for
+Ollama, :func:`sse_response` for OpenAI). A route states only its objects: the
+helpers own the loop, the framing, the error after a stream started (the
+stream's last line or event, as Ollama and OpenAI do) and closing the
+generation when the client leaves.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+
+import anyio
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.responses import StreamingResponse
+
+from ..errors import UsageError
+from . import generation
+from .errors import ollama_error, openai_error, sse_error_event, stream_error_line
+
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+
+
+def state_of(request: Request):
+    """The app's shared State (runtime, metrics)."""
+    return request.app.state.ollapy
+
+
+async def read_body(request: Request) -> dict:
+    """The JSON object body (``{}`` when empty); UsageError (400) when it is not a JSON object.
+
+    The size limit (``OLLAPY_MAX_BODY``, 413) is enforced before this by the app's ``BodyLimit`` middleware."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise UsageError("request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise UsageError("request body must be a JSON object")
+    return data
+
+
+def err(exc: BaseException) -> JSONResponse:
+    """Ollama-style JSON error response: ``{"error": "..."}`` with the exception's status."""
+    status, body = ollama_error(exc)
+    return JSONResponse(body, status_code=status)
+
+
+def openai_err(exc: BaseException) -> JSONResponse:
+    """OpenAI-style JSON error response: ``{"error": {"message", "type", "param", "code"}}``."""
+    status, body = openai_error(exc)
+    return JSONResponse(body, status_code=status)
+
+
+def errors_as_json(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Decorate a route whose every exception becomes :func:`err`'s JSON error (FastAPI still sees the
+    route's own signature through ``functools.wraps``)."""
+
+    @functools.wraps(route)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await route(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+            return err(exc)
+
+    return wrapper
+
+
+def ndjson_line(obj: dict) -> bytes:
+    """One NDJSON line (UTF-8, non-ASCII kept)."""
+    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+
+
+def sse_event(obj: dict) -> bytes:
+    """One Server-Sent Event ``data: {...}`` (UTF-8, non-ASCII kept)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+
+
+class GenStream(StreamingResponse):
+    """A streaming response that watches for the client going away and always closes its generation."""
+
+    def __init__(self, content, on_close: Callable[[], None], media_type: str) -> None:
+        super().__init__(content, media_type=media_type)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                async def run() -> None:
+                    try:
+                        await self.stream_response(send)
+                    except OSError:
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(run)
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        break
+                tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
+
+
+def ndjson_response(objects: AsyncIterator[dict], on_close: Callable[[], None]) -> GenStream:
+    """Stream ``objects`` as NDJSON; an exception while streaming becomes the last line ``{"error": ...}``."""
+
+    async def lines() -> AsyncIterator[bytes]:
+        try:
+            async for obj in objects:
+                yield ndjson_line(obj)
+        except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last line
+            yield stream_error_line(exc)
+
+    return GenStream(lines(), on_close, NDJSON)
+
+
+def sse_response(objects: AsyncIterator[dict], on_close: Callable[[], None]) -> GenStream:
+    """Stream ``objects`` as Server-Sent Events ending with ``data: [DONE]``; an exception while streaming
+    becomes the last event, OpenAI's error object."""
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            async for obj in objects:
+                yield sse_event(obj)
+            yield b"data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
+            yield sse_error_event(exc)
+
+    return GenStream(events(), on_close, SSE)
+
+
+async def chunk_objects(gen: generation.Generation, objects_of: Callable[[Any], Iterable[dict]]) -> AsyncIterator[dict]:
+    """The objects a route makes of each chunk of ``gen`` (``objects_of(chunk)``, zero or more per chunk)."""
+    async for c in gen.chunks():
+        for obj in objects_of(c):
+            yield obj
+
+
+async def watch_disconnect(request: Request, gen: generation.Generation) -> None:
+    """For non-streaming answers: cancel the generation when the client goes away."""
+    try:
+        while not gen.finished and not gen.closed:
+            if await request.is_disconnected():
+                gen.close("client gone")
+                return
+            await asyncio.sleep(0.25)
+    except asyncio.CancelledError:
+        pass
+
+
+async def collect(request: Request, gen: generation.Generation) -> tuple[str, Any]:
+    """Read a generation to the end (non-streaming): ``(text, final chunk)``."""
+    watcher = asyncio.get_running_loop().create_task(watch_disconnect(request, gen))
+    parts = []
+    try:
+        async for c in gen.chunks():
+            parts.append(c.text)
+    finally:
+        watcher.cancel()
+        gen.close()
+    return "".join(parts), gen.final
+
+
+async def collected(request: Request, gen: generation.Generation, build: Callable[[str, Any], dict],
+                    on_error: Callable[[BaseException], JSONResponse] = err) -> JSONResponse:
+    """The non-streaming answer: :func:`collect` ``gen``, then ``build(text, final chunk)`` as JSON; a failure is
+    ``on_error``'s response (:func:`err` under /api, :func:`openai_err` under /v1)."""
+    try:
+        text, final = await collect(request, gen)
+    except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
+        return on_error(exc)
+    return JSONResponse(build(text, final))
