@@ -237,7 +237,11 @@ def test_options_lenient_as_ollama(oc, server):
     assert len(warned) == 1 and " WARNING " in warned[0]
     # null is "not given": the same text as a request without the key (default temperature, fixed seed)
     base = {"model": "smol", "prompt": "Name a colour.", "stream": False}
-    plain = httpx.post(server.url + "/api/generate", json={**base, "options": {"seed": 7, "num_predict": 8}}, timeout=60)
+    # twice: the second request, like the null one after it, reuses its slot's prefix (a full prefill and a
+    # one-token tail give slightly different logits, which sampling at temperature 0.8 can tell apart)
+    for _ in range(2):
+        plain = httpx.post(server.url + "/api/generate", json={**base, "options": {"seed": 7, "num_predict": 8}},
+                           timeout=60)
     null = httpx.post(server.url + "/api/generate", json={**base, "options": {"seed": 7, "num_predict": 8,
                                                                               "temperature": None, "stop": None}},
                       timeout=60)
@@ -382,7 +386,9 @@ def _code_word_messages(word: str) -> list[dict]:
 
 
 async def _stream_chat(client: httpx.AsyncClient, word: str) -> tuple[str, dict]:
-    body = {"model": "smol", "messages": _code_word_messages(word), "options": {"temperature": 0, "num_predict": 6}}
+    # no repeat penalty: the code word is in the prompt, and prompt tokens are in the penalty window
+    body = {"model": "smol", "messages": _code_word_messages(word),
+            "options": {"temperature": 0, "num_predict": 6, "repeat_penalty": 1.0}}
     parts, final = [], None
     async with client.stream("POST", "/api/chat", json=body) as r:
         assert r.status_code == 200
