@@ -14,6 +14,7 @@ from pathlib import Path
 
 from conftest import run_cli
 from fake_backend import FakeBackend
+
 from ollapy.engine.engine import Engine
 from ollapy.options import Options, predict_limit
 

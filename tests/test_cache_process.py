@@ -103,8 +103,8 @@ main()
 
 # ---- helpers ---------------------------------------------------------------------------------------------
 def _args(model: Path, *extra: str, system: str = SYSTEM) -> list[str]:
-    return ["run", str(model), "--system", system, "--verbose", "-o", "temperature=0", "-o", "repeat_penalty=1", "-o", "num_predict=16",
-            *extra]
+    return ["run", str(model), "--system", system, "--verbose", "-o", "temperature=0", "-o", "repeat_penalty=1",
+            "-o", "num_predict=16", *extra]
 
 
 def _env(**extra: str) -> dict:

@@ -203,8 +203,8 @@ def _slow_write(writer, d: Path, name: str, chunks: int, delay: float):
     """Queue a write of ``chunks`` x 1 KiB to ``d/name`` through a temp file, checking for abort per chunk."""
     import time
 
-    from ollapy.fsutil import write_atomically
     from ollapy.cache.writer import temp_prefix
+    from ollapy.fsutil import write_atomically
 
     def job(check):
         def body(f):

@@ -12,10 +12,11 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-
 from fake_backend import FakeBackend
+
 from ollapy.engine.engine import Engine
 from ollapy.engine.planner import COPY_BYTES_PER_TOKEN, MIN_GAIN, CacheOffer, SlotView, plan_prefix
+from ollapy.errors import Cancelled
 from ollapy.options import Options
 
 OPTS = Options(temperature=0, num_predict=3, repeat_penalty=1.0)
@@ -215,10 +216,10 @@ def test_cancel_records_the_phase(engine_parts):
     queued = e.submit([4, 5, 6], OPTS)
     queued.cancel()
     b.gate.set()
-    with pytest.raises(Exception):
+    with pytest.raises(Cancelled):
         queued.result()
     busy.cancel()
-    with pytest.raises(Exception):
+    with pytest.raises(Cancelled):
         for _ in busy:
             pass
     assert queued.cancelled_in == "queue" and busy.cancelled_in == "generate"

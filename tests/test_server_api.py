@@ -353,11 +353,12 @@ def test_openai_client(server):
 
 # ---- CLI through the server ------------------------------------------------------------------------------
 def test_cli_run_through_server_matches_in_process(server, smollm2_path):
-    local = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "repeat_penalty=1", Q, env={"OLLAPY_HOST": "127.0.0.1:9"})
-    remote = run_cli("run", "smol", "-o", "temperature=0", "-o", "repeat_penalty=1", Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    greedy = ("-o", "temperature=0", "-o", "repeat_penalty=1")
+    local = run_cli("run", str(smollm2_path), *greedy, Q, env={"OLLAPY_HOST": "127.0.0.1:9"})
+    remote = run_cli("run", "smol", *greedy, Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout == b"The capital of France is Paris.\n"
-    piped = run_cli("run", "smol", "-o", "temperature=0", "-o", "repeat_penalty=1", input=Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
+    piped = run_cli("run", "smol", *greedy, input=Q, env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert piped.stdout == local.stdout, piped.stderr
     bad = run_cli("run", "nosuch", "hi", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert bad.returncode == 1 and b"not found" in bad.stderr and b"Traceback" not in bad.stderr

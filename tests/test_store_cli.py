@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_hf import FakeHF
 
 pytest_plugins = ["store_fixtures"]

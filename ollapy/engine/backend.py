@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import DecodeError, ModelLoadError
-from .hardware import choose_flash_attn, cpu_has_amx
 from . import seqstate
+from .hardware import choose_flash_attn, cpu_has_amx
 from .interrupt import deferred_sigint
 
 if TYPE_CHECKING:

@@ -28,8 +28,8 @@ from ..errors import OptionError
 from ..options import Options
 from .backend import Backend, ContextConfig, json_schema_grammar, render_chat_template
 from .engine import Engine
-from .request import Request
 from .planner import common_prefix
+from .request import Request
 
 if TYPE_CHECKING:
     import asyncio

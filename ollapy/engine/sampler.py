@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from . import backend as _backend
-
 from .request import TokenLogprob
 
 if TYPE_CHECKING:

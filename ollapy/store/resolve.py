@@ -12,11 +12,11 @@ from typing import Any
 from ..errors import CorruptManifest, ModelNotFound
 from . import catalogue
 from .layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
-
-log = logging.getLogger("ollapy.store")
 from .names import ModelName, looks_like_path, parse_name
 from .ollama_store import ollama_store
 from .pull import local_store, not_found, pull_model
+
+log = logging.getLogger("ollapy.store")
 
 
 @dataclass
