@@ -276,3 +276,20 @@ def test_list_fits_the_terminal_and_pipes_whole(store_env, smollm2_path, tmp_pat
     # 80 columns: every row still fits on one line (SOURCE cut, or left out when under 12 columns would remain)
     shown = on_terminal(80)
     assert len(shown) == len(piped) and all(len(line) < 80 for line in shown), shown
+
+
+def test_create_reads_the_modelfile_from_stdin_and_from_a_pipe(store_env, smollm2_path, tmp_path):
+    """`create -f -` and `create -f <(...)` (a FIFO, not a regular file) work; a missing file is one usage line."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "ollapy.cli.main", "create", "fromstdin", "-f", "-"],
+                       input=f"FROM {smollm2_path}\nPARAMETER temperature 0.25\n", env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    command = f'{sys.executable} -m ollapy.cli.main create frompipe -f <(echo "FROM {smollm2_path}")'
+    piped = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    shown = cli("list").stdout
+    assert "fromstdin:latest" in shown and "frompipe:latest" in shown
+    assert "PARAMETER temperature 0.25" in cli("show", "fromstdin", "--modelfile").stdout
+    missing = cli("create", "x", "-f", str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "no such Modelfile" in missing.stderr and "Traceback" not in missing.stderr

@@ -143,16 +143,24 @@ def cp_cmd(
 
 def create_cmd(
     name: Annotated[str, typer.Argument(help="Name for the new model.")],
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="Modelfile path (default: ./Modelfile).")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Modelfile path, - for stdin (default: ./Modelfile).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE)."""
     from ..store import create_model
 
     path = file or Path("Modelfile")
-    if not path.is_file():
-        raise UsageError(f"{path}: no such Modelfile", hint="pass -f PATH")
-    ref = create_model(name, path.read_text(encoding="utf-8"), path.resolve().parent, quiet=quiet)
+    if str(path) == "-":  # standard input; a relative FROM is taken from the current directory
+        text, base = sys.stdin.read(), Path.cwd()
+    else:  # any readable file: also a pipe such as `-f <(...)` or /dev/stdin
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise UsageError(f"{path}: no such Modelfile", hint="pass -f PATH, or -f - to read it from stdin") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"{path}: not a UTF-8 text Modelfile", hint="pass -f PATH of a Modelfile") from None
+        base = path.resolve().parent if path.is_file() else Path.cwd()
+    ref = create_model(name, text, base, quiet=quiet)
     print(f"success: created {ref.name}", file=sys.stderr)
 
 
