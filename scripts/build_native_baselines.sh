@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Build llama.cpp's own llama-batched-bench, llama-bench and llama-server from the llama-cpp-python source
+# Build llama.cpp's own llama-batched-bench, llama-bench, llama-server and llama-embedding from the llama-cpp-python source
 # distribution ollapy runs on (so the same llama.cpp version), as the native baselines of
-# scripts/bench_engine.py and scripts/bench_server.py. Build outputs stay outside the repository.
+# scripts/bench_engine.py, scripts/bench_server.py and scripts/bench_embed.py. Build outputs stay outside
+# the repository.
 #
-#   bash scripts/build_native_baselines.sh [DEST]      # default DEST: ~/.cache/ollapy/native
+#   bash scripts/build_native_baselines.sh [DEST] [TARGET...]   # default DEST: ~/.cache/ollapy/native
+#                                                                # default TARGETs: all four tools
 #   export PATH="$DEST/build/bin:$PATH"                # the benchmarks then find them
 #
 # About 25 minutes on 2 cores (llama-server is most of it). Set PYTHON to the interpreter ollapy uses.
 set -euo pipefail
 dest="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/native}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(llama-server llama-batched-bench llama-bench llama-embedding)
 py="${PYTHON:-python3}"
 ver=$("$py" -c "import importlib.metadata as m; print(m.version('llama-cpp-python'))")
 mkdir -p "$dest"
@@ -18,6 +23,6 @@ if [ ! -f "$dest/src/vendor/llama.cpp/CMakeLists.txt" ]; then
   tar -xzf "$dest/sdist/llama_cpp_python-$ver.tar.gz" -C "$dest/src" --strip-components=1
 fi
 cmake -S "$dest/src/vendor/llama.cpp" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
-cmake --build "$dest/build" -j"$(nproc)" --target llama-server llama-batched-bench llama-bench
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON
+cmake --build "$dest/build" -j"$(nproc)" --target "${targets[@]}"
 echo "built llama.cpp $ver tools in $dest/build/bin; use: export PATH=\"$dest/build/bin:\$PATH\""

@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from ollapy.engine import backend as real_backend
+from ollapy.engine import bindings as real_backend
 
 
 class FakeBackend:

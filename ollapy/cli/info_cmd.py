@@ -12,7 +12,7 @@ from .. import __version__, config
 
 def collect_info() -> dict:
     """Everything ``info`` prints, as a dict (loads llama.cpp, not a model)."""
-    from ..engine import backend
+    from ..engine import bindings as backend
 
     use, reason = backend.choose_extra_bufts(config.extra_bufts())
     return {

@@ -1,5 +1,5 @@
-"""One loaded model: backend (the only llama_cpp importer), slots, batch loop, sampling, detokenizer.
+"""One loaded model: the llama.cpp boundary (bindings, backend, templating), slots, batch loop, sampling, detokenizer.
 
 Import :class:`ollapy.engine.model.LoadedModel` lazily: importing this package
-does not load llama.cpp, but importing ``.model`` or ``.backend`` does.
+does not load llama.cpp, but importing ``.model``, ``.backend`` or ``.bindings`` does.
 """

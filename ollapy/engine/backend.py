@@ -1,4 +1,4 @@
-"""The only module that imports ``llama_cpp``: typed operations over llama.cpp's C API.
+"""The llama.cpp model and context: typed operations over llama.cpp's C API.
 
 A :class:`Backend` owns one ``llama_model`` and ONE ``llama_context`` with
 ``n_seq_max = n_parallel`` sequences of ``num_ctx`` tokens each (the KV cache is
@@ -8,21 +8,14 @@ called from the engine's loop thread only. Tokenizing and token pieces are
 also called from other threads (the server builds prompts in worker threads):
 those calls use per-call buffers and only add to dicts, which is safe.
 
-CPU safety: on CPUs with AMX and a build of ggml with AMX kernels, ggml's AMX
-"extra buffer type" segfaults in ``ggml_backend_amx_mul_mat`` on every decode
-(see shared/ENVIRONMENT.md). :func:`choose_extra_bufts` therefore turns extra
-buffer types off only when both the CPU and the build have AMX, and keeps CPU
-weight repacking everywhere else. ``OLLAPY_EXTRA_BUFTS`` / the ``extra_bufts``
-option override it.
+Loading the bindings lives in :mod:`.bindings`; templates and grammars in
+:mod:`.templating`.
 """
 from __future__ import annotations
 
 import ctypes
-import functools
-import importlib.util
 import logging
 import os
-import sys
 import threading
 import time
 from array import array
@@ -31,76 +24,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import DecodeError, ModelLoadError
-from . import seqstate
-from .hardware import choose_flash_attn, cpu_has_amx
+from . import bindings, seqstate
+from .bindings import C, choose_extra_bufts, finish_imports, init_backend, start_imports
+from .hardware import choose_flash_attn
 from .interrupt import deferred_sigint
 
 if TYPE_CHECKING:
     import numpy as np
 
 log = logging.getLogger("ollapy.engine")
-
-
-def _import_bindings():
-    """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``), without running the package's ``__init__``.
-
-    ``import llama_cpp`` first imports the high-level ``Llama`` class and with it
-    numpy, jinja2 and the chat formats (0.15 s here, half of a one-shot
-    ``ollapy run``'s own overhead). The bindings alone are enough to load a
-    model, so the package module is registered unexecuted and
-    :func:`finish_imports` runs its ``__init__`` in a thread while the model
-    loads (``llama_model_load_from_file`` releases the GIL).
-    """
-    if "llama_cpp" not in sys.modules:
-        spec = importlib.util.find_spec("llama_cpp")
-        if spec is not None and spec.loader is not None and spec.submodule_search_locations is not None:
-            sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
-    from llama_cpp import llama_cpp as bindings
-
-    return bindings
-
-
-C = _import_bindings()
-np = None  # numpy: bound by _complete_imports(), which every Backend waits for
-_imports_thread: threading.Thread | None = None
-_imports_error: BaseException | None = None
-_imports_lock = threading.Lock()
-
-
-def _complete_imports() -> None:
-    global np, _imports_error
-    try:
-        pkg = sys.modules["llama_cpp"]
-        if not hasattr(pkg, "__version__"):  # registered unexecuted by _import_bindings
-            pkg.__spec__.loader.exec_module(pkg)
-            if _initialised and not _debug():
-                _silence_llama_log()  # the package just installed its own callback
-        import llama_cpp.llama_chat_format  # noqa: F401 - the template renderer, warmed up
-        import numpy
-
-        np = numpy
-    except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by finish_imports()
-        _imports_error = exc
-
-
-def start_imports() -> None:
-    """Start importing the rest of llama-cpp-python (and numpy) in a background thread; idempotent."""
-    global _imports_thread
-    with _imports_lock:
-        if _imports_thread is None:
-            _imports_thread = threading.Thread(target=_complete_imports, name="ollapy-imports", daemon=True)
-            _imports_thread.start()
-
-
-def finish_imports() -> None:
-    """Wait for :func:`start_imports` (starting it if needed); raises what the imports raised."""
-    start_imports()
-    assert _imports_thread is not None
-    _imports_thread.join()
-    if _imports_error is not None:
-        raise _imports_error
-
-
 
 
 def _logits_address_fn():
@@ -116,149 +48,6 @@ _logits_address = _logits_address_fn()
 
 _KV_TYPES = {"f16": C.GGML_TYPE_F16, "q8_0": C.GGML_TYPE_Q8_0, "q4_0": C.GGML_TYPE_Q4_0}
 _FLASH = {"auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED}
-_initialised = False
-
-
-def _debug() -> bool:
-    return os.environ.get("OLLAPY_DEBUG", "0") in {"1", "true", "yes"}
-
-
-def _init_backend() -> None:
-    global _initialised
-    if not _initialised:
-        if not _debug():
-            # llama-cpp-python's own log callback (installed when its package finishes importing, see
-            # _complete_imports) prints whatever its logger's level lets through: let nothing through
-            logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
-            _silence_llama_log()
-        C.llama_backend_init()
-        _initialised = True
-
-
-@C.llama_log_callback
-def _discard_log(level, text, user_data):  # pragma: no cover - C callback
-    return None
-
-
-def _silence_llama_log() -> None:
-    """Route llama.cpp's own logging to nothing (errors still surface as return codes).
-
-    The callback is one module-level object that is never freed: another
-    thread may be inside a log call while the callback is swapped.
-    """
-    C.llama_log_set(_discard_log, ctypes.c_void_p(0))
-
-
-def library_version() -> str:
-    """Version of the installed llama-cpp-python package."""
-    finish_imports()
-    return getattr(sys.modules["llama_cpp"], "__version__", "unknown")
-
-
-def system_info() -> str:
-    """llama.cpp's ``llama_print_system_info`` line (features compiled in and detected)."""
-    _init_backend()
-    return C.llama_print_system_info().decode("utf-8", "replace").strip()
-
-
-def supports_gpu_offload() -> bool:
-    """True when this build of llama.cpp can offload layers to a GPU."""
-    _init_backend()
-    return bool(C.llama_supports_gpu_offload())
-
-
-def build_has_amx() -> bool:
-    """True when the loaded ggml CPU backend was built with AMX kernels."""
-    info = system_info()
-    return "AMX_INT8 = 1" in info or "AMX_BF16 = 1" in info or "AMX = 1" in info
-
-
-def choose_extra_bufts(setting: str) -> tuple[bool, str]:
-    """Decide whether to use CPU extra buffer types (repacking, AMX).
-
-    ``setting`` is ``auto``, ``on`` or ``off``. Returns ``(use, reason)``; the
-    reason is a short human sentence shown by ``ollapy info`` and the debug log.
-    """
-    if setting == "on":
-        return True, "on (forced by extra_bufts=on)"
-    if setting == "off":
-        return False, "off (forced by extra_bufts=off)"
-    if cpu_has_amx() and build_has_amx():
-        return False, "off (auto: AMX CPU and AMX build; ggml's AMX path crashes, repacking disabled)"
-    return True, "on (auto: no AMX crash risk, CPU weight repacking kept)"
-
-
-def devices() -> list[dict]:
-    """The ggml devices this build found: name, description, free and total memory in bytes."""
-    _init_backend()
-    lib = C._lib
-    out: list[dict] = []
-    try:
-        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        lib.ggml_backend_dev_name.restype = ctypes.c_char_p
-        lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-        for i in range(lib.ggml_backend_dev_count()):
-            dev = lib.ggml_backend_dev_get(i)
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            out.append(
-                {
-                    "name": (lib.ggml_backend_dev_name(dev) or b"").decode(),
-                    "description": (lib.ggml_backend_dev_description(dev) or b"").decode(),
-                    "free": free.value,
-                    "total": total.value,
-                }
-            )
-    except AttributeError:  # pragma: no cover - very old builds
-        pass
-    return out
-
-
-def render_chat_template(template: str, messages: list[dict], bos: str, eos: str, add_generation_prompt: bool = True) -> str:
-    """Render ``messages`` with llama-cpp-python's sandboxed Jinja2 chat formatter.
-
-    Raises ValueError when the template itself raises (e.g. bad role order).
-    """
-    return _chat_formatter(template, bos, eos, add_generation_prompt)(messages=messages).prompt
-
-
-@functools.lru_cache(maxsize=32)
-def _chat_formatter(template: str, bos: str, eos: str, add_generation_prompt: bool):
-    """A compiled formatter per template: compiling the Jinja2 source took longer than rendering with it (a
-    server profile at 16 clients: 90 of 150 prompt-building samples). Rendering is stateless and thread-safe."""
-    finish_imports()
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos, add_generation_prompt=add_generation_prompt)
-
-
-# llama-cpp-python's schema converter lets any character but '"' and '\\' into a string; JSON (RFC 8259, section 7)
-# and llama.cpp's own converter (common/json-schema-to-grammar.cpp, "char") exclude the control characters
-# U+0000-U+001F and DEL, so a raw newline can never end up inside a string.
-_LOOSE_CHAR = 'char ::= [^"\\\\] |'
-_JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
-
-
-def json_schema_grammar(schema_json: str | None) -> str:
-    """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json`` (a JSON string).
-
-    Strings admit no raw control characters (they must be escaped, as JSON
-    requires). Raises whatever the schema converter raises for a schema it
-    cannot convert (the caller maps it to an OptionError).
-    """
-    finish_imports()
-    from llama_cpp import llama_grammar
-
-    if schema_json is None:
-        return llama_grammar.JSON_GBNF
-    gbnf = llama_grammar.json_schema_to_gbnf(schema_json)
-    return "\n".join(_JSON_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
-                     for line in gbnf.split("\n"))
 
 
 def _load_model(path: Path, mp, interrupted: threading.Event):
@@ -303,7 +92,7 @@ class Backend:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise ModelLoadError(f"{path} is not a GGUF file", hint="ollapy runs llama.cpp GGUF models")
-        _init_backend()
+        init_backend()
         start_imports()  # numpy and the chat formatter import while llama.cpp reads the weights
         self.path = path
         self.cfg = cfg
@@ -450,7 +239,7 @@ class Backend:
         if view is None:
             if len(self._logit_views) > 4096:
                 self._logit_views.clear()
-            view = self._logit_views[addr] = np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(addr))
+            view = self._logit_views[addr] = bindings.np.ctypeslib.as_array((ctypes.c_float * self.n_vocab).from_address(addr))
         return view
 
     # ---- decode ---------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Load-time choices about the hardware that need no llama.cpp: AMX detection and the flash-attention policy.
 
-Kept apart from :mod:`ollapy.engine.backend` (the only module that imports
-llama_cpp), which combines them with what the loaded build reports.
+Kept apart from :mod:`ollapy.engine.bindings` (the llama.cpp boundary), which combines them with what the
+loaded build reports.
 """
 from __future__ import annotations
 

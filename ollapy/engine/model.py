@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING
 from .. import chat
 from ..errors import OptionError
 from ..options import Options
-from .backend import Backend, ContextConfig, json_schema_grammar, render_chat_template
+from .backend import Backend, ContextConfig
 from .engine import Engine
 from .planner import common_prefix
 from .request import Request
+from .templating import json_schema_grammar, render_chat_template
 
 if TYPE_CHECKING:
     import asyncio

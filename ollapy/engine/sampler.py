@@ -8,7 +8,7 @@ the argmax of the raw logits is the chain's answer
 unless the repeat penalty touched it, and that case is reproduced exactly in
 float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
 always go through the chain. llama.cpp itself is reached through
-:mod:`ollapy.engine.backend` (the only module that imports ``llama_cpp``).
+:mod:`ollapy.engine.bindings` (the llama.cpp boundary).
 
 Two rules follow llama.cpp's common sampler (``common/sampling.cpp``) and its
 server, which Ollama's runner mirrors:
@@ -28,7 +28,7 @@ import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import backend as _backend
+from . import bindings as _bindings
 from .request import TokenLogprob
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from .backend import Backend
 
-C = _backend.C
+C = _bindings.C
 
 
 class Sampler:
@@ -53,8 +53,8 @@ class Sampler:
             if not self._grammar:
                 raise ValueError("invalid grammar")
             n = backend.n_vocab
-            self._cand = _backend.np.zeros(n, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
-            self._ids = _backend.np.arange(n, dtype=_backend.np.int32)
+            self._cand = _bindings.np.zeros(n, dtype=[("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+            self._ids = _bindings.np.arange(n, dtype=_bindings.np.int32)
             self._cur = C.llama_token_data_array()
             self._one = (C.llama_token_data * 1)()
             self._one_arr = C.llama_token_data_array()
@@ -77,7 +77,7 @@ class Sampler:
         self._repeat_only = not o.presence_penalty and not o.frequency_penalty
         # the chain samples on the fast path only for presence/frequency penalties: only then must it see the history
         self._chain_history = self._penalized and not self._repeat_only
-        self._rp = _backend.np.float32(o.repeat_penalty)
+        self._rp = _bindings.np.float32(o.repeat_penalty)
         self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
         self._counts: collections.Counter[int] = collections.Counter()
         self._accept_prompt(prompt)
@@ -225,7 +225,7 @@ class Sampler:
 def token_logprob(backend: "Backend", row: int, tok: int, top: int) -> TokenLogprob:
     """``tok``'s log-probability in logits row ``row`` (log-softmax of the raw logits, float64 sums), with
     the ``top`` most likely tokens (most likely first). Costs one pass over the ``n_vocab`` logits."""
-    np_ = _backend.np
+    np_ = _bindings.np
     logits = backend.logits_row(row)
     peak = float(logits.max())
     lse = peak + float(np_.log(np_.exp((logits - peak).astype(np_.float64)).sum()))

@@ -1,0 +1,194 @@
+"""llama-cpp-python's ctypes bindings: loading them, finishing the package import, and library-wide facts.
+
+One of the modules of ``ollapy/engine`` that touch ``llama_cpp`` (with
+:mod:`.backend`, :mod:`.templating` and :mod:`.embedding`). ``C`` is the
+bindings module (``llama_cpp.llama_cpp``); ``np`` is numpy once
+:func:`finish_imports` has returned (``None`` before).
+
+CPU safety: on CPUs with AMX and a build of ggml with AMX kernels, ggml's AMX
+"extra buffer type" segfaults in ``ggml_backend_amx_mul_mat`` on every decode
+(see shared/ENVIRONMENT.md). :func:`choose_extra_bufts` therefore turns extra
+buffer types off only when both the CPU and the build have AMX, and keeps CPU
+weight repacking everywhere else. ``OLLAPY_EXTRA_BUFTS`` / the ``extra_bufts``
+option override it.
+"""
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import logging
+import os
+import sys
+import threading
+
+from .hardware import cpu_has_amx
+
+log = logging.getLogger("ollapy.engine")
+
+
+def _import_bindings():
+    """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``), without running the package's ``__init__``.
+
+    ``import llama_cpp`` first imports the high-level ``Llama`` class and with it
+    numpy, jinja2 and the chat formats (0.15 s here, half of a one-shot
+    ``ollapy run``'s own overhead). The bindings alone are enough to load a
+    model, so the package module is registered unexecuted and
+    :func:`finish_imports` runs its ``__init__`` in a thread while the model
+    loads (``llama_model_load_from_file`` releases the GIL).
+    """
+    if "llama_cpp" not in sys.modules:
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec is not None and spec.loader is not None and spec.submodule_search_locations is not None:
+            sys.modules["llama_cpp"] = importlib.util.module_from_spec(spec)
+    from llama_cpp import llama_cpp as bindings
+
+    return bindings
+
+
+C = _import_bindings()
+np = None  # numpy: bound by _complete_imports(), which every Backend waits for
+_imports_thread: threading.Thread | None = None
+_imports_error: BaseException | None = None
+_imports_lock = threading.Lock()
+
+
+def _complete_imports() -> None:
+    global np, _imports_error
+    try:
+        pkg = sys.modules["llama_cpp"]
+        if not hasattr(pkg, "__version__"):  # registered unexecuted by _import_bindings
+            pkg.__spec__.loader.exec_module(pkg)
+            if _initialised and not _debug():
+                _silence_llama_log()  # the package just installed its own callback
+        import llama_cpp.llama_chat_format  # noqa: F401 - the template renderer, warmed up
+        import numpy
+
+        np = numpy
+    except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread by finish_imports()
+        _imports_error = exc
+
+
+def start_imports() -> None:
+    """Start importing the rest of llama-cpp-python (and numpy) in a background thread; idempotent."""
+    global _imports_thread
+    with _imports_lock:
+        if _imports_thread is None:
+            _imports_thread = threading.Thread(target=_complete_imports, name="ollapy-imports", daemon=True)
+            _imports_thread.start()
+
+
+def finish_imports() -> None:
+    """Wait for :func:`start_imports` (starting it if needed); raises what the imports raised."""
+    start_imports()
+    assert _imports_thread is not None
+    _imports_thread.join()
+    if _imports_error is not None:
+        raise _imports_error
+
+
+
+
+
+_initialised = False
+
+
+def _debug() -> bool:
+    return os.environ.get("OLLAPY_DEBUG", "0") in {"1", "true", "yes"}
+
+
+def init_backend() -> None:
+    """``llama_backend_init`` once per process, with llama.cpp's log silenced unless OLLAPY_DEBUG is set."""
+    global _initialised
+    if not _initialised:
+        if not _debug():
+            # llama-cpp-python's own log callback (installed when its package finishes importing, see
+            # _complete_imports) prints whatever its logger's level lets through: let nothing through
+            logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
+            _silence_llama_log()
+        C.llama_backend_init()
+        _initialised = True
+
+
+@C.llama_log_callback
+def _discard_log(level, text, user_data):  # pragma: no cover - C callback
+    return None
+
+
+def _silence_llama_log() -> None:
+    """Route llama.cpp's own logging to nothing (errors still surface as return codes).
+
+    The callback is one module-level object that is never freed: another
+    thread may be inside a log call while the callback is swapped.
+    """
+    C.llama_log_set(_discard_log, ctypes.c_void_p(0))
+
+
+def library_version() -> str:
+    """Version of the installed llama-cpp-python package."""
+    finish_imports()
+    return getattr(sys.modules["llama_cpp"], "__version__", "unknown")
+
+
+def system_info() -> str:
+    """llama.cpp's ``llama_print_system_info`` line (features compiled in and detected)."""
+    init_backend()
+    return C.llama_print_system_info().decode("utf-8", "replace").strip()
+
+
+def supports_gpu_offload() -> bool:
+    """True when this build of llama.cpp can offload layers to a GPU."""
+    init_backend()
+    return bool(C.llama_supports_gpu_offload())
+
+
+def build_has_amx() -> bool:
+    """True when the loaded ggml CPU backend was built with AMX kernels."""
+    info = system_info()
+    return "AMX_INT8 = 1" in info or "AMX_BF16 = 1" in info or "AMX = 1" in info
+
+
+def choose_extra_bufts(setting: str) -> tuple[bool, str]:
+    """Decide whether to use CPU extra buffer types (repacking, AMX).
+
+    ``setting`` is ``auto``, ``on`` or ``off``. Returns ``(use, reason)``; the
+    reason is a short human sentence shown by ``ollapy info`` and the debug log.
+    """
+    if setting == "on":
+        return True, "on (forced by extra_bufts=on)"
+    if setting == "off":
+        return False, "off (forced by extra_bufts=off)"
+    if cpu_has_amx() and build_has_amx():
+        return False, "off (auto: AMX CPU and AMX build; ggml's AMX path crashes, repacking disabled)"
+    return True, "on (auto: no AMX crash risk, CPU weight repacking kept)"
+
+
+def devices() -> list[dict]:
+    """The ggml devices this build found: name, description, free and total memory in bytes."""
+    init_backend()
+    lib = C._lib
+    out: list[dict] = []
+    try:
+        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+        lib.ggml_backend_dev_name.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
+        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
+        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
+        for i in range(lib.ggml_backend_dev_count()):
+            dev = lib.ggml_backend_dev_get(i)
+            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+            out.append(
+                {
+                    "name": (lib.ggml_backend_dev_name(dev) or b"").decode(),
+                    "description": (lib.ggml_backend_dev_description(dev) or b"").decode(),
+                    "free": free.value,
+                    "total": total.value,
+                }
+            )
+    except AttributeError:  # pragma: no cover - very old builds
+        pass
+    return out
+
