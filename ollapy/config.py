@@ -14,6 +14,8 @@ from typing import Callable
 
 import platformdirs
 
+from .duration import parse_duration
+
 APP = "ollapy"
 
 
@@ -268,41 +270,12 @@ def registry_url() -> str:
     return raw
 
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds for ``300``, ``1.5``, ``5m``, ``1h30m``, ``-1`` (Go duration units ns..h); raises ValueError.
-
-    A negative value stays negative (callers read it as "forever").
-    """
-    t = text.strip()
-    try:
-        secs = float(t)
-    except ValueError:
-        body = t.lstrip("+-")
-        pos, secs = 0, 0.0
-        for m in _DURATION.finditer(body):
-            if m.start() != pos:
-                break
-            secs += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-            pos = m.end()
-        if not body or pos != len(body):
-            raise ValueError(text) from None
-        secs = -secs if t.startswith("-") else secs
-    if secs != secs or secs in (float("inf"), float("-inf")):
-        raise ValueError(text)
-    return secs
-
-
 def keep_alive() -> float:
     """``OLLAPY_KEEP_ALIVE`` in seconds (``inf`` for a negative value = forever); raises SettingError."""
     try:
-        secs = parse_duration(KEEP_ALIVE.raw())
+        return parse_duration(KEEP_ALIVE.raw(), allow_negative=True)
     except ValueError:
         raise invalid(KEEP_ALIVE, "a duration such as 5m, 1h, 30s, 0 (unload at once) or -1 (forever)") from None
-    return float("inf") if secs < 0 else secs
 
 
 def extra_bufts() -> str:

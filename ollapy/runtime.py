@@ -23,49 +23,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import config
+from .duration import parse_duration
 from .errors import BusyError, OptionError
 from .options import LOAD_OPTIONS, Options
 
 log = logging.getLogger("ollapy.runtime")
 
-_DUR = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def parse_keep_alive(value: Any) -> float:
     """Seconds for a keep_alive value: number (seconds) or duration text; negative means forever (``inf``).
 
-    Raises OptionError for text that is not a duration.
+    ``None`` or ``""`` gives the ``OLLAPY_KEEP_ALIVE`` default. Raises OptionError
+    for anything :func:`ollapy.duration.parse_duration` refuses.
     """
     if value is None or value == "":
         return config.keep_alive()
-    if isinstance(value, bool):
-        raise OptionError(f"keep_alive must be a duration, got {value!r}")
-    if isinstance(value, (int, float)):
-        secs = float(value)
-    else:
-        text = str(value).strip()
-        try:
-            secs = float(text)
-        except ValueError:
-            neg = text.startswith("-")
-            body = text.lstrip("+-")
-            pos, secs = 0, 0.0
-            for m in _DUR.finditer(body):
-                if m.start() != pos:
-                    break
-                secs += float(m.group(1)) * _UNITS[m.group(2)]
-                pos = m.end()
-            if pos != len(body) or not body:
-                raise OptionError(f"keep_alive {value!r} is not a duration", hint="use e.g. 5m, 1h, 30s, 0 or -1") from None
-            secs = -secs if neg else secs
-    return float("inf") if secs < 0 else secs
+    try:
+        return parse_duration(value if isinstance(value, (bool, int, float)) else str(value), allow_negative=True)
+    except ValueError:
+        raise OptionError(f"keep_alive {value!r} is not a duration", hint="use e.g. 5m, 1h, 30s, 0 or -1") from None
 
 
 def max_loaded() -> int:

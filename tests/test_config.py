@@ -138,6 +138,87 @@ def test_callers_use_the_strict_accessors(monkeypatch):
         download.pull_retries()
 
 
+
+# ---- the one Go-duration parser (OLLAPY_KEEP_ALIVE and a request's keep_alive) ----------------
+# (value, seconds with allow_negative=False, seconds with allow_negative=True); None = ValueError
+DURATIONS = [
+    ("5m", 300.0, 300.0),
+    ("1h30m", 5400.0, 5400.0),
+    ("300ms", 0.3, 0.3),
+    ("1.5s", 1.5, 1.5),
+    (".5s", 0.5, 0.5),
+    ("2h45m30.5s", 9930.5, 9930.5),
+    ("10us", 1e-5, 1e-5),
+    ("10µs", 1e-5, 1e-5),
+    ("7ns", 7e-9, 7e-9),
+    ("+5m", 300.0, 300.0),
+    (" 90 ", 90.0, 90.0),
+    ("1.5", 1.5, 1.5),
+    ("0", 0.0, 0.0),
+    ("0s", 0.0, 0.0),
+    (90, 90.0, 90.0),
+    (2.5, 2.5, 2.5),
+    (0, 0.0, 0.0),
+    ("-1", None, math.inf),
+    ("-1m", None, math.inf),
+    ("-0.5s", None, math.inf),
+    (-1, None, math.inf),
+    (-3.5, None, math.inf),
+    ("", None, None),
+    ("  ", None, None),
+    ("forever", None, None),
+    ("5x", None, None),
+    ("m5", None, None),
+    ("5 m", None, None),
+    ("1h-3m", None, None),
+    ("--5m", None, None),
+    ("-", None, None),
+    ("nan", None, None),
+    ("inf", None, None),
+    ("-inf", None, None),
+    (math.nan, None, None),
+    (math.inf, None, None),
+    (True, None, None),
+    (10**400, None, None),
+]
+
+
+@pytest.mark.parametrize("value,plain,negative_forever", DURATIONS, ids=[repr(d[0])[:20] for d in DURATIONS])
+def test_parse_duration_table(value, plain, negative_forever):
+    from ollapy.duration import parse_duration
+
+    for allow_negative, want in ((False, plain), (True, negative_forever)):
+        if want is None:
+            with pytest.raises(ValueError):
+                parse_duration(value, allow_negative=allow_negative)
+        else:
+            assert parse_duration(value, allow_negative=allow_negative) == pytest.approx(want, rel=1e-12), value
+
+
+def test_both_keep_alive_callers_use_the_one_parser(monkeypatch):
+    """The env setting and the request field agree on every form; each turns ValueError into its own error."""
+    from ollapy import runtime
+    from ollapy.errors import OptionError
+
+    for value, _plain, want in DURATIONS:
+        if value == "":  # the default to both callers (an empty variable counts as unset)
+            continue
+        if isinstance(value, str):
+            monkeypatch.setenv("OLLAPY_KEEP_ALIVE", value)
+            if want is None:
+                with pytest.raises(SettingError, match="OLLAPY_KEEP_ALIVE="):
+                    config.keep_alive()
+            else:
+                assert config.keep_alive() == pytest.approx(want, rel=1e-12)
+        if want is None:
+            with pytest.raises(OptionError, match="is not a duration"):
+                runtime.parse_keep_alive(value)
+        else:
+            assert runtime.parse_keep_alive(value) == pytest.approx(want, rel=1e-12)
+    monkeypatch.setenv("OLLAPY_KEEP_ALIVE", "2m")
+    assert runtime.parse_keep_alive(None) == runtime.parse_keep_alive("") == 120.0
+
+
 def _one_error_line(proc) -> str:
     err = proc.stderr.decode()
     lines = [ln for ln in err.splitlines() if ln.strip()]
