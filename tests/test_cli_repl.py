@@ -19,19 +19,39 @@ def _spawn(model, *args, env_extra=None):
                          env=env, encoding="utf-8", timeout=90, cwd=str(ROOT), dimensions=(40, 120))
 
 
+def _start_repl(model, *args, history=False):
+    """The chat REPL on ``model`` (greedy, ``args`` added), at its first ``>>> `` prompt; no history file unless asked."""
+    c = _spawn(model, *args, env_extra=None if history else {"OLLAPY_NOHISTORY": "1"})
+    c.expect_exact(">>> ")
+    return c
+
+
+def _say(c, line, *expected):
+    """Send one REPL line, wait for each ``expected`` text in order, then for the next prompt."""
+    c.sendline(line)
+    for text in expected:
+        c.expect_exact(text)
+    c.expect_exact(">>> ")
+
+
+def _bye(c):
+    """End the REPL with /bye and check that it exited 0."""
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+    c.close()
+    assert c.exitstatus == 0
+
+
 def test_repl_multiline_set_show_clear_ctrlc_ctrld(smollm2_path, tmp_path):
     state = os.environ["XDG_STATE_HOME"]
-    c = _spawn(smollm2_path, "--verbose")
-    c.expect_exact(">>> ")
+    c = _start_repl(smollm2_path, "--verbose", history=True)
     c.sendline('"""What is the capital')
     c.expect_exact("... ")
     c.sendline('of France? Answer in one word."""')
     c.expect("Paris")
     c.expect("prompt cache: +0 token")
     c.expect_exact(">>> ")
-    c.sendline("/set parameter num_predict 4")
-    c.expect_exact("Set parameter 'num_predict' to '4'")
-    c.expect_exact(">>> ")
+    _say(c, "/set parameter num_predict 4", "Set parameter 'num_predict' to '4'")
     c.sendline("/show info")
     c.expect("architecture +llama")
     c.expect_exact(">>> ")
@@ -40,21 +60,17 @@ def test_repl_multiline_set_show_clear_ctrlc_ctrld(smollm2_path, tmp_path):
     reused = int(c.match.group(1))
     assert reused > 30, "the second turn must reuse the first turn's KV"
     c.expect_exact(">>> ")
-    c.sendline("/set parameter num_predict 300")
-    c.expect_exact(">>> ")
+    _say(c, "/set parameter num_predict 300")
     c.sendline("Write a very long essay about the history of Rome.")
     time.sleep(1.5)
     c.sendintr()
     c.expect_exact("reply cancelled")
     c.expect_exact(">>> ")
-    c.sendline("/set parameter num_predict 12")
-    c.expect_exact(">>> ")
+    _say(c, "/set parameter num_predict 12")
     c.sendline("Thanks!")
     c.expect(r"eval count: +\d+ token")
     c.expect_exact(">>> ")
-    c.sendline("/clear")
-    c.expect_exact("Cleared session context")
-    c.expect_exact(">>> ")
+    _say(c, "/clear", "Cleared session context")
     c.sendintr()  # Ctrl-C at the prompt clears the line, does not exit
     c.expect_exact("Use Ctrl + d or /bye to exit.")
     c.expect_exact(">>> ")
@@ -67,15 +83,9 @@ def test_repl_multiline_set_show_clear_ctrlc_ctrld(smollm2_path, tmp_path):
 
 
 def test_repl_bye_and_nohistory(smollm2_path):
-    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
-    c.expect_exact(">>> ")
-    c.sendline("/?")
-    c.expect_exact("/bye")
-    c.expect_exact(">>> ")
-    c.sendline("/bye")
-    c.expect(pexpect.EOF)
-    c.close()
-    assert c.exitstatus == 0
+    c = _start_repl(smollm2_path)  # OLLAPY_NOHISTORY=1
+    _say(c, "/?", "/bye")
+    _bye(c)
     assert not os.path.exists(os.path.join(os.environ["XDG_STATE_HOME"], "ollapy", "history"))
 
 
@@ -84,24 +94,17 @@ def test_repl_set_stop_words_replace_and_show_modelfile_parses(smollm2_path):
     `/show modelfile` prints one JSON-quoted PARAMETER line per value, which the Modelfile parser reads back."""
     from ollapy.store.modelfile import parse_modelfile
 
-    c = _spawn(smollm2_path, "-o", "repeat_penalty=1", env_extra={"OLLAPY_NOHISTORY": "1"})  # the greedy answer below
-    c.expect_exact(">>> ")
-    c.sendline("/set parameter stop Berlin")
-    c.expect_exact(">>> ")
-    c.sendline("/set parameter stop Paris France")
-    c.expect_exact("Set parameter 'stop' to 'Paris, France'")
-    c.expect_exact(">>> ")
-    c.sendline("/show modelfile")
-    c.expect_exact(">>> ")
+    c = _start_repl(smollm2_path, "-o", "repeat_penalty=1")  # the greedy answer below
+    _say(c, "/set parameter stop Berlin")
+    _say(c, "/set parameter stop Paris France", "Set parameter 'stop' to 'Paris, France'")
+    _say(c, "/show modelfile")
     shown = c.before.replace("\r\n", "\n").split("\n", 1)[1]  # the echoed command line first
     assert shown.splitlines()[1:] == ["PARAMETER temperature 0", "PARAMETER repeat_penalty 1",
                                       'PARAMETER stop "Paris"', 'PARAMETER stop "France"']
     assert parse_modelfile(shown).parameters == {"temperature": 0.0, "repeat_penalty": 1.0, "stop": ["Paris", "France"]}
-    c.sendline("What is the capital of France? Answer in one word.")  # unstopped: "The capital of France is Paris."
-    c.expect_exact(">>> ")
+    _say(c, "What is the capital of France? Answer in one word.")  # unstopped: "The capital of France is Paris."
     assert c.before.replace("\r\n", "\n").split("\n")[1] == "The capital of "
-    c.sendline("/bye")
-    c.expect(pexpect.EOF)
+    _bye(c)
 
 
 def test_each_line_in_order_as_json_and_sharing_the_prefix(smollm2_path):
@@ -196,21 +199,12 @@ def test_repl_save_creates_a_model_that_list_show_run_and_load_use(smollm2_path)
     session's parameters and the conversation as MESSAGEs; `run NAME` and `/load NAME` pick all of it up."""
     from ollapy.store.modelfile import parse_modelfile
 
-    c = _spawn(smollm2_path, env_extra={"OLLAPY_NOHISTORY": "1"})
-    c.expect_exact(">>> ")
-    c.sendline("/set parameter num_predict 7")
-    c.expect_exact(">>> ")
-    c.sendline("/set system You are a pirate named Captain Zorblax.")
-    c.expect_exact(">>> ")
-    c.sendline("My favourite city is Zanzibar. Say OK.")
-    c.expect_exact(">>> ")
-    c.sendline("/save pirate")
-    c.expect_exact("Created new model 'pirate'")
-    c.expect_exact(">>> ")
-    c.sendline("/bye")
-    c.expect(pexpect.EOF)
-    c.close()
-    assert c.exitstatus == 0
+    c = _start_repl(smollm2_path)
+    _say(c, "/set parameter num_predict 7")
+    _say(c, "/set system You are a pirate named Captain Zorblax.")
+    _say(c, "My favourite city is Zanzibar. Say OK.")
+    _say(c, "/save pirate", "Created new model 'pirate'")
+    _bye(c)
 
     assert b"pirate:latest" in run_cli("list").stdout
     show = run_cli("show", "pirate", "--modelfile")
@@ -230,27 +224,17 @@ def test_repl_save_creates_a_model_that_list_show_run_and_load_use(smollm2_path)
     assert 1 <= n <= 7, err[-1500:]  # the saved num_predict
     assert r.stdout.strip()
 
-    d = _spawn(smollm2_path, "--verbose", env_extra={"OLLAPY_NOHISTORY": "1"})
-    d.expect_exact(">>> ")
-    d.sendline("/load nosuchmodel")
-    d.expect_exact("Couldn't find model 'nosuchmodel'")
-    d.expect_exact(">>> ")
-    d.sendline("/load pirate")
-    d.expect_exact("Loading model 'pirate'")
-    d.expect_exact(">>> ")
-    d.sendline("/show system")
-    d.expect_exact("You are a pirate named Captain Zorblax.")
-    d.expect_exact(">>> ")
+    d = _start_repl(smollm2_path, "--verbose")
+    _say(d, "/load nosuchmodel", "Couldn't find model 'nosuchmodel'")
+    _say(d, "/load pirate", "Loading model 'pirate'")
+    _say(d, "/show system", "You are a pirate named Captain Zorblax.")
     d.sendline("What is my favourite city?")
     d.expect(r"prompt eval count: +(\d+) token")
     assert int(d.match.group(1)) > 45  # system + saved turns + question (60); the question alone is about 35
     d.expect(r"\beval count: +(\d+) token")
     assert 1 <= int(d.match.group(1)) <= 7
     d.expect_exact(">>> ")
-    d.sendline("/bye")
-    d.expect(pexpect.EOF)
-    d.close()
-    assert d.exitstatus == 0
+    _bye(d)
 
 
 def test_session_restores_options_and_explicit_option_wins(smollm2_path):

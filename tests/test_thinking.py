@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from streaming_helpers import assert_every_split_matches, feed_in_pieces
 
 from ollapy.errors import OptionError
 from ollapy.thinking import (
@@ -17,15 +18,7 @@ from ollapy.thinking import (
 
 
 def _stream(text: str, cuts: list[int], opened: bool = False) -> tuple[str, str]:
-    parser = ThinkingParser(opened=opened)
-    thinking, content, start = [], [], 0
-    for cut in sorted(cuts) + [len(text)]:
-        t, c = parser.feed(text[start:cut])
-        thinking.append(t)
-        content.append(c)
-        start = cut
-    t, c = parser.finish()
-    return "".join(thinking) + t, "".join(content) + c
+    return feed_in_pieces(ThinkingParser(opened=opened), text, cuts)
 
 
 def _whole(text: str, opened: bool = False) -> tuple[str, str]:
@@ -93,10 +86,7 @@ SAMPLES = [
 
 @pytest.mark.parametrize(("text", "opened"), SAMPLES)
 def test_every_split_point_and_char_by_char_match_the_whole_text(text, opened):
-    expected = _whole(text, opened)
-    for i in range(len(text) + 1):
-        assert _stream(text, [i], opened) == expected, i
-    assert _stream(text, list(range(len(text))), opened) == expected
+    assert_every_split_matches(lambda: ThinkingParser(opened=opened), text, _whole(text, opened))
 
 
 @settings(max_examples=300, deadline=None)

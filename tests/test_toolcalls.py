@@ -6,6 +6,7 @@ import re
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from streaming_helpers import assert_every_split_matches, feed_in_pieces
 
 from ollapy.errors import OptionError
 from ollapy.toolcalls import (
@@ -26,15 +27,7 @@ def _calls(result):
 
 def _stream(text: str, family: str, cuts: list[int], **kw):
     """Feed ``text`` cut at ``cuts``; return (content, calls) as the whole-text parser does."""
-    parser = ToolCallParser(family, **kw)
-    content, calls, start = [], [], 0
-    for cut in sorted(cuts) + [len(text)]:
-        c, k = parser.feed(text[start:cut])
-        content.append(c)
-        calls.extend(k)
-        start = cut
-    c, k = parser.finish()
-    return "".join(content) + c, calls + k
+    return feed_in_pieces(ToolCallParser(family, **kw), text, cuts)
 
 
 # ------------------------------------------------------------------ hermes
@@ -144,27 +137,30 @@ def test_llama3_truncated_json_is_content():
 # ------------------------------------------------------------------ mistral
 
 
-def test_mistral_json_list_with_model_ids():
-    text = (
-        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}, "id": "abcDEF123"}, '
-        '{"name": "get_time", "arguments": "{\\"tz\\": \\"Europe/Paris\\"}"}]'
-    )
-    r = parse_tool_calls(text, "mistral", ids=True, seed=1)
-    assert _calls(r) == [("get_weather", W), ("get_time", T)]
-    assert r.calls[0].id == "abcDEF123"
-    assert re.fullmatch(r"call_[0-9a-f]{8}", r.calls[1].id)
-    assert r.content == ""
+GENERATED_ID = r"call_[0-9a-f]{8}"
 
 
-def test_mistral_args_form_repeated_with_text_before():
-    text = (
-        'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
-        '[TOOL_CALLS]get_time[CALL_ID]x1y2z3w4v[ARGS]{"tz": "Europe/Paris"}'
-    )
-    r = parse_tool_calls(text, "mistral", ids=True, seed=0)
+@pytest.mark.parametrize(
+    ("text", "seed", "want_ids", "want_content"),
+    [
+        pytest.param(
+            '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}, "id": "abcDEF123"}, '
+            '{"name": "get_time", "arguments": "{\\"tz\\": \\"Europe/Paris\\"}"}]',
+            1, ["abcDEF123", GENERATED_ID], "", id="json-list-with-model-ids",
+        ),
+        pytest.param(
+            'Checking.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "unit": "celsius"}'
+            '[TOOL_CALLS]get_time[CALL_ID]x1y2z3w4v[ARGS]{"tz": "Europe/Paris"}',
+            0, [GENERATED_ID, "x1y2z3w4v"], "Checking.", id="args-form-repeated-with-text-before",
+        ),
+    ],
+)
+def test_mistral_two_calls_keep_model_ids_and_make_the_rest(text, seed, want_ids, want_content):
+    r = parse_tool_calls(text, "mistral", ids=True, seed=seed)
     assert _calls(r) == [("get_weather", W), ("get_time", T)]
-    assert r.calls[1].id == "x1y2z3w4v"
-    assert r.content == "Checking."
+    for call, want in zip(r.calls, want_ids, strict=True):
+        assert re.fullmatch(want, call.id), (call.id, want)
+    assert r.content == want_content
 
 
 def test_mistral_malformed_forms_are_content():
@@ -281,10 +277,7 @@ SAMPLES = [
 @pytest.mark.parametrize(("family", "text"), SAMPLES)
 def test_every_single_split_and_char_by_char_match_the_whole_text(family, text):
     whole = parse_tool_calls(text, family)
-    expected = (whole.content, whole.calls)
-    for i in range(len(text) + 1):
-        assert _stream(text, family, [i]) == expected, i
-    assert _stream(text, family, list(range(len(text)))) == expected
+    assert_every_split_matches(lambda: ToolCallParser(family), text, (whole.content, whole.calls))
 
 
 FRAGMENTS = [
