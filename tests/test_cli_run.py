@@ -44,12 +44,17 @@ def test_empty_stdin_with_prompt_and_invalid_utf8(smollm2_path):
 
 
 def test_gemma_runs_with_fallback_template(gemma_path):
-    p = run_cli("run", str(gemma_path), "-o", "temperature=0", "-o", "num_predict=12", "--verbose",
-                "The capital of France is")
+    greedy = ("run", str(gemma_path), "-o", "temperature=0", "-o", "num_predict=12")
+    p = run_cli(*greedy, "--verbose", "The capital of France is")
     assert p.returncode == 0, p.stderr
     assert len(p.stdout.strip()) > 0
     n = int(re.search(rb"^\s*eval count:\s+(\d+) token", p.stderr, re.M).group(1))  # not "prompt eval count"
-    assert 1 <= n <= 12, p.stderr  # num_predict bounds it; a base model may also end with its EOS
+    assert n == 12, p.stderr  # greedy: the base model's continuation has no EOS before num_predict
+    # the same request as a JSON line also says why it stopped
+    j = run_cli(*greedy, "--each-line", "--json", input="The capital of France is\n")
+    assert j.returncode == 0, j.stderr
+    rec = json.loads(j.stdout)
+    assert (rec["eval_count"], rec["done_reason"]) == (12, "length"), rec
 
 
 @pytest.mark.parametrize("kind", ["missing", "truncated", "not_gguf", "directory"])
@@ -171,10 +176,12 @@ def test_each_line_one_output_line_per_input_line_escaped(smollm2_path):
 
 def test_each_line_verbose_prints_stats_per_line(smollm2_path):
     p = run_cli("run", str(smollm2_path), "-o", "temperature=0", "-o", "num_predict=8", "--each-line", "--verbose",
-                input="Say hi.\n\nSay bye.\n")
+                "--json", input="Say hi.\n\nSay bye.\n")
     assert p.returncode == 0, p.stderr
     err = p.stderr.decode()
     assert re.findall(r"^line (\d+):$", err, re.M) == ["1", "3"], err
     assert err.count("prompt eval count:") == 2 and err.count("eval rate:") == 4  # "prompt eval rate" + "eval rate"
-    for block in err.split("line ")[1:]:
-        assert 1 <= int(re.search(r"^eval count:\s+(\d+) token", block, re.M).group(1)) <= 8
+    counts = [int(re.search(r"^eval count:\s+(\d+) token", block, re.M).group(1)) for block in err.split("line ")[1:]]
+    assert counts == [8, 8], err  # greedy: both answers run into num_predict
+    recs = [json.loads(x) for x in p.stdout.decode().splitlines()]
+    assert [(recs[i]["eval_count"], recs[i]["done_reason"]) for i in (0, 2)] == [(8, "length")] * 2, recs
