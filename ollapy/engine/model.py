@@ -89,6 +89,8 @@ class LoadedModel:
         self._closed = False
         self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._prefix_lock = threading.Lock()
+        self._embedder = None  # ollapy.engine.embedding.Embedder, made on the first embed()
+        self._embedder_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
 
     # ---- prompts ------------------------------------------------------------------------------
@@ -228,6 +230,35 @@ class LoadedModel:
         options = options or self.options
         return self.submit(self.chat_prompt(messages, options), options, **kw)
 
+    # ---- embeddings ---------------------------------------------------------------------------
+    def embed(self, inputs, *, truncate: bool = True, normalized: bool = True, dimensions: int | None = None):
+        """Embed ``inputs`` (a list of texts or of token-id lists) on the model's own embedding context.
+
+        Returns :class:`ollapy.engine.embedding.Embeddings`: ``vectors`` float32 ``(len(inputs), dim)`` in
+        input order (L2-normalised unless ``normalized`` is false; ``dimensions`` keeps the first values and
+        renormalises), ``token_counts`` per input. Runs on the caller's thread and never disturbs generation
+        (see :mod:`ollapy.engine.embedding`). Raises OptionError (empty input, bad token id, dimensions < 1),
+        ContextError (``truncate=False`` and an input over ``min(num_ctx, n_ctx_train)`` tokens), DecodeError.
+        """
+        from .embedding import Embedder
+
+        with self._embedder_lock:
+            if self._closed:
+                from ..errors import DecodeError
+
+                raise DecodeError(f"{self.name} is being unloaded", hint="retry the request")
+            if self._embedder is None:
+                self._embedder = Embedder(self.backend, num_ctx=self.options.num_ctx, num_batch=self.options.num_batch)
+            embedder = self._embedder
+        return embedder.embed(list(inputs), truncate=truncate, normalized=normalized, dimensions=dimensions)
+
+    @property
+    def embedding_only(self) -> bool:
+        """True for an embedding model (GGUF ``pooling_type`` set, or an encoder such as BERT), as Ollama decides."""
+        from .embedding import is_embedding_model
+
+        return is_embedding_model(self.backend)
+
     def info(self) -> dict:
         """Model facts for ``show``/``ps``/``--verbose``: architecture, sizes, template source, KV bytes."""
         b = self.backend
@@ -276,6 +307,10 @@ class LoadedModel:
                     interrupted = True
                     self.unsaved_states = self.cache.last_drain.unsaved
         finally:
+            with self._embedder_lock:
+                embedder, self._embedder = self._embedder, None
+            if embedder is not None:
+                embedder.close()  # waits for an embedding decode in flight; before the model is freed
             if joined:
                 self.backend.close()
             else:
