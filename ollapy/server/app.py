@@ -2,7 +2,7 @@
 
 :func:`create_app` wires the runtime (loaded models), the metrics registry,
 the Ollama routes (``/``, ``/api/*``: generation in ``ollama_routes``, model
-management in ``model_routes``), the OpenAI routes (``/v1/*``) and
+management in ``model_routes``, embeddings in ``embed_routes``), the OpenAI routes (``/v1/*``) and
 ``/metrics``; CORS allows local origins by default (``OLLAPY_ORIGINS`` adds
 more, like Ollama's ``OLLAMA_ORIGINS``); request bodies are capped at
 ``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store).
@@ -126,9 +126,10 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False) -> 
                   openapi_url=None)
     app.state.ollapy = state
 
-    from . import model_routes, ollama_routes, openai_routes
+    from . import embed_routes, model_routes, ollama_routes, openai_routes
 
     app.include_router(ollama_routes.router)
+    app.include_router(embed_routes.router)
     app.include_router(model_routes.router)
     app.include_router(openai_routes.router)
 
