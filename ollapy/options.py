@@ -69,6 +69,8 @@ class Options:
     stop: tuple[str, ...] = field(default_factory=tuple)
     shift: bool = True
     truncate: bool = True
+    # how tool calls are read from the output: auto (from the chat template), hermes, llama3, mistral, generic
+    tool_parser: str = "auto"
 
     @classmethod
     def names(cls) -> list[str]:
@@ -98,6 +100,7 @@ _CHOICES = {
     "kv_cache_type": ("f16", "q8_0", "q4_0"),
     "flash_attn": ("auto", "on", "off"),
     "extra_bufts": ("auto", "on", "off"),
+    "tool_parser": ("auto", "hermes", "llama3", "mistral", "generic"),
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
         "mirostat": 0}

@@ -30,7 +30,7 @@ from .backend import Backend, ContextConfig
 from .engine import Engine
 from .planner import common_prefix
 from .request import Request
-from .templating import json_schema_grammar, render_chat_template
+from .templating import json_schema_grammar, render_chat_template, template_mentions_tools
 
 if TYPE_CHECKING:
     import asyncio
@@ -117,8 +117,36 @@ class LoadedModel:
                 self._prefix_tokens.popitem(last=False)
         return toks
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tool definitions (it reads ``tools``), as Ollama's capability."""
+        return template_mentions_tools(self.template.text)
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the chat template has a reasoning section (:func:`ollapy.thinking.supports_thinking`)."""
+        from ..thinking import supports_thinking
+
+        return supports_thinking(self.template.text)
+
+    @staticmethod
+    def template_variables(think: bool | str | None) -> dict:
+        """Template variables for a ``think`` value: None (unset) none; else ``enable_thinking`` and
+        ``think`` (Qwen3-style switches) and, for a level, ``reasoning_effort``."""
+        if think is None:
+            return {}
+        on = think is True or isinstance(think, str)
+        out: dict = {"enable_thinking": on, "think": on}
+        if isinstance(think, str):
+            out["reasoning_effort"] = think
+        return out
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list[dict] | None = None,
+               think: bool | str | None = None) -> str:
         """Render chat messages to prompt text with the selected template.
+
+        ``tools`` (function tools, OpenAI/Ollama shape) reach the template as ``tools``;
+        ``think`` sets the template's thinking switches (:meth:`template_variables`).
 
         A chat whose last message is an assistant turn with content (and no
         tool calls) is a prefill: the answer continues that message instead of
@@ -131,14 +159,20 @@ class LoadedModel:
         last = messages[-1] if messages else None
         if (add_generation_prompt and len(messages) > 1 and last.get("role") == "assistant"
                 and last.get("content") and not last.get("tool_calls")):
-            return self.render(messages[:-1], add_generation_prompt=True) + str(last["content"])
+            return self.render(messages[:-1], add_generation_prompt=True, tools=tools, think=think) + str(last["content"])
         try:
-            return render_chat_template(self.template.text, messages, self.bos_text, self.eos_text, add_generation_prompt)
+            return render_chat_template(self.template.text, messages, self.bos_text, self.eos_text, add_generation_prompt,
+                                        tools=tools, variables=self.template_variables(think))
         except Exception as exc:  # noqa: BLE001 - jinja errors, raise_exception() in templates: all become OptionError
             raise OptionError(f"chat template error: {exc}", hint="check the message roles and order") from None
 
-    def chat_prompt(self, messages: list[dict], options: Options | None = None) -> Prompt:
+    def chat_prompt(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
+                    think: bool | str | None = None) -> Prompt:
         """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points.
+
+        ``tools`` and ``think`` are passed to the template as in :meth:`render`; split the answer
+        with :class:`ollapy.reply.ReplyParser` (``opened`` from
+        :func:`ollapy.thinking.prompt_opens_thinking` of the prompt's ``text``).
 
         With ``options`` whose ``truncate`` is true, a chat that does not fit
         ``num_ctx`` is shortened message by message so the template's structure
@@ -146,19 +180,20 @@ class LoadedModel:
         start of the last message (its most recent text is kept). The result
         leaves half the context for the answer and has ``truncated`` set.
         """
-        prompt = self._chat_prompt(messages)
+        extra = {"tools": tools, "think": think}
+        prompt = self._chat_prompt(messages, **extra)
         if options is None or not options.truncate or len(prompt.tokens) < self.backend.num_ctx:
             return prompt
-        return self._fit_chat(list(messages), prompt)
+        return self._fit_chat(list(messages), prompt, **extra)
 
-    def _fit_chat(self, msgs: list[dict], prompt: Prompt) -> Prompt:
+    def _fit_chat(self, msgs: list[dict], prompt: Prompt, **extra) -> Prompt:
         budget = max(1, self.backend.num_ctx // 2)
         while len(prompt.tokens) > budget:
             idx = next((i for i, m in enumerate(msgs[:-1]) if m.get("role") != "system"), None)
             if idx is None:
                 break
             del msgs[idx]
-            prompt = self._chat_prompt(msgs)
+            prompt = self._chat_prompt(msgs, **extra)
         if len(prompt.tokens) > budget and msgs and msgs[-1].get("role") != "system":
             last = dict(msgs[-1])
             ctoks = self.backend.tokenize(last.get("content") or "", add_special=False, parse_special=False)
@@ -166,12 +201,12 @@ class LoadedModel:
             tail = b"".join(self.backend.token_piece(t, special=False) for t in ctoks[len(ctoks) - keep_n:])
             last["content"] = tail.decode("utf-8", "ignore")
             msgs[-1] = last
-            prompt = self._chat_prompt(msgs)
+            prompt = self._chat_prompt(msgs, **extra)
         log.debug("chat truncated to %d tokens (num_ctx %d)", len(prompt.tokens), self.backend.num_ctx)
         return Prompt(prompt.tokens, prompt.keep, prompt.save_points, prompt.text, truncated=True)
 
-    def _chat_prompt(self, messages: list[dict]) -> Prompt:
-        text = self.render(messages)
+    def _chat_prompt(self, messages: list[dict], **extra) -> Prompt:
+        text = self.render(messages, **extra)
         tokens = self.tokenize(text)
         log.debug("chat prompt (%d messages, %d tokens): %r", len(messages), len(tokens), text)
         points: list[int] = []
@@ -179,14 +214,14 @@ class LoadedModel:
         sys_msgs = [m for m in messages if m.get("role") == "system"]
         if sys_msgs and len(messages) > len(sys_msgs):
             try:
-                head = self._tokenize_prefix(self.render(sys_msgs, add_generation_prompt=False))
+                head = self._tokenize_prefix(self.render(sys_msgs, add_generation_prompt=False, **extra))
                 keep = max(keep, common_prefix(head, tokens))
                 points.append(keep)
             except OptionError:
                 pass
         if len(messages) >= 2 and messages[-1].get("role") == "user":
             try:
-                prev = self._tokenize_prefix(self.render(messages[:-1], add_generation_prompt=False))
+                prev = self._tokenize_prefix(self.render(messages[:-1], add_generation_prompt=False, **extra))
                 points.append(common_prefix(prev, tokens))
             except OptionError:
                 pass
@@ -225,10 +260,12 @@ class LoadedModel:
                                   cache=cache, save_points=prompt.save_points, loop=loop, pin=pin,
                                   truncated=prompt.truncated, logprobs=logprobs)
 
-    def chat(self, messages: list[dict], options: Options | None = None, **kw) -> Request:
-        """Render ``messages`` and submit; keyword arguments as in :meth:`submit`."""
+    def chat(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
+             think: bool | str | None = None, **kw) -> Request:
+        """Render ``messages`` (with ``tools`` and ``think`` as in :meth:`render`) and submit; other keyword
+        arguments as in :meth:`submit`."""
         options = options or self.options
-        return self.submit(self.chat_prompt(messages, options), options, **kw)
+        return self.submit(self.chat_prompt(messages, options, tools=tools, think=think), options, **kw)
 
     # ---- embeddings ---------------------------------------------------------------------------
     def embed(self, inputs, *, truncate: bool = True, normalized: bool = True, dimensions: int | None = None):

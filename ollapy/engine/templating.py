@@ -1,17 +1,79 @@
-"""Chat-template rendering (llama-cpp-python's sandboxed Jinja2 formatter) and JSON grammars (GBNF)."""
+"""Chat-template rendering (llama-cpp-python's sandboxed Jinja2 formatter) and JSON grammars (GBNF).
+
+Tools and tool-call histories reach the template in the shape Hugging Face chat templates
+expect (OpenAI's): ``tools`` as ``[{"type": "function", "function": {...}}]``, an assistant
+message's ``tool_calls`` as ``[{"id", "type": "function", "function": {"name", "arguments"}}]``
+and ``tool`` messages with ``tool_call_id`` and ``name``. ``arguments`` is a dict that also
+acts as its JSON text (:class:`JSONArguments`), so templates that ``tojson`` it, iterate its
+``items()``, or concatenate it as a string all render the same call.
+"""
 from __future__ import annotations
 
 import functools
+import json
+from typing import Any
 
 from .bindings import finish_imports
 
 
-def render_chat_template(template: str, messages: list[dict], bos: str, eos: str, add_generation_prompt: bool = True) -> str:
+class JSONArguments(dict):
+    """Tool-call arguments for a template: a dict whose text (``str``, ``~``, ``+ "..."``) is its JSON."""
+
+    def __str__(self) -> str:
+        return json.dumps(self, ensure_ascii=False)
+
+    def __add__(self, other: Any) -> Any:
+        return str(self) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: Any) -> Any:
+        return other + str(self) if isinstance(other, str) else NotImplemented
+
+
+def _template_call(call: dict) -> dict:
+    """One history tool call in OpenAI's shape with :class:`JSONArguments` (``call`` is already checked)."""
+    fn = call.get("function") or {}
+    out = {"type": "function", "function": {"name": fn.get("name", ""),
+                                            "arguments": JSONArguments(fn.get("arguments") or {})}}
+    if call.get("id"):
+        out["id"] = call["id"]
+    return out
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as chat templates read them: tool calls in OpenAI's shape with :class:`JSONArguments`,
+    a tool message's name under both ``name`` and ``tool_name``, and past reasoning (``thinking``)
+    also as ``reasoning_content``. Other fields are passed on unchanged."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_template_call(c) for c in m["tool_calls"]]
+        if m.get("role") == "tool":
+            name = m.get("tool_name") or m.get("name")
+            if name:
+                m["name"] = m["tool_name"] = name
+        if m.get("thinking") and "reasoning_content" not in m:
+            m["reasoning_content"] = m["thinking"]
+        out.append(m)
+    return out
+
+
+def template_mentions_tools(template: str | None) -> bool:
+    """Whether a chat template can render tool definitions (it reads a ``tools`` variable)."""
+    return "tools" in (template or "")
+
+
+def render_chat_template(template: str, messages: list[dict], bos: str, eos: str, add_generation_prompt: bool = True,
+                         *, tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> str:
     """Render ``messages`` with llama-cpp-python's sandboxed Jinja2 chat formatter.
 
-    Raises ValueError when the template itself raises (e.g. bad role order).
+    ``tools`` (OpenAI/Ollama function tools) is passed as the template's ``tools``;
+    ``variables`` are extra template variables (``enable_thinking``, ``think``...).
+    Messages go through :func:`template_messages`. Raises ValueError when the template
+    itself raises (e.g. bad role order).
     """
-    return _chat_formatter(template, bos, eos, add_generation_prompt)(messages=messages).prompt
+    formatter = _chat_formatter(template, bos, eos, add_generation_prompt)
+    return formatter(messages=template_messages(messages), tools=tools or None, **(variables or {})).prompt
 
 
 @functools.lru_cache(maxsize=32)

@@ -11,6 +11,7 @@ where a generation starts, so that Ollama's leniency holds there).
 """
 from __future__ import annotations
 
+import json
 import reprlib
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from pydantic_core import PydanticUndefined
 
 from ..errors import OptionError, UsageError
+from ..thinking import parse_think
 from . import generation
 
 MODEL_HINT = 'send {"model": "NAME", ...}'
@@ -99,6 +101,129 @@ class LogprobsBody(Body):
         return self._logprob_count
 
 
+# ---- tools and tool-call histories (both APIs) ----------------------------------------------------
+class FunctionSpec(Body):
+    """A tool's function: ``name`` (required), ``description``, ``parameters`` (a JSON schema object)."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ToolSpec(Body):
+    """One tool of a request: ``{"type": "function", "function": {...}}`` (the only type there is)."""
+
+    type: str = "function"
+    function: FunctionSpec
+
+    @field_validator("type")
+    @classmethod
+    def _function_only(cls, v: str) -> str:
+        if v != "function":
+            raise OptionError(f"unsupported tool type {v!r}", hint='use "function"')
+        return v
+
+
+class CallFunction(Body):
+    """A past call's function: ``name`` and ``arguments``, an object (Ollama) or a JSON string holding one
+    (OpenAI); read as a dict."""
+
+    name: str = Field(min_length=1)
+    arguments: Any = None
+
+    @field_validator("arguments")
+    @classmethod
+    def _object(cls, v: Any) -> dict:
+        if isinstance(v, str):
+            try:
+                v = json.loads(v) if v.strip() else {}
+            except ValueError:
+                raise OptionError("invalid tool call arguments: not JSON",
+                                  hint="send the arguments the model returned, a JSON object") from None
+        if not isinstance(v, dict):
+            raise OptionError("invalid tool call arguments: not a JSON object")
+        return v
+
+
+class HistoryCall(Body):
+    """A tool call in an assistant message of the history: ``function``, optional ``id`` and ``type``."""
+
+    id: str | None = None
+    type: str | None = None
+    function: CallFunction
+
+
+def read_tools(v: Any) -> list[dict] | None:
+    """A request's ``tools`` as plain dicts (validated :class:`ToolSpec`); None when absent or empty."""
+    if not v:
+        return None
+    if not isinstance(v, list):
+        raise OptionError("tools must be a list of function tools")
+    out = []
+    for i, t in enumerate(v):
+        try:
+            out.append(ToolSpec.model_validate(t).model_dump(exclude_none=True))
+        except ValidationError as exc:
+            raise _prefixed(body_error(exc), f"tools.{i}") from None
+    return out
+
+
+def _prefixed(exc: OptionError, where: str) -> OptionError:
+    """``exc`` (a nested body's error, ``field: ...``) with ``where.`` in front of its field."""
+    msg = exc.message
+    return OptionError(f"{where}{msg[4:]}" if msg.startswith("body:") else f"{where}.{msg}", exc.hint)
+
+
+def read_history(messages: list) -> list:
+    """Chat messages with their tool parts checked: an assistant's ``tool_calls`` as
+    ``[{"id"?, "type": "function", "function": {"name", "arguments": dict}}]``, and a ``tool`` message's
+    ``tool_name`` from ``tool_name``, ``name`` or the call its ``tool_call_id`` answers. Other messages and
+    fields pass unchanged (roles and contents are checked where the prompt is built)."""
+    out, names = [], {}
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        m = dict(m)
+        if m.get("tool_calls"):
+            if not isinstance(m["tool_calls"], list):
+                raise OptionError(f"messages.{i}.tool_calls must be a list")
+            calls = []
+            for j, c in enumerate(m["tool_calls"]):
+                try:
+                    calls.append(HistoryCall.model_validate(c))
+                except ValidationError as exc:
+                    raise _prefixed(body_error(exc), f"messages.{i}.tool_calls.{j}") from None
+            m["tool_calls"] = [{**({"id": c.id} if c.id else {}), "type": "function",
+                                "function": {"name": c.function.name, "arguments": c.function.arguments}} for c in calls]
+            names.update({c.id: c.function.name for c in calls if c.id})
+        if m.get("role") == "tool" and not m.get("tool_name"):
+            name = m.get("name") or names.get(m.get("tool_call_id"))
+            if name:
+                m["tool_name"] = name
+        out.append(m)
+    return out
+
+
+def read_tool_choice(v: Any) -> tuple[str, str | None]:
+    """OpenAI's ``tool_choice``: ``("auto"|"none"|"required", None)`` or ``("required", NAME)`` for
+    ``{"type": "function", "function": {"name": NAME}}``. Raises OptionError otherwise."""
+    if v is None or v == "auto":
+        return "auto", None
+    if v in ("none", "required"):
+        return v, None
+    if isinstance(v, dict) and v.get("type") == "function" and isinstance(v.get("function"), dict):
+        name = v["function"].get("name")
+        if isinstance(name, str) and name:
+            return "required", name
+    raise OptionError(f"invalid tool_choice {reprlib.repr(v)}",
+                      hint='use "auto", "none", "required" or {"type": "function", "function": {"name": ...}}')
+
+
+def _think(v: Any) -> bool | str | None:
+    return parse_think(v)
+
+
 # ---- Ollama (/api) --------------------------------------------------------------------------------
 class NamedBody(Body):
     """A body naming a model: ``model`` (or the older ``name``); UsageError "model is required" without one.
@@ -128,6 +253,9 @@ class OllamaGenBody(NamedBody, LogprobsBody):
     keep_alive: Any = None
     cache: bool = True
     stream: bool = True
+    think: Any = None  # True/False or "high"/"medium"/"low" (parse_think); None: the model's default
+
+    _think = field_validator("think")(classmethod(lambda cls, v: _think(v)))
 
     @field_validator("model")
     @classmethod
@@ -175,10 +303,13 @@ class GenerateBody(OllamaGenBody):
 
 
 class ChatBody(OllamaGenBody):
-    """``/api/chat``: ``messages`` (a list, possibly empty); ``tools`` are refused."""
+    """``/api/chat``: ``messages`` (a list, possibly empty; tool parts read by :func:`read_history`),
+    ``tools`` (function tools, :func:`read_tools`; None when absent or empty) and, as an ollapy extension,
+    OpenAI's ``tool_choice`` (:attr:`choice`)."""
 
     messages: Any = []
     tools: Any = None
+    tool_choice: Any = None  # ollapy extension: OpenAI's values (read_tool_choice)
 
     @field_validator("messages")
     @classmethod
@@ -186,9 +317,22 @@ class ChatBody(OllamaGenBody):
         v = v or []
         if not isinstance(v, list):
             raise OptionError("messages must be a list")
-        return v
+        return read_history(v)
 
-    _no_tools = refusal("tools", "{model} does not support tools in ollapy")
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: Any) -> list[dict] | None:
+        return read_tools(v)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> tuple[str, str | None]:
+        return read_tool_choice(v)
+
+    @property
+    def choice(self) -> tuple[str, str | None]:
+        """``(mode, function name or None)``: mode ``auto`` (Ollama's only one), ``none`` or ``required``."""
+        return self.tool_choice or ("auto", None)
 
 
 class CopyBody(Body):
@@ -338,21 +482,66 @@ class OpenAIBody(Body):
         return opts
 
 
+REASONING_EFFORTS = {"high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
+
+
 class ChatCompletionBody(OpenAIBody, LogprobsBody):
     """``/v1/chat/completions``: ``messages`` (non-empty; the ``developer`` role read as ``system``, as llama.cpp's
-    server does), ``logprobs``/``top_logprobs`` (:attr:`logprob_count`); ``tools`` are refused."""
+    server does; tool parts by :func:`read_history`), ``logprobs``/``top_logprobs`` (:attr:`logprob_count`),
+    ``tools``, ``tool_choice`` (:attr:`choice`), ``parallel_tool_calls``, and thinking as ``reasoning_effort``,
+    ``reasoning.effort`` (as Ollama's /v1: ``none`` turns it off) or Ollama's ``think`` (:attr:`think_value`)."""
 
     messages: Any = Field(None, validate_default=True)
     tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool = True
+    reasoning_effort: Any = None
+    reasoning: Any = None
+    think: Any = None
+
+    _think = field_validator("think")(classmethod(lambda cls, v: _think(v)))
 
     @field_validator("messages")
     @classmethod
     def _messages(cls, v: Any) -> list:
         if not isinstance(v, list) or not v:
             raise OptionError("messages must be a non-empty list")
-        return [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m for m in v]
+        return read_history([{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+                             for m in v])
 
-    _no_tools = refusal("tools", "tools are not supported by ollapy")
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, v: Any) -> list[dict] | None:
+        return read_tools(v)
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, v: Any) -> tuple[str, str | None]:
+        return read_tool_choice(v)
+
+    @field_validator("reasoning_effort", "reasoning")
+    @classmethod
+    def _effort(cls, v: Any, info) -> Any:
+        effort = v.get("effort") if info.field_name == "reasoning" and isinstance(v, dict) else v
+        if info.field_name == "reasoning" and effort is None:
+            return None
+        if effort not in REASONING_EFFORTS:
+            raise OptionError(f"invalid {info.field_name} value {reprlib.repr(effort)}",
+                              hint='use "high", "medium", "low" or "none"')
+        return effort
+
+    @property
+    def choice(self) -> tuple[str, str | None]:
+        """``(mode, function name or None)``: mode ``auto``, ``none`` or ``required``."""
+        return self.tool_choice or ("auto", None)
+
+    @property
+    def think_value(self) -> bool | str | None:
+        """The ``think`` this request asks for: ``think``, else ``reasoning.effort``, else ``reasoning_effort``."""
+        if self.think is not None:
+            return self.think
+        effort = self.reasoning or self.reasoning_effort
+        return None if effort is None else REASONING_EFFORTS[effort]
 
 
 

@@ -19,6 +19,9 @@ from typing import Any, AsyncIterator
 
 from ..errors import OptionError
 from ..options import api_options
+from ..reply import ReplyDelta, ReplyParser, forced_call_schema, tool_names
+from ..thinking import prompt_opens_thinking, think_enabled
+from ..toolcalls import detect_family
 
 
 def now_iso() -> str:
@@ -65,13 +68,24 @@ def _clean_message(m: Any) -> dict:
         raise OptionError("message content must be a string")
     if m.get("images"):
         raise OptionError("images are not supported by ollapy models")
-    return {"role": role, "content": content}
+    out = {"role": role, "content": content}
+    if role == "assistant" and m.get("tool_calls"):
+        out["tool_calls"] = m["tool_calls"]  # checked by bodies.read_history
+    thinking = m.get("thinking") or m.get("reasoning_content") or m.get("reasoning")
+    if role == "assistant" and isinstance(thinking, str) and thinking:
+        out["thinking"] = thinking
+    if role == "tool":
+        for key in ("tool_call_id", "tool_name"):
+            if isinstance(m.get(key), str) and m[key]:
+                out[key] = m[key]
+    return out
 
 
 class Generation:
     """A running request: ``chunks()`` yields engine chunks; ``close()`` cancels (if unfinished) and releases."""
 
-    def __init__(self, state, entry, req, load_ns: int, t0: float, route: str) -> None:
+    def __init__(self, state, entry, req, load_ns: int, t0: float, route: str, reply: ReplyParser | None = None) -> None:
+        self.reply = reply or ReplyParser()  # splits the text into thinking, content and tool calls
         self.state = state
         self.entry = entry
         self.req = req
@@ -99,6 +113,16 @@ class Generation:
                 yield c
         finally:
             self.close()
+
+    def split(self, chunk) -> ReplyDelta:
+        """A streamed chunk's text as (thinking, content, tool calls) decided so far; the last chunk also
+        flushes what was held back."""
+        delta = self.reply.feed(chunk.text) if chunk.text else ReplyDelta()
+        return delta + self.reply.finish() if chunk.done else delta
+
+    def split_text(self, text: str) -> ReplyDelta:
+        """A whole answer (non-streaming) as (thinking, content, tool calls)."""
+        return self.reply.parse(text)
 
     def metrics(self) -> dict:
         """Final metrics in Ollama's names; ``load_duration`` is the time spent loading for THIS request."""
@@ -188,11 +212,58 @@ def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):
     return dataclasses.replace(prompt, tokens=list(context) + new, keep=keep, save_points=points)
 
 
+@dataclasses.dataclass
+class ReplyPlan:
+    """How one request uses tools and thinking: what the template gets, the grammar, and how to parse."""
+
+    tools: list[dict] | None = None  # rendered into the prompt
+    think: bool | str | None = None  # the template's thinking switch (None: not set)
+    fmt: Any = None  # a forced call's JSON schema (replaces the request's format)
+    family: str | None = None  # tool-call format to parse (None: none)
+    forced: bool = False
+    names: list[str] | None = None
+
+
+def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[str, str | None],
+               think: bool | str | None) -> ReplyPlan:
+    """Check a request's tools and ``think`` against the model's template and plan the generation, as Ollama:
+
+    ``think`` true (or a level) on a template without a reasoning section is a 400 ``"NAME" does not support
+    thinking``; false there is ignored; unset on a thinking template means on. ``tools`` with ``tool_choice``
+    ``auto`` on a template without ``tools`` is a 400 ``NAME does not support tools``; ``none`` renders without
+    tools and parses no calls; ``required`` or a named function forces one call with a grammar (any template).
+    """
+    plan = ReplyPlan()
+    if model.supports_thinking:
+        plan.think = True if think is None else think
+    elif think_enabled(think):
+        raise OptionError(f'"{name}" does not support thinking', hint="send the request without think")
+    mode, fname = choice
+    if not tools or mode == "none":
+        return plan
+    plan.tools, plan.names = tools, tool_names(tools)
+    if mode == "required":
+        plan.fmt, plan.forced = forced_call_schema(tools, fname), True
+        if plan.think is not None:
+            plan.think = False  # the grammar allows no reasoning before the call
+        return plan
+    if not model.supports_tools:
+        raise OptionError(f"{name} does not support tools",
+                          hint="use a model whose template renders tools, or tool_choice required")
+    override = getattr(opts, "tool_parser", "auto")
+    plan.family = detect_family(model.template.text, None if override == "auto" else override)
+    return plan
+
+
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
                 keep_alive=None, cache: bool = True, context: list[int] | None = None,
-                logprobs: int = -1) -> Generation:
+                logprobs: int = -1, tools: list[dict] | None = None, tool_choice: tuple[str, str | None] = ("auto", None),
+                think: bool | str | None = None) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
+
+    ``tools``/``tool_choice`` (mode, function name) and ``think`` are checked and planned by
+    :func:`reply_plan`; the :class:`Generation`'s ``split`` gives the answer's thinking, content and calls.
 
     ``options`` is the request's raw ``options`` object, read leniently by :func:`~ollapy.options.api_options`.
     ``context`` (generate only, not raw, as in Ollama) goes in front of the templated prompt
@@ -206,9 +277,11 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
     entry, opts, load_ns = await rt.acquire(name, options, keep_alive, ref=ref)
     try:
         model = entry.model
+        plan = reply_plan(model, name, opts, tools, tool_choice, think)
+        extra = {"tools": plan.tools, "think": plan.think}
         if messages is not None:
             msgs = model_messages(ref, messages)
-            p = await asyncio.to_thread(model.chat_prompt, msgs, opts)
+            p = await asyncio.to_thread(lambda: model.chat_prompt(msgs, opts, **extra))
         elif raw:
             p = await asyncio.to_thread(model.raw_prompt, prompt or "")
         else:
@@ -217,15 +290,20 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
             if sys_text:
                 msgs.append({"role": "system", "content": sys_text})
             msgs.append({"role": "user", "content": prompt or ""})
-            p = await asyncio.to_thread(model.chat_prompt, model_messages(_NoSystem(ref), msgs), opts)
+            msgs = model_messages(_NoSystem(ref), msgs)
+            p = await asyncio.to_thread(lambda: model.chat_prompt(msgs, opts, **extra))
             if context:
                 b = model.backend
                 p = with_context(p, context, b.n_vocab, b.bos if b.add_bos else None)
-        req = model.submit(p, opts, fmt=fmt, cache=cache, loop=asyncio.get_running_loop(), logprobs=logprobs)
+        reply = ReplyParser(think=think_enabled(plan.think), opened=not plan.forced and prompt_opens_thinking(p.text),
+                            family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
+                            seed=opts.seed if opts.seed >= 0 else None)
+        req = model.submit(p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
+                           loop=asyncio.get_running_loop(), logprobs=logprobs)
     except BaseException:
         rt.release_nowait(entry)
         raise
-    return Generation(state, entry, req, load_ns, t0, route)
+    return Generation(state, entry, req, load_ns, t0, route, reply)
 
 
 class _NoSystem:

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from .. import __version__
 from ..options import api_options
+from ..reply import ReplyDelta
 from . import generation
 from .bodies import ChatBody, GenerateBody, OllamaGenBody
 from .details import gguf_info, iso_time, manifest_ids, model_details
@@ -56,14 +57,17 @@ async def api_generate(request: Request):
         gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
                                      system=body.system, options=body.options, fmt=body.format,
                                      keep_alive=body.keep_alive, cache=body.cache, context=body.context,
-                                     logprobs=body.logprob_count)
+                                     logprobs=body.logprob_count, think=body.think)
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return err(exc)
 
     def with_context(final) -> dict:
         return {"context": final.tokens} if not body.raw and final.tokens is not None else {}
 
-    return await _answer(request, gen, body, lambda text: {"response": text}, with_context)
+    def response(d: ReplyDelta) -> dict:
+        return {"response": d.content, **({"thinking": d.thinking} if d.thinking else {})}
+
+    return await _answer(request, gen, body, response, with_context)
 
 
 @router.post("/api/chat")
@@ -75,10 +79,23 @@ async def api_chat(request: Request):
             return await _load_or_unload(st, body, _message(""))
         gen = await generation.start(st, body.model, route="chat", messages=body.messages, options=body.options,
                                      fmt=body.format, keep_alive=body.keep_alive, cache=body.cache,
-                                     logprobs=body.logprob_count)
+                                     logprobs=body.logprob_count, tools=body.tools,
+                                     tool_choice=body.choice, think=body.think)
     except Exception as exc:  # noqa: BLE001
         return err(exc)
-    return await _answer(request, gen, body, _message)
+    index = 0
+
+    def message(d: ReplyDelta) -> dict:
+        nonlocal index
+        msg = _message(d.content)
+        if d.thinking:
+            msg["message"]["thinking"] = d.thinking
+        if d.calls:
+            msg["message"]["tool_calls"] = tool_calls(d.calls, index)
+            index += len(d.calls)
+        return msg
+
+    return await _answer(request, gen, body, message)
 
 
 def _message(text: str) -> dict:
@@ -86,28 +103,39 @@ def _message(text: str) -> dict:
     return {"message": {"role": "assistant", "content": text}}
 
 
+def tool_calls(calls, start: int = 0) -> list[dict]:
+    """Ollama's ``message.tool_calls``: ``[{"id", "function": {"index", "name", "arguments": {...}}}]``;
+    ``start`` is the index of the first (calls streamed in several chunks keep counting)."""
+    return [{"id": c.id, "function": {"index": start + i, "name": c.name, "arguments": c.arguments}}
+            for i, c in enumerate(calls)]
+
+
 async def _answer(request: Request, gen: generation.Generation, body: OllamaGenBody,
-                  answer: Callable[[str], dict], extra: Callable[[Any], dict] = lambda final: {}):
+                  answer: Callable[[ReplyDelta], dict], extra: Callable[[Any], dict] = lambda final: {}):
     """The response to a started generation, whole (``stream: false``) or as NDJSON chunks.
 
-    ``answer(text)`` is the route's text field (generate's ``response``, chat's ``message``); ``extra(final)``
-    adds fields to the last object (generate's ``context``). Each object carries ``logprobs`` when asked."""
+    ``answer(delta)`` is the route's answer fields for a piece of the reply (generate's ``response`` and
+    ``thinking``, chat's ``message`` with ``thinking`` and ``tool_calls``); ``extra(final)`` adds fields to the
+    last object (generate's ``context``). Each object carries ``logprobs`` when asked."""
 
-    def last(final, text: str) -> dict:
-        obj = {"model": body.model, "created_at": generation.now_iso(), **answer(text), "done": True}
+    def last(final, d: ReplyDelta) -> dict:
+        obj = {"model": body.model, "created_at": generation.now_iso(), **answer(d), "done": True}
         obj.update(_final_fields(gen, final))
         obj.update(extra(final))
         return obj
 
     if not body.stream:
-        return await collected(request, gen, lambda text, final: _with_logprobs(last(final, text), gen.req, gen.logprobs))
+        return await collected(request, gen, lambda text, final: _with_logprobs(last(final, gen.split_text(text)),
+                                                                                gen.req, gen.logprobs))
 
     def objects(c) -> Iterator[dict]:
-        if c.text:
-            yield _with_logprobs({"model": body.model, "created_at": generation.now_iso(), **answer(c.text),
+        d = gen.split(c)
+        sent = bool(d) or (gen.req.logprobs >= 0 and bool(c.logprobs))
+        if sent:
+            yield _with_logprobs({"model": body.model, "created_at": generation.now_iso(), **answer(d),
                                   "done": False}, gen.req, c.logprobs)
         if c.done:
-            yield _with_logprobs(last(c, ""), gen.req, None if c.text else c.logprobs)
+            yield _with_logprobs(last(c, ReplyDelta()), gen.req, None if sent else c.logprobs)
 
     return ndjson_response(chunk_objects(gen, objects), gen.close)
 

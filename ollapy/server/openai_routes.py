@@ -10,6 +10,7 @@ Errors use OpenAI's shape.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any, Callable, Iterator
@@ -17,6 +18,7 @@ from typing import Any, Callable, Iterator
 from fastapi import APIRouter, Request
 
 from ..errors import ModelNotFound
+from ..reply import ReplyDelta
 from . import generation
 from .bodies import ChatCompletionBody, CompletionBody, OpenAIBody
 from .http import chunk_objects, collected, read_body, sse_response, state_of
@@ -45,8 +47,30 @@ def _legacy_logprobs(req, items, offset: int) -> dict | None:
             "top_logprobs": [{t: lp for t, lp, _ in e.top} for e in items], "text_offset": offsets}
 
 
-def _finish_reason(done_reason: str | None) -> str:
+def _finish_reason(done_reason: str | None, calls: int = 0) -> str:
+    """OpenAI's ``finish_reason``: ``tool_calls`` when the answer made calls, else ``length`` or ``stop``."""
+    if calls:
+        return "tool_calls"
     return "length" if done_reason == "length" else "stop"
+
+
+def tool_calls(calls, start: int = 0) -> list[dict]:
+    """OpenAI's ``tool_calls`` (with ``index``, as stream deltas carry it): ``[{"index", "id", "type":
+    "function", "function": {"name", "arguments": JSON text}}]``."""
+    return [{"index": start + i, "id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)}}
+            for i, c in enumerate(calls)]
+
+
+def _message(d: ReplyDelta) -> dict:
+    """The non-streamed ``message``: content (None when only calls were made), ``reasoning_content``,
+    ``tool_calls`` (without stream indexes)."""
+    msg: dict = {"role": "assistant", "content": d.content if d.content or not d.calls else None}
+    if d.thinking:
+        msg["reasoning_content"] = d.thinking
+    if d.calls:
+        msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in tool_calls(d.calls)]
+    return msg
 
 
 def _usage(m: dict) -> dict:
@@ -79,29 +103,42 @@ async def chat_completions(request: Request):
         body = ChatCompletionBody.from_dict(await read_body(request))
         gen = await generation.start(st, body.model, route="v1/chat/completions", messages=body.messages,
                                      options=body.ollama_options(), fmt=body.response_format,
-                                     keep_alive=body.keep_alive, logprobs=body.logprob_count)
+                                     keep_alive=body.keep_alive, logprobs=body.logprob_count, tools=body.tools,
+                                     tool_choice=body.choice, think=body.think_value)
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model,
             "system_fingerprint": "fp_ollapy"}
 
+    def whole(text: str, final) -> dict:
+        d = gen.split_text(text)
+        return {**base, "object": "chat.completion", "choices": [
+            {"index": 0, "message": _message(d), "finish_reason": _finish_reason(final.done_reason, len(d.calls)),
+             "logprobs": _chat_logprobs(gen.req, gen.logprobs)}], "usage": _usage(gen.metrics())}
+
     if not body.stream:
-        return await collected(request, gen, lambda text, final: {**base, "object": "chat.completion", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": _finish_reason(final.done_reason),
-             "logprobs": _chat_logprobs(gen.req, gen.logprobs)}], "usage": _usage(gen.metrics())}, err)
+        return await collected(request, gen, whole, err)
 
     first = True
+    calls = 0
 
     def delta(c) -> dict | None:
-        nonlocal first
-        if not (c.text or first):
+        nonlocal first, calls
+        piece = gen.split(c)
+        if not (piece or first or (gen.req.logprobs >= 0 and c.logprobs)):
             return None
-        d = {"role": "assistant", "content": c.text} if first else {"content": c.text}
+        d: dict = {"role": "assistant", "content": piece.content} if first else {"content": piece.content}
+        if piece.thinking:
+            d["reasoning_content"] = piece.thinking
+        if piece.calls:
+            d["tool_calls"] = tool_calls(piece.calls, calls)
+            calls += len(piece.calls)
         first = False
         return {"index": 0, "delta": d, "finish_reason": None, "logprobs": _chat_logprobs(gen.req, c.logprobs)}
 
     return _sse_objects(gen, body, {**base, "object": "chat.completion.chunk"}, delta,
-                        lambda c: {"index": 0, "delta": {}, "finish_reason": _finish_reason(c.done_reason), "logprobs": None})
+                        lambda c: {"index": 0, "delta": {}, "finish_reason": _finish_reason(c.done_reason, calls),
+                                   "logprobs": None})
 
 
 @router.post("/completions")

@@ -1,0 +1,118 @@
+"""A model's answer split into reasoning, content and tool calls, whole or streamed; forced-call schemas.
+
+:class:`ReplyParser` chains :class:`~ollapy.thinking.ThinkingParser` (when thinking is on, or
+the prompt opened a ``<think>`` section) and :class:`~ollapy.toolcalls.ToolCallParser` (when
+tools may be called): generated text goes in piece by piece and comes out as
+:class:`ReplyDelta` pieces. The server and the CLI use it the same way.
+
+A *forced* call (OpenAI's ``tool_choice`` ``required`` or a named function) is generated under
+a grammar made from :func:`forced_call_schema`, so the whole output is one JSON object
+``{"name": ..., "arguments": {...}}`` and is parsed as that call whatever the model's
+own tool-call format. No HTTP, terminal or llama_cpp here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .errors import OptionError
+from .thinking import ThinkingParser
+from .toolcalls import ToolCall, ToolCallParser
+
+
+@dataclass
+class ReplyDelta:
+    """One piece of an answer: reasoning text, answer text and the tool calls completed in it."""
+
+    thinking: str = ""
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.thinking or self.content or self.calls)
+
+    def __add__(self, other: ReplyDelta) -> ReplyDelta:
+        return ReplyDelta(self.thinking + other.thinking, self.content + other.content, self.calls + other.calls)
+
+
+class ReplyParser:
+    """Split generated text into :class:`ReplyDelta` pieces: ``feed`` each piece, then ``finish`` once.
+
+    ``think``: split a ``<think>`` section off as reasoning. ``opened``: the prompt already opened
+    it (DeepSeek-R1 style, :func:`~ollapy.thinking.prompt_opens_thinking`); the output is split
+    even when ``think`` is false, and the reasoning is then dropped (``thinking`` stays empty).
+    ``family``: the tool-call format to parse (None: no tool calls); ``forced``: the output is
+    one grammar-forced JSON call (parsed as the ``generic`` family). ``tool_names`` limits the
+    functions accepted; ``ids`` gives every call an id (``seed`` makes them reproducible).
+    Never raises on model text: what is not a call stays content.
+    """
+
+    def __init__(self, *, think: bool = False, opened: bool = False, family: str | None = None,
+                 forced: bool = False, tool_names: Iterable[str] | None = None, ids: bool = False,
+                 seed: int | None = None) -> None:
+        self.keep_thinking = think
+        self._thinking = ThinkingParser(opened=opened) if (think or opened) and not forced else None
+        family = "generic" if forced else family
+        self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names) if family else None
+        self.calls = 0  # tool calls so far
+
+    def _after_thinking(self, thinking: str, content: str, final: bool) -> ReplyDelta:
+        if not self.keep_thinking:
+            thinking = ""
+        calls: list[ToolCall] = []
+        if self._tools is not None:
+            content, calls = self._tools.feed(content)
+            if final:
+                tail, more = self._tools.finish()
+                content, calls = content + tail, calls + more
+        self.calls += len(calls)
+        return ReplyDelta(thinking, content, calls)
+
+    def feed(self, text: str) -> ReplyDelta:
+        """Add generated text; returns what is decided so far (text that may start a tag is held back)."""
+        thinking, content = self._thinking.feed(text) if self._thinking is not None else ("", text)
+        return self._after_thinking(thinking, content, final=False)
+
+    def finish(self) -> ReplyDelta:
+        """End of output: everything held back, and calls left open decided (complete ones count)."""
+        thinking, content = self._thinking.finish() if self._thinking is not None else ("", "")
+        return self._after_thinking(thinking, content, final=True)
+
+    def parse(self, text: str) -> ReplyDelta:
+        """A whole output at once: :meth:`feed` then :meth:`finish`."""
+        return self.feed(text) + self.finish()
+
+
+def tool_function(tool: Any) -> dict:
+    """The ``function`` object of one tool (``{"type": "function", "function": {"name", ...}}``)."""
+    return tool["function"] if isinstance(tool, dict) and isinstance(tool.get("function"), dict) else {}
+
+
+def tool_names(tools: Iterable[dict] | None) -> list[str]:
+    """The function names of ``tools`` in order."""
+    return [tool_function(t).get("name", "") for t in tools or ()]
+
+
+def forced_call_schema(tools: list[dict], name: str | None = None) -> dict:
+    """The JSON schema of one call to ``name`` (or to any of ``tools`` when None).
+
+    ``{"name": NAME, "arguments": PARAMETERS}`` with ``name`` a ``const`` and ``arguments`` the
+    function's ``parameters`` schema (any object when it has none); several functions give
+    ``anyOf`` over them. Raises OptionError when ``tools`` is empty or has no function ``name``.
+    """
+    fns = [tool_function(t) for t in tools]
+    if name is not None:
+        fns = [f for f in fns if f.get("name") == name]
+        if not fns:
+            raise OptionError(f"tool_choice names function {name!r}, which is not in tools",
+                              hint="name one of the functions the request's tools define")
+    if not fns:
+        raise OptionError("tool_choice asks for a tool call but the request has no tools", hint="send tools")
+
+    def one(fn: dict) -> dict:
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else None
+        return {"type": "object", "properties": {"name": {"const": fn["name"]},
+                                                 "arguments": params or {"type": "object"}},
+                "required": ["name", "arguments"], "additionalProperties": False}
+
+    return one(fns[0]) if len(fns) == 1 else {"anyOf": [one(f) for f in fns]}
