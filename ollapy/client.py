@@ -140,6 +140,18 @@ class Client:
         """Unload a model (``keep_alive: 0`` with no prompt)."""
         return self._call("POST", "/api/generate", json={"model": model, "keep_alive": 0}).json()
 
+    def embed(self, model: str, inputs: list[str], *, truncate: bool = True, dimensions: int | None = None,
+              options: dict | None = None, keep_alive: Any = None) -> dict:
+        """``/api/embed``: the response dict (``embeddings``: one L2-normalised list of floats per input)."""
+        body: dict[str, Any] = {"model": model, "input": inputs, "truncate": truncate}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        if options:
+            body["options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()}
+        if keep_alive is not None:
+            body["keep_alive"] = keep_alive
+        return self._call("POST", "/api/embed", json=body).json()
+
     # ---- generation -----------------------------------------------------------------------------
     def _stream(self, path: str, body: dict) -> Stream:
         cm = self.http.stream("POST", path, json=body)

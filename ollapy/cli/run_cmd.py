@@ -107,7 +107,10 @@ def run(
 
             run_repl(loaded, settings)
         else:
-            answer_once(loaded, text, settings)
+            from .embed_cmd import print_embedding
+
+            if text is None or not print_embedding(loaded, text):  # an embedding-only model prints its vector, as in Ollama
+                answer_once(loaded, text, settings)
 
 
 def _load_format(fmt: str | None):
