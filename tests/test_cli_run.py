@@ -170,8 +170,23 @@ def test_each_line_one_output_line_per_input_line_escaped(smollm2_path):
                 input="\n".join(prompts) + "\n")
     recs = [json.loads(x) for x in j.stdout.decode().splitlines()]
     assert [r["index"] for r in recs] == list(range(len(prompts)))
-    assert recs[1] == {"index": 1, "prompt": "", "response": ""} and "eval_count" in recs[0]
+    assert recs[1] == {"index": 1, "prompt": "", "response": "", **BLANK_STATS}
+    assert recs[4] == {"index": 4, "prompt": "   ", "response": "", **BLANK_STATS}
+    assert set(recs[1]) == set(recs[0])  # a blank line's object has the keys of an answered one
     assert escape_answer(recs[3]["response"]) == lines[3]
+
+
+BLANK_STATS = {"done_reason": "stop", "load_duration": 0, "prompt_eval_count": 0, "prompt_eval_duration": 0,
+               "prompt_cache_tokens": 0, "eval_count": 0, "eval_duration": 0, "total_duration": 0, "truncated": False,
+               "shifts": 0, "prefix_source": "none"}
+
+
+def test_each_line_json_of_blank_lines_only_needs_no_model():
+    p = run_cli("run", "no-such-model", "--each-line", "--json", input="\n \t\n")
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(x) for x in p.stdout.decode().splitlines()]
+    assert recs == [{"index": 0, "prompt": "", "response": "", **BLANK_STATS},
+                    {"index": 1, "prompt": " \t", "response": "", **BLANK_STATS}]
 
 
 def test_each_line_verbose_prints_stats_per_line(smollm2_path):
@@ -185,3 +200,8 @@ def test_each_line_verbose_prints_stats_per_line(smollm2_path):
     assert counts == [8, 8], err  # greedy: both answers run into num_predict
     recs = [json.loads(x) for x in p.stdout.decode().splitlines()]
     assert [(recs[i]["eval_count"], recs[i]["done_reason"]) for i in (0, 2)] == [(8, "length")] * 2, recs
+    # the model loaded once, before line 1: its load duration is in line 1's block only (not 0.000µs in line 3's)
+    blocks = err.split("line ")[1:]
+    assert re.search(r"^load duration:\s+(\S+)$", blocks[0], re.M).group(1) != "0.000µs", err
+    assert "load duration" not in blocks[1] and err.count("load duration:") == 1, err
+    assert recs[0]["load_duration"] > 0 and recs[2]["load_duration"] == 0

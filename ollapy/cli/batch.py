@@ -8,16 +8,22 @@ Output is exactly one line per input line, in input order, so a shell loop
   ``\\t`` (:func:`escape_answer`); a blank input line gives an empty output line
   and no model call; a failed line gives an empty line and a warning on stderr.
 * ``--json``: one JSON object per input line (``index`` = 0-based input line,
-  ``prompt``, ``response``, ``done_reason`` and the stats, or ``error``).
+  ``prompt``, ``response``, ``done_reason`` and the stats, or ``error``). A
+  blank line's object has the same keys: ``done_reason`` ``"stop"`` and zero
+  stats (nothing was generated).
 
 With ``--verbose`` each answered line's stats go to stderr as one block headed
-``line N:`` (1-based), the same fields ``run --verbose`` prints for one answer.
+``line N:`` (1-based), the same fields ``run --verbose`` prints for one answer,
+except that ``load duration`` (the model loads once, before the first answer)
+is printed in the first block only, or in a later one that reports a load of
+its own (a server may).
 """
 from __future__ import annotations
 
 import json
 import sys
 
+from ..engine.request import Metrics
 from ..errors import describe
 from .output import OutputClosed, format_stats, info, warn, write_out
 
@@ -74,6 +80,12 @@ def _metrics(final) -> dict:
     return final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
 
 
+def _blank_record(i: int, line: str) -> dict:
+    """The ``--json`` object of a blank input line: the keys of an answered one, nothing generated."""
+    return {"index": i, "prompt": line, "response": "", "done_reason": "stop",
+            **Metrics(prefix_source="none").as_dict()}
+
+
 def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) -> None:
     """Submit every non-blank line at once (the engine queues what exceeds the slots); print one line per input
     line in input order (see the module docstring for the format).
@@ -101,6 +113,7 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
         first = False
         streams.append(stream)
     failed = 0
+    load_shown = False
     try:
         for i, (line, stream) in enumerate(zip(lines, streams)):
             parts, final, error = [], None, None
@@ -116,9 +129,12 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
             answer = "".join(parts).strip()
             m = _metrics(final)
             if as_json:
-                rec = {"index": i, "prompt": line, "response": answer}
-                if final is not None:
-                    rec.update(done_reason=final.done_reason, **m)
+                if stream is None:
+                    rec = _blank_record(i, line)
+                else:
+                    rec = {"index": i, "prompt": line, "response": answer}
+                    if final is not None:
+                        rec.update(done_reason=final.done_reason, **m)
                 if error:
                     rec["error"] = error
                 write_out(sys.stdout, json.dumps(rec, ensure_ascii=False) + "\n")
@@ -127,7 +143,8 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
             if error:
                 warn(f"line {i + 1}: {error}")
             elif m and settings.verbose:
-                info(f"line {i + 1}:\n" + format_stats(m))
+                info(f"line {i + 1}:\n" + format_stats(m, with_load=not load_shown or m.get("load_duration", 0) > 0))
+                load_shown = True
     except (KeyboardInterrupt, OutputClosed):
         for s in streams:
             if s is not None:

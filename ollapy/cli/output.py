@@ -128,13 +128,17 @@ def _dur(ns: int) -> str:
     return f"{ns / 1e3:.3f}µs"
 
 
-def format_stats(m: dict) -> str:
-    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse."""
+def format_stats(m: dict, *, with_load: bool = True) -> str:
+    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse.
+
+    ``with_load=False`` leaves out the ``load duration`` line (a batch prints
+    the one load once, not as 0 for every later answer).
+    """
     pe_rate = m["prompt_eval_count"] / (m["prompt_eval_duration"] / 1e9) if m.get("prompt_eval_duration") else 0.0
     ev_rate = m["eval_count"] / (m["eval_duration"] / 1e9) if m.get("eval_duration") else 0.0
     lines = [
         f"total duration:       {_dur(m['total_duration'])}",
-        f"load duration:        {_dur(m['load_duration'])}",
+        *([f"load duration:        {_dur(m['load_duration'])}"] if with_load else []),
         f"prompt eval count:    {m['prompt_eval_count']} token(s)",
         f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused"
         + (f" ({m['prefix_source']})" if m.get("prefix_source") not in (None, "", "none") else ""),
