@@ -237,7 +237,7 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
     if model.supports_thinking:
         plan.think = True if think is None else think
     elif think_enabled(think):
-        raise OptionError(f'"{name}" does not support thinking', hint="send the request without think")
+        raise OptionError(f'"{name}" does not support thinking')  # Ollama's words, as they are
     mode, fname = choice
     if not tools or mode == "none":
         return plan
@@ -248,8 +248,7 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
             plan.think = False  # the grammar allows no reasoning before the call
         return plan
     if not model.supports_tools:
-        raise OptionError(f"{name} does not support tools",
-                          hint="use a model whose template renders tools, or tool_choice required")
+        raise OptionError(f"{name} does not support tools")  # Ollama's words, as they are
     override = getattr(opts, "tool_parser", "auto")
     plan.family = detect_family(model.template.text, None if override == "auto" else override)
     return plan
@@ -295,7 +294,9 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
             if context:
                 b = model.backend
                 p = with_context(p, context, b.n_vocab, b.bos if b.add_bos else None)
-        reply = ReplyParser(think=think_enabled(plan.think), opened=not plan.forced and prompt_opens_thinking(p.text),
+        # a raw prompt is split only when thinking was asked for (its text is the caller's, not a template's)
+        opened = not plan.forced and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
+        reply = ReplyParser(think=think_enabled(plan.think), opened=opened,
                             family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
                             seed=opts.seed if opts.seed >= 0 else None)
         req = model.submit(p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
