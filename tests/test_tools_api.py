@@ -230,3 +230,27 @@ def test_history_arguments_render_as_dict_and_as_string():
     want = '[f False {"a": 1} {"a": 1} a=1]<f:ok>'
     assert render_chat_template(STRINGY, openai_shape, "", "", False) == want
     assert render_chat_template(STRINGY, ollama_shape, "", "", False) == want
+
+
+def test_modelfile_tool_parser_decides_the_family(api):
+    """Output that is a bare JSON call (made so by ``format``) is a call for ``tool_parser generic`` (smol-json),
+    and content for the template's own hermes format (smol-tools), which needs ``<tool_call>`` tags."""
+    from ollapy.reply import forced_call_schema
+
+    body = {"messages": ASK, "tools": TOOLS, "format": forced_call_schema(TOOLS, "get_weather"), "stream": False,
+            "options": GREEDY}
+    generic = httpx.post(api.url + "/api/chat", json={"model": "smol-json", **body}, timeout=120).json()["message"]
+    (call,) = generic["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and generic["content"] == ""
+    jsonschema.validate(call["function"]["arguments"], WEATHER)
+    hermes = httpx.post(api.url + "/api/chat", json={"model": "smol-tools", **body}, timeout=120).json()["message"]
+    assert "tool_calls" not in hermes and json.loads(hermes["content"])["name"] == "get_weather"
+
+
+def test_modelfile_tool_parser_parameter_is_checked():
+    from ollapy.errors import UsageError
+    from ollapy.store.modelfile import parse_modelfile
+
+    assert parse_modelfile("FROM x.gguf\nPARAMETER tool_parser Mistral\n").parameters == {"tool_parser": "mistral"}
+    with pytest.raises(UsageError, match="tool_parser must be one of auto, hermes, llama3, mistral, generic"):
+        parse_modelfile("FROM x.gguf\nPARAMETER tool_parser xml\n")
