@@ -122,3 +122,24 @@ def test_template_thinking_switches():
     assert render(False).endswith("<think>\n\n</think>\n\n")
     assert render(True).endswith("assistant\n") and render(None) == render(True) == render("high")
     assert LoadedModel.template_variables("high") == {"enable_thinking": True, "think": True, "reasoning_effort": "high"}
+
+
+def test_reply_parser_same_split_for_any_cut():
+    """ReplyParser (thinking, then hermes calls) gives the whole-text result however the text is cut."""
+    from ollapy.reply import ReplyParser
+
+    text = ('<think>\nweigh it </thi up</think>\nSure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
+            " <tool_call>{bad</tool_call> done")
+
+    def parser():
+        return ReplyParser(think=True, family="hermes", tool_names=["f"], ids=True, seed=7)
+
+    whole = parser().parse(text)
+    assert whole.thinking == "weigh it </thi up"
+    assert whole.content == "Sure.  <tool_call>{bad</tool_call> done"
+    assert [(c.name, c.arguments) for c in whole.calls] == [("f", {"a": 1})] and whole.calls[0].id.startswith("call_")
+    for cut in range(len(text) + 1):
+        p = parser()
+        assert p.feed(text[:cut]) + p.feed(text[cut:]) + p.finish() == whole, cut
+    hidden = ReplyParser(think=False, opened=True).parse("reasoning\n</think>\nanswer")
+    assert (hidden.thinking, hidden.content) == ("", "answer")
