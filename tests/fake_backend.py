@@ -40,12 +40,17 @@ class FakeBackend:
         self._rows: list[np.ndarray] = []
         self.closed = False
         self.cfg = None
+        self.threads = 1
         self.n_decodes = 0
         self.block_at = 0  # > 0: the decode with this number waits for `gate` (a test submits meanwhile)
         self.gate = threading.Event()
 
     def kv_bytes_per_token(self) -> int:
         return 1000
+
+    def set_threads(self, n: int) -> None:
+        self.calls.append(("set_threads", n))
+        self.threads = n
 
     # ---- decode ------------------------------------------------------------------------------
     def decode(self, toks, pos, seqs, want) -> None:

@@ -141,6 +141,8 @@ def test_bad_files_are_misses_and_deleted(smol, tmp_path, damage):
     damaged = target.read_bytes()
     text, reused = _run(smol, p)
     assert text == cold and reused == 0
+    if damage == "flip":  # a payload byte: caught by the checksum that runs during llama_state_seq_set_data
+        assert c2.snapshot().corrupt == 1
     # the bad file was deleted; the request's own (good) state may have been written under the same name since
     _sync(c2)
     if target.exists():

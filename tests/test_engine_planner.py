@@ -88,13 +88,15 @@ def test_plan_needs_an_idle_slot():
 
 # ---- the engine applies exactly one source -----------------------------------------------------------------
 class FakeCache:
-    """Offers one saved state; ``refuse`` makes it too long for the fake backend (set_data returns 0)."""
+    """Offers one saved state; ``refuse`` makes it too long for the fake backend (set_data returns 0);
+    ``corrupt`` makes its deferred checksum fail after the restore."""
 
     block = 16
 
-    def __init__(self, tokens, refuse=False):
+    def __init__(self, tokens, refuse=False, corrupt=False):
         self.entry = SimpleNamespace(name="e1", tokens=list(tokens), nbytes=len(tokens) * 1000)
         self.refuse = refuse
+        self.corrupt = corrupt
         self.events: list[str] = []
         self.stored: list[tuple[int, bool]] = []
 
@@ -106,12 +108,16 @@ class FakeCache:
             n += 1
         return SimpleNamespace(entry=self.entry, n_tokens=n, nbytes=self.entry.nbytes, tier="disk") if n else None
 
-    def load(self, cand):
+    def load(self, cand, defer_check=False):
         import numpy as np
 
         toks = self.entry.tokens + [9] * (10_000 if self.refuse else 0)
         return SimpleNamespace(n_tokens=cand.n_tokens, tokens=list(self.entry.tokens), tier="disk", entry=self.entry,
-                               load=lambda: bytearray(np.array(toks, dtype=np.int32).tobytes()))
+                               load=lambda: bytearray(np.array(toks, dtype=np.int32).tobytes()),
+                               verified=lambda: not (defer_check and self.corrupt))
+
+    def record_corrupt(self, hit):
+        self.events.append("corrupt")
 
     def record_hit(self, hit):
         self.events.append("hit")
@@ -174,6 +180,22 @@ def test_cache_refused_after_planning_falls_back_to_the_copy_without_both(engine
     assert last.metrics.prefix_source == "copy" and last.metrics.prompt_cache_tokens == 100
 
 
+def test_cache_state_failing_its_deferred_checksum_is_cleared_and_prefilled_cold(engine_parts):
+    prompt = list(range(1, 160))
+    cache = FakeCache(prompt[:150], corrupt=True)
+    b, e = engine_parts(cache)
+    cache.events.clear()
+    text, last = e.submit(prompt, OPTS).result()
+    names = [c[0] for c in b.calls]
+    i_set = b.calls.index(("state_set", 0))
+    # restored while its checksum ran, then found bad: the slot is cleared before anything decodes on it
+    assert names.index("seq_clear", i_set) < names.index("decode", i_set)
+    assert cache.events == ["corrupt"]
+    assert last.metrics.prefix_source == "none" and last.metrics.prompt_cache_tokens == 0
+    cold_text, _ = engine_parts(None)[1].submit(prompt, OPTS).result()
+    assert text == cold_text
+
+
 def test_cache_hit_is_never_combined_with_a_queued_copy(engine_parts):
     prompt = list(range(1, 160))
     cache = FakeCache(prompt[:150])
@@ -234,6 +256,7 @@ def test_close_order_engine_then_cache_then_backend():
     cache = FakeCache([1] * 20)
     m = LoadedModel.__new__(LoadedModel)  # the real close() over fake parts (no model file)
     m.name, m.backend, m.cache, m.unsaved_states, m._closed = "fake", b, cache, 0, False
+    m._embedder, m._embedder_lock = None, threading.Lock()
     m.engine = Engine(b, cache=cache)
     orig_stop = m.engine.stop
 
@@ -268,6 +291,7 @@ def test_an_engine_that_does_not_stop_is_never_freed():
     b.decode = slow_decode
     m = LoadedModel.__new__(LoadedModel)
     m.name, m.backend, m.cache, m.unsaved_states, m._closed = "fake", b, None, 0, False
+    m._embedder, m._embedder_lock = None, threading.Lock()
     m.engine = Engine(b)
     req = m.engine.submit([1, 2, 3], OPTS)
     assert stuck.wait(10)

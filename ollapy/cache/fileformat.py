@@ -24,6 +24,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 from array import array
@@ -164,22 +165,54 @@ def read_header(path: Path, model_sha256: str | None = None, salt: dict | None =
                   created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")))
 
 
-def read_payload(hdr: Header) -> memoryview:
-    """Map the payload of a checked header and verify its checksum; raises CacheFileError or OSError.
+def map_payload(hdr: Header) -> memoryview:
+    """Map the payload of a checked header copy-on-write, WITHOUT verifying its checksum (see :class:`PayloadCheck`).
 
-    The file is memory-mapped copy-on-write, so neither the checksum nor
-    llama.cpp's restore copies it first: the returned writable memoryview
-    goes straight to ``llama_state_seq_set_data``. A file replaced or deleted
-    later (another process evicting it) keeps its mapped pages valid.
+    Neither a checksum nor llama.cpp's restore copies it first: the returned
+    writable memoryview goes straight to ``llama_state_seq_set_data``. A file
+    replaced or deleted later (another process evicting it) keeps its mapped
+    pages valid. Raises CacheFileError (truncated) or OSError.
     """
     with open(hdr.path, "rb") as f:
         if os.fstat(f.fileno()).st_size < hdr.payload_offset + hdr.payload_len:
             raise CacheFileError("truncated payload")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    view = memoryview(mm)[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
+    return memoryview(mm)[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
+
+
+def read_payload(hdr: Header) -> memoryview:
+    """:func:`map_payload` and verify the checksum before returning; raises CacheFileError or OSError."""
+    view = map_payload(hdr)
     if zlib.crc32(view) != hdr.payload_crc32:
         raise CacheFileError("payload checksum mismatch")
     return view
+
+
+class PayloadCheck:
+    """The crc32 of a mapped payload, computed on its own thread while the caller restores from the same pages.
+
+    ``zlib.crc32`` and the ctypes call into ``llama_state_seq_set_data`` both
+    release the GIL, so checking and restoring overlap: a restore costs about
+    the longer of the two instead of their sum (bench_cache.py's restore row).
+    The caller must not trust what it restored until :meth:`ok` returns True;
+    on False it clears what it restored and treats the file as corrupt.
+    The thread is joined by :meth:`ok` (about 20 ms for 50 MB); it holds no
+    other resource.
+    """
+
+    def __init__(self, view: memoryview, expected_crc32: int) -> None:
+        self._expected = expected_crc32
+        self._crc: int | None = None
+        self._thread = threading.Thread(target=self._run, args=(view,), name="ollapy-crc32", daemon=True)
+        self._thread.start()
+
+    def _run(self, view: memoryview) -> None:
+        self._crc = zlib.crc32(view)
+
+    def ok(self) -> bool:
+        """Wait for the checksum; True when it matches the header's."""
+        self._thread.join()
+        return self._crc == self._expected
 
 
 def quick_info(path: Path) -> dict | None:

@@ -37,10 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
+from .fileformat import PayloadCheck
 from .index import BlockIndex, HashFn, blake2_chain
 from .salt import file_sha256, normalize_digest, salt_from_backend, salt_key
 from .stats import CacheStats, Stats
-from .tiers import LAYOUT, DiskTier, Entry, RamTier
+from .tiers import LAYOUT, DiskTier, Entry, RamTier, delete_entry_files
 from .writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
@@ -72,10 +73,15 @@ class Hit:
     tier: str
     entry: Entry
     payload: object
+    check: PayloadCheck | None = None
 
     def load(self):
-        """The state payload (already read and checksum-verified)."""
+        """The state payload (checksum-verified, or being verified: see :meth:`verified`)."""
         return self.payload
+
+    def verified(self) -> bool:
+        """True when the payload's checksum matched (waits for a deferred check; RAM payloads are trusted)."""
+        return self.check is None or self.check.ok()
 
 
 class PromptCache:
@@ -248,20 +254,38 @@ class BoundCache:
                     continue
                 return Candidate(e, n, "ram" if e.payload is not None else "disk")
 
-    def load(self, cand: Candidate) -> Hit | None:
-        """Read and verify ``cand``'s state; None (corrupt files deleted and counted) when it fails."""
+    def load(self, cand: Candidate, defer_check: bool = False) -> Hit | None:
+        """Read and verify ``cand``'s state; None (corrupt files deleted and counted) when it fails.
+
+        ``defer_check``: a disk payload's checksum runs on its own thread while
+        the engine restores it; the engine then calls :meth:`Hit.verified` and,
+        on False, :meth:`record_corrupt`.
+        """
         e = cand.entry
         with self._lock:
             if e.payload is not None:
                 return Hit(cand.n_tokens, list(e.tokens), "ram", e, e.payload)
             if not e.on_disk or e.path is None:
                 return None
-            data = self.disk.load(e)
+            data = self.disk.load(e, defer_check=defer_check)
             if data is None:
                 self.stats.add(corrupt=1)
                 self._forget(e)
                 return None
+            if defer_check:
+                return Hit(cand.n_tokens, list(e.tokens), "disk", e, data[0], data[1])
             return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
+
+    def record_corrupt(self, hit: Hit) -> None:
+        """A deferred checksum failed after the engine restored ``hit``: the file is deleted, counted as corrupt."""
+        e = hit.entry
+        log.debug("prompt cache: dropping %s: payload checksum mismatch", e.path.name if e.path else e.name)
+        with self._lock:
+            if e.path is not None:
+                delete_entry_files(e.path)
+            self.stats.add(corrupt=1, misses=1)
+            self._forget(e)
+        hit.payload = None
 
     def lookup(self, tokens: list[int], max_tokens: int | None = None) -> Hit | None:
         """:meth:`peek` then :meth:`load`, trying the next candidate when a file fails its checks."""

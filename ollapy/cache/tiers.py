@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fileformat import SUFFIX, TMP_PREFIX, CacheFileError, read_header, read_payload, write_file
+from .fileformat import SUFFIX, TMP_PREFIX, CacheFileError, PayloadCheck, map_payload, read_header, read_payload, write_file
 from .writer import CacheWriter, DrainResult
 
 log = logging.getLogger("ollapy.cache")
@@ -261,11 +261,19 @@ class DiskTier:
             return None  # vanished (another process evicted it)
         return Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
 
-    def load(self, e: Entry):
-        """The entry's payload from disk, checked; None (file deleted when bad) on any failure."""
+    def load(self, e: Entry, defer_check: bool = False):
+        """The entry's payload from disk, checked; None (file deleted when bad) on any failure.
+
+        With ``defer_check`` the payload checksum is not awaited: returns
+        ``(payload, PayloadCheck)``, the check running on its own thread while
+        the caller restores (see :class:`~ollapy.cache.fileformat.PayloadCheck`).
+        """
         try:
             if e.header is None:
                 e.header = read_header(e.path, self.model_sha256, self.salt)
+            if defer_check:
+                view = map_payload(e.header)
+                return view, PayloadCheck(view, e.header.payload_crc32)
             return read_payload(e.header)
         except CacheFileError as exc:
             log.debug("prompt cache: dropping %s: %s", e.path.name, exc)

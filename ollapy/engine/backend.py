@@ -270,6 +270,11 @@ class Backend:
             what = "no free KV cache space" if rc == 1 else f"llama_decode returned {rc}"
             raise DecodeError(f"decode failed: {what}", hint="lower num_parallel or num_ctx, or retry")
 
+    def set_threads(self, n: int) -> None:
+        """Decode with ``n`` threads from the next ``llama_decode`` on (``llama_set_n_threads``; loop thread only)."""
+        C.llama_set_n_threads(self.ctx, n, n)
+        self.threads = n
+
     # ---- sequences ------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq`` (p1=-1: to the end). False when llama.cpp cannot do a partial removal."""

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options, predict_limit
 from .backend import Backend
+from .cpuload import ThreadBudget
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
@@ -76,6 +77,9 @@ class Engine:
         self.steps = 0
         self.requests_done = 0
         self._kv_per_token = backend.kv_bytes_per_token()
+        # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
+        self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
+                                          adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
         self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
         self._thread.start()
 
@@ -260,6 +264,11 @@ class Engine:
             in_batch.append(s)
         if not toks:
             return
+        n_threads = self.thread_budget.threads()
+        if n_threads != b.threads:
+            log.debug("decode threads %d -> %d (other runnable tasks on %d CPUs)", b.threads, n_threads,
+                      self.thread_budget.n_cpu)
+            b.set_threads(n_threads)
         try:
             b.decode(toks, pos, seqs, want)
         except DecodeError as exc:
@@ -403,10 +412,17 @@ class Engine:
             b.seq_cp(donor.id, slot.id)  # cross-stream: buffers are copied at the next llama_decode
             slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
         elif plan.kind == "cache":
-            hit = self.cache.load(cand)
+            hit = self.cache.load(cand, defer_check=True)  # a disk payload's checksum runs during state_set
             if hit is None:
                 return False
-            if not b.state_set(slot.id, hit.load()):  # llama.cpp returns 0 when the state cannot fit
+            restored = b.state_set(slot.id, hit.load())  # llama.cpp returns 0 when the state cannot fit
+            if not hit.verified():
+                b.seq_clear(slot.id)  # restored from a file that failed its checksum: never used
+                slot.tokens = []
+                slot.exact = 0
+                self.cache.record_corrupt(hit)
+                return False
+            if not restored:
                 slot.tokens = []
                 slot.exact = 0
                 self.cache.record_refused(hit)

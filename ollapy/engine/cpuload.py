@@ -1,0 +1,109 @@
+"""How many llama.cpp threads to decode with now: fewer while other processes keep the CPUs busy.
+
+ggml's CPU backend splits every graph node over its threads and makes them
+meet at a spin barrier after each node (``ggml_barrier`` in ggml-cpu.c). When
+other processes take cores, the scheduler deschedules one of those threads and
+the others spin until it runs again, at every node. Measured on a 2-core VM
+with two ``while True: pass`` loops running (SmolLM2, a prompt-cache RAM hit:
+4 prompt tokens and one decode): median time to first token 4.9 s with 2
+threads, 0.34 s with 1 thread (``scripts/bench_cache.py --busy 2`` shows the
+same row). llama.cpp leaves this to the user (``-t``); a runner that users
+start next to their other work should not.
+
+Rule (:class:`ThreadBudget`): ``n = min(configured, max(1, n_cpu - others))``
+where ``n_cpu`` is the CPUs this process may run on (``sched_getaffinity``) and
+``others`` the runnable tasks on the machine that are not this process's
+threads (the running count of ``/proc/loadavg`` minus this process's threads in
+state ``R`` from ``/proc/self/task/*/stat``). It is sampled at most every
+``interval`` seconds and a new count is applied only when two samples in a row
+agree, so one short spike does not flip it. Only when ``num_thread`` is left to
+ollapy (0); an explicit ``num_thread`` is always used as it is. Where ``/proc``
+is missing (macOS, Windows) the configured count is kept.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def read_others_runnable(proc: Path = PROC) -> int | None:
+    """Runnable tasks on the machine that are not threads of this process; None when ``/proc`` cannot tell."""
+    try:
+        running = int((proc / "loadavg").read_text().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    own = 0
+    try:
+        for task in (proc / "self" / "task").iterdir():
+            try:
+                stat = (task / "stat").read_text()
+            except OSError:
+                continue  # the thread ended
+            if stat[stat.rfind(")") + 2:stat.rfind(")") + 3] == "R":
+                own += 1
+    except OSError:
+        return None
+    return max(0, running - own)
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class ThreadBudget:
+    """The decode thread count for an engine whose configured count is ``configured``.
+
+    ``adaptive`` False (an explicit ``num_thread``) always answers
+    ``configured``. :meth:`threads` is called by the engine loop before each
+    decode; it costs a few small ``/proc`` reads at most once per ``interval``
+    seconds. ``changes`` records every change as ``(monotonic seconds,
+    threads, others_runnable)`` (read by tests and the debug log).
+    """
+
+    def __init__(self, configured: int, adaptive: bool = True, *, interval: float = 0.5,
+                 n_cpu: int | None = None, read_others: Callable[[], int | None] = read_others_runnable,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.configured = max(1, configured)
+        self.adaptive = adaptive and self.configured > 1
+        self.interval = interval
+        self.n_cpu = n_cpu or usable_cpus()
+        self._read_others = read_others
+        self._clock = clock
+        self._next = 0.0
+        self._candidate: int | None = None
+        self.current = self.configured
+        self.changes: list[tuple[float, int, int]] = []
+
+    def wanted(self, others: int) -> int:
+        """Threads for ``others`` runnable foreign tasks: ``min(configured, max(1, n_cpu - others))``."""
+        return min(self.configured, max(1, self.n_cpu - others))
+
+    def threads(self) -> int:
+        """The count to decode with now (changes only after two agreeing samples)."""
+        if not self.adaptive:
+            return self.configured
+        now = self._clock()
+        if now < self._next:
+            return self.current
+        self._next = now + self.interval
+        others = self._read_others()
+        if others is None:
+            return self.current
+        want = self.wanted(others)
+        if want == self.current:
+            self._candidate = None
+        elif want == self._candidate:
+            self.current = want
+            self._candidate = None
+            self.changes.append((now, want, others))
+        else:
+            self._candidate = want
+        return self.current
