@@ -4,15 +4,8 @@ from __future__ import annotations
 import pytest
 
 from ollapy.errors import InvalidModelName, OptionError, UsageError
-from ollapy.server.bodies import (
-    ChatBody,
-    ChatCompletionBody,
-    CompletionBody,
-    CopyBody,
-    CreateBody,
-    GenerateBody,
-    PullBody,
-)
+from ollapy.server.bodies import ChatBody, CopyBody, CreateBody, GenerateBody, PullBody
+from ollapy.server.openai_bodies import ChatCompletionBody, CompletionBody
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request
 from ..errors import ModelNotFound
 from ..reply import ReplyDelta
 from . import generation
-from .bodies import ChatCompletionBody, CompletionBody, OpenAIBody
 from .http import chunk_objects, collected, read_body, sse_response, state_of
 from .http import openai_err as err
+from .openai_bodies import ChatCompletionBody, CompletionBody, OpenAIBody
 
 router = APIRouter(prefix="/v1")
 
