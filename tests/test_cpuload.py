@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ollapy.engine.cpuload import ThreadBudget, read_others_runnable
+from ollapy.engine.cpuload import SMALL_BATCH, ThreadBudget, read_others_runnable
 
 
 class _Clock:
@@ -50,6 +50,14 @@ def test_a_change_needs_two_agreeing_samples_and_waits_for_the_interval():
     assert b.threads() == 1
     clock.t = 5.0
     assert b.threads() == 4 and b.changes[-1] == (5.0, 4, 0)
+
+
+def test_large_batches_keep_every_configured_thread_under_load():
+    b, clock = _budget([3] * 10)
+    b.threads()
+    clock.t = 1.0
+    assert b.threads(1) == 1 and b.threads(SMALL_BATCH) == 1  # decode steps and short tails: lowered
+    assert b.threads(SMALL_BATCH + 1) == 4 and b.threads(512) == 4  # prefill chunks: every thread
 
 
 def test_explicit_thread_count_and_unreadable_proc_keep_the_configured_count():

@@ -10,6 +10,13 @@ threads, 0.34 s with 1 thread (``scripts/bench_cache.py --busy 2`` shows the
 same row). llama.cpp leaves this to the user (``-t``); a runner that users
 start next to their other work should not.
 
+The stall is paid per graph node, whatever the batch size, while the work per
+node grows with it: a large prefill chunk still gains from every thread (the
+same VM and load: a 2,200-token cold prefill took 70 s on 2 threads, 99 s on 1).
+So only small batches (decode steps and short prompt tails, at most
+:data:`SMALL_BATCH` tokens) use the lowered count; larger ones keep the
+configured count.
+
 Rule (:class:`ThreadBudget`): ``n = min(configured, max(1, n_cpu - others))``
 where ``n_cpu`` is the CPUs this process may run on (``sched_getaffinity``) and
 ``others`` the runnable tasks on the machine that are not this process's
@@ -28,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 PROC = Path("/proc")
+SMALL_BATCH = 64  # tokens: batches up to this size decode on the lowered thread count under load
 
 
 def read_others_runnable(proc: Path = PROC) -> int | None:
@@ -64,8 +72,9 @@ class ThreadBudget:
     ``adaptive`` False (an explicit ``num_thread``) always answers
     ``configured``. :meth:`threads` is called by the engine loop before each
     decode; it costs a few small ``/proc`` reads at most once per ``interval``
-    seconds. ``changes`` records every change as ``(monotonic seconds,
-    threads, others_runnable)`` (read by tests and the debug log).
+    seconds. ``current`` is the lowered count for small batches; ``changes``
+    records every change of it as ``(monotonic seconds, threads,
+    others_runnable)`` (read by tests and the debug log).
     """
 
     def __init__(self, configured: int, adaptive: bool = True, *, interval: float = 0.5,
@@ -86,17 +95,22 @@ class ThreadBudget:
         """Threads for ``others`` runnable foreign tasks: ``min(configured, max(1, n_cpu - others))``."""
         return min(self.configured, max(1, self.n_cpu - others))
 
-    def threads(self) -> int:
-        """The count to decode with now (changes only after two agreeing samples)."""
+    def threads(self, n_tokens: int = 1) -> int:
+        """The count to decode a batch of ``n_tokens`` with now (the lowered count, which changes only after
+        two agreeing samples, applies to batches of at most :data:`SMALL_BATCH` tokens)."""
         if not self.adaptive:
             return self.configured
+        self._sample()
+        return self.current if n_tokens <= SMALL_BATCH else self.configured
+
+    def _sample(self) -> None:
         now = self._clock()
         if now < self._next:
-            return self.current
+            return
         self._next = now + self.interval
         others = self._read_others()
         if others is None:
-            return self.current
+            return
         want = self.wanted(others)
         if want == self.current:
             self._candidate = None
@@ -106,4 +120,3 @@ class ThreadBudget:
             self.changes.append((now, want, others))
         else:
             self._candidate = want
-        return self.current

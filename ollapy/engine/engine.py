@@ -264,7 +264,7 @@ class Engine:
             in_batch.append(s)
         if not toks:
             return
-        n_threads = self.thread_budget.threads()
+        n_threads = self.thread_budget.threads(len(toks))
         if n_threads != b.threads:
             log.debug("decode threads %d -> %d (other runnable tasks on %d CPUs)", b.threads, n_threads,
                       self.thread_budget.n_cpu)
