@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .errors import OptionError
-from .thinking import ThinkingParser
+from .thinking import ThinkingParser, supports_thinking, think_enabled
 from .toolcalls import ToolCall, ToolCallParser
 
 
@@ -81,6 +81,50 @@ class ReplyParser:
     def parse(self, text: str) -> ReplyDelta:
         """A whole output at once: :meth:`feed` then :meth:`finish`."""
         return self.feed(text) + self.finish()
+
+
+def supports_tools(template_text: str | None) -> bool:
+    """Whether a chat template renders tool definitions: it reads ``tools`` (Ollama's ``tools`` capability;
+    the same rule as :func:`ollapy.engine.templating.template_mentions_tools`, without importing llama_cpp)."""
+    return "tools" in (template_text or "")
+
+
+def check_capabilities(name: str, *, can_think: bool, can_use_tools: bool, think: bool | str | None = None,
+                       tools: bool = False) -> bool | str | None:
+    """Check a request's ``think`` and ``tools`` against what the model can do, as Ollama does; return the
+    ``think`` value to render with.
+
+    ``can_think``/``can_use_tools``: the model's capabilities (:func:`ollapy.thinking.supports_thinking`,
+    :func:`supports_tools` of its template). ``think`` is a validated value (:func:`ollapy.thinking.parse_think`);
+    ``tools``: the request lets the model call tools freely (``tool_choice`` auto).
+
+    Returns: for a thinking model, ``think`` with unset meaning on (``True``); otherwise None (false is
+    accepted and ignored). Raises :class:`~ollapy.errors.OptionError` with Ollama's exact words:
+    ``"NAME" does not support thinking`` (``think`` true or a level, checked first) or
+    ``NAME does not support tools``.
+    """
+    effective: bool | str | None = None
+    if can_think:
+        effective = True if think is None else think
+    elif think_enabled(think):
+        raise OptionError(f'"{name}" does not support thinking')  # Ollama's words, as they are
+    if tools and not can_use_tools:
+        raise OptionError(f"{name} does not support tools")  # Ollama's words, as they are
+    return effective
+
+
+def model_capabilities(template_text: str | None, *, embedding_only: bool) -> list[str]:
+    """Ollama's ``capabilities`` list for a model: ``["embedding"]`` for an embedding-only model, else
+    ``"completion"`` plus ``"tools"`` (the template reads ``tools``) and ``"thinking"`` (it has a reasoning
+    section), in Ollama's order."""
+    if embedding_only:
+        return ["embedding"]
+    caps = ["completion"]
+    if supports_tools(template_text):
+        caps.append("tools")
+    if supports_thinking(template_text):
+        caps.append("thinking")
+    return caps
 
 
 def tool_function(tool: Any) -> dict:

@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 from ..errors import OptionError
 from ..options import api_options
-from ..reply import ReplyDelta, ReplyParser, forced_call_schema, tool_names
+from ..reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
 from ..thinking import prompt_opens_thinking, think_enabled
 from ..toolcalls import detect_family
 
@@ -233,12 +233,10 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
     ``auto`` on a template without ``tools`` is a 400 ``NAME does not support tools``; ``none`` renders without
     tools and parses no calls; ``required`` or a named function forces one call with a grammar (any template).
     """
-    plan = ReplyPlan()
-    if model.supports_thinking:
-        plan.think = True if think is None else think
-    elif think_enabled(think):
-        raise OptionError(f'"{name}" does not support thinking')  # Ollama's words, as they are
     mode, fname = choice
+    free_tools = bool(tools) and mode not in ("none", "required")
+    plan = ReplyPlan(think=check_capabilities(name, can_think=model.supports_thinking,
+                                              can_use_tools=model.supports_tools, think=think, tools=free_tools))
     if not tools or mode == "none":
         return plan
     plan.tools, plan.names = tools, tool_names(tools)
@@ -247,8 +245,6 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
         if plan.think is not None:
             plan.think = False  # the grammar allows no reasoning before the call
         return plan
-    if not model.supports_tools:
-        raise OptionError(f"{name} does not support tools")  # Ollama's words, as they are
     override = getattr(opts, "tool_parser", "auto")
     plan.family = detect_family(model.template.text, None if override == "auto" else override)
     return plan
