@@ -58,7 +58,10 @@ EXTRA_BUFTS = _setting(
     "auto",
     "CPU extra buffer types (weight repacking, AMX): auto (off only on AMX CPUs with an AMX build, where ggml crashes), on, off.",
 )
-NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0", "CPU threads for decoding (0 = number of physical cores).")
+NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
+                      "CPU threads for decoding. 0 = ollapy chooses: every CPU up to 4, half of them above (about "
+                      "the physical cores), and fewer for decode steps while other processes keep the CPUs busy; "
+                      "a number is used as it is.")
 KEEP_ALIVE = _setting(
     "OLLAPY_KEEP_ALIVE",
     "5m",
