@@ -168,10 +168,15 @@ class Client:
         return Stream(cm, resp)
 
     def chat(self, model: str, messages: list[dict], *, options: dict | None = None, format: Any = None,
-             keep_alive: Any = None, stream: bool = True, cache: bool = True):
-        """``/api/chat``: a :class:`Stream` of dicts when streaming, else the one response dict."""
+             keep_alive: Any = None, stream: bool = True, cache: bool = True, think: bool | str | None = None):
+        """``/api/chat``: a :class:`Stream` of dicts when streaming, else the one response dict.
+
+        ``think`` (true/false or "high"/"medium"/"low"; None: not sent, the model's default) asks for the
+        reasoning in ``message.thinking``."""
         body = _body(model, options, format, keep_alive, stream, cache)
         body["messages"] = messages
+        if think is not None:
+            body["think"] = think
         if stream:
             return self._stream("/api/chat", body)
         return self._call("POST", "/api/chat", json=body).json()

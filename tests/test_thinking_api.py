@@ -1,9 +1,9 @@
 """Thinking (``think``, ``reasoning_effort``) through a live ``ollapy serve`` and the official clients (SmolLM2).
 
 ``smol`` has SmolLM2's own template (no reasoning section): ``think`` true is refused, false ignored.
-``smol-think`` has a DeepSeek-R1-style TEMPLATE whose generation prompt opens ``<think>``, and one
-MESSAGE example (a question answered with ``<think>…</think>answer``), so the greedy answer reasons,
-closes the section and answers: the split is known exactly.
+``smol-think`` (tests/think_models.py) has a DeepSeek-R1-style TEMPLATE whose generation prompt opens
+``<think>``, and one MESSAGE example (a question answered with ``<think>…</think>answer``), so the greedy
+answer reasons, closes the section and answers: the split is known exactly.
 """
 from __future__ import annotations
 
@@ -12,19 +12,9 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from conftest import live_server
+from think_models import ANSWER, EXAMPLE, GREEDY, THINK_TEMPLATE, THINKING, Q
 
-THINK_TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-<think>
-{% endif %}"""
-EXAMPLE = [{"role": "user", "content": "What is the capital of Italy?"},
-           {"role": "assistant", "content": "<think>\nThe user asks for the capital of Italy. It is Rome.\n</think>\nRome"}]
-Q = "What is the capital of France?"
 ASK = [{"role": "user", "content": Q}]
-GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 40}
-THINKING, ANSWER = "The user asks for the capital of France. It is Paris.", "Paris"
 
 
 @pytest.fixture(scope="module")

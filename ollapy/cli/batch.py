@@ -8,7 +8,9 @@ Output is exactly one line per input line, in input order, so a shell loop
   ``\\t`` (:func:`escape_answer`); a blank input line gives an empty output line
   and no model call; a failed line gives an empty line and a warning on stderr.
 * ``--json``: one JSON object per input line (``index`` = 0-based input line,
-  ``prompt``, ``response``, ``done_reason`` and the stats, or ``error``). A
+  ``prompt``, ``response``, ``thinking`` (a thinking model's reasoning, when it reasoned and
+  ``--hidethinking`` is off), ``done_reason`` and the stats, or ``error``).
+  Plain lines carry the answer only: a thinking model's reasoning is left out. A
   blank line's object has the same keys: ``done_reason`` ``"stop"`` and zero
   stats (nothing was generated).
 
@@ -105,7 +107,7 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
             continue
         text = f"{line}\n\n{suffix}" if suffix else line
         msgs = conv.chat_messages(text, settings.system)
-        stream = conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache)
+        stream = conv.runner.chat(msgs, conv.options, fmt=settings.fmt, cache=settings.cache, think=settings.think)
         if first and n_prompts > 1:
             # let the first request prefill the shared prefix (system prompt, template header) alone, so the
             # others copy its KV in-context instead of all prefilling it at once
@@ -116,11 +118,12 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
     load_shown = False
     try:
         for i, (line, stream) in enumerate(zip(lines, streams)):
-            parts, final, error = [], None, None
+            parts, thinking, final, error = [], [], None, None
             if stream is not None:
                 try:
                     for c in stream:
                         parts.append(c.text)
+                        thinking.append(getattr(c, "thinking", "") or "")
                         if c.done:
                             final = c
                 except Exception as exc:  # noqa: BLE001 - report per line, keep going
@@ -133,6 +136,9 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
                     rec = _blank_record(i, line)
                 else:
                     rec = {"index": i, "prompt": line, "response": answer}
+                    reasoning = "".join(thinking).strip()
+                    if reasoning and not settings.hidethinking:
+                        rec["thinking"] = reasoning
                     if final is not None:
                         rec.update(done_reason=final.done_reason, **m)
                 if error:

@@ -65,8 +65,24 @@ def main() -> None:
         import logging
 
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s")
+    sys.argv[1:] = think_flag_args(sys.argv[1:])
     code = run_app(app)
     sys.exit(flush_stdout(finish_process(code)))
+
+
+def think_flag_args(args: list[str]) -> list[str]:
+    """``run``'s ``--think`` takes an optional value, as Ollama's does: a bare ``--think`` becomes
+    ``--think=true`` (so the next word stays a prompt word); ``--think=VALUE`` is left as it is. Words after
+    ``--`` are never touched."""
+    if not args or args[0] != "run":
+        return args
+    out = list(args)
+    for i, a in enumerate(out):
+        if a == "--":
+            break
+        if a == "--think":
+            out[i] = "--think=true"
+    return out
 
 
 def flush_stdout(code: int) -> int:

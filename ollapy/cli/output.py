@@ -120,6 +120,67 @@ class TextSink:
         write_out(self.stream, out)
 
 
+# Ollama's colours for the reasoning (readline.ColorGrey, ColorBold, ColorDefault); written on a terminal only
+GREY, BOLD, RESET = "\x1b[38;5;245m", "\x1b[1m", "\x1b[0m"
+THINKING_OPEN, THINKING_CLOSE = "Thinking...\n", "...done thinking.\n\n"
+
+
+class ReplyPrinter:
+    """Prints a streamed reply as ``ollama run`` does: the reasoning first, then the answer.
+
+    The reasoning is introduced by ``Thinking...`` and closed by ``...done thinking.`` and a blank
+    line, dimmed on a terminal; when ``stream`` is not a terminal the same marker lines are
+    written plainly, with no escape codes. ``show_thinking=False`` (``--hidethinking``) prints
+    the answer only. ``content_sink`` (made on the first answer text) replaces the plain
+    :class:`TextSink` for the answer (the REPL's Markdown view). Writes raise OutputClosed
+    like :class:`TextSink`.
+    """
+
+    def __init__(self, stream=None, *, wrap: bool = True, show_thinking: bool = True, content_sink=None) -> None:
+        self.sink = TextSink(stream, wrap=wrap)
+        self.stream = self.sink.stream
+        self.tty = is_tty(self.stream)
+        self.show_thinking = show_thinking
+        self._make_content = content_sink
+        self._content = None
+        self.opened = False  # the reasoning section is being printed
+        self.thinking = ""  # all reasoning text so far (printed or not)
+
+    def _mark(self, text: str, dim_after: bool = False) -> None:
+        write_out(self.stream, GREY + BOLD + text + RESET + (GREY if dim_after else "") if self.tty else text)
+        self.sink.col, self.sink.last = 0, "\n"
+
+    def write(self, thinking: str = "", content: str = "") -> None:
+        """Write a piece of reasoning and/or answer text."""
+        if thinking:
+            self.thinking += thinking
+            if self.show_thinking:
+                if not self.opened:
+                    self._mark(THINKING_OPEN, dim_after=True)
+                    self.opened = True
+                self.sink.write(thinking)
+        if content:
+            self._close_thinking(done=True)
+            if self._content is None:
+                self._content = self._make_content() if self._make_content is not None else self.sink
+            self._content.write(content)
+
+    def _close_thinking(self, done: bool) -> None:
+        if not self.opened:
+            return
+        self.opened = False
+        self.sink.finish()
+        if done:
+            self._mark(THINKING_CLOSE)
+        elif self.tty:
+            write_out(self.stream, RESET)
+
+    def finish(self) -> None:
+        """End the reply with one newline (a reasoning section cut short is ended, its colour reset)."""
+        self._close_thinking(done=False)
+        (self._content or self.sink).finish()
+
+
 def _dur(ns: int) -> str:
     if ns >= 1_000_000_000:
         return f"{ns / 1e9:.6f}s"

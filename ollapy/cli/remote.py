@@ -23,10 +23,12 @@ class RemoteRef:
     messages: list = field(default_factory=list)
     template: str | None = None
     license: str | None = None
+    capabilities: list = field(default_factory=list)
 
 
 class RemoteChunk(SimpleNamespace):
-    """A chunk like the engine's: ``text``, ``done``, ``done_reason``, ``metrics`` (dict on the last one)."""
+    """A chunk like :class:`~ollapy.cli.runner.SplitStream`'s: ``text`` (answer), ``thinking`` (reasoning),
+    ``done``, ``done_reason``, ``metrics`` (dict on the last one)."""
 
 
 _METRIC_KEYS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
@@ -41,12 +43,15 @@ class RemoteStream:
 
     def __iter__(self):
         for obj in self.stream:
-            text = (obj.get("message") or {}).get("content", "") if "message" in obj else obj.get("response", "")
+            part = (obj.get("message") or {}) if "message" in obj else obj
+            text = part.get("content", "") if "message" in obj else obj.get("response", "")
+            thinking = part.get("thinking") or ""
             if obj.get("done"):
                 metrics = {k: obj.get(k, 0) for k in _METRIC_KEYS}
-                yield RemoteChunk(text=text or "", done=True, done_reason=obj.get("done_reason"), metrics=metrics)
+                yield RemoteChunk(text=text or "", thinking=thinking, done=True, done_reason=obj.get("done_reason"),
+                                  metrics=metrics)
                 return
-            yield RemoteChunk(text=text or "", done=False, done_reason=None, metrics=None)
+            yield RemoteChunk(text=text or "", thinking=thinking, done=False, done_reason=None, metrics=None)
 
     def cancel(self) -> None:
         self.stream.cancel()
@@ -55,10 +60,11 @@ class RemoteStream:
 class RemoteRunner:
     """Runs chats on a server. ``options`` are the merged options as the server reported them."""
 
-    def __init__(self, client, name: str, cli_options: dict, keep_alive=None) -> None:
+    def __init__(self, client, name: str, cli_options: dict, keep_alive=None, capabilities=None) -> None:
         self.client = client
         self.name = name
         self.keep_alive = keep_alive
+        self.capabilities = list(capabilities or ["completion"])  # from /api/show
         self._cli = dict(cli_options)
         self._ps = self._find_ps()
         self.options = Options().merged({k: v for k, v in cli_options.items()})
@@ -77,8 +83,15 @@ class RemoteRunner:
         """Context length per slot of the model on the server."""
         return int(self._ps.get("context_length") or self.options.num_ctx)
 
-    def chat(self, messages: list[dict], cli_options: dict, fmt=None, cache: bool = True):
-        """Stream a chat from the server; returns an iterable of chunks with ``cancel()``."""
+    def chat(self, messages: list[dict], cli_options: dict, fmt=None, cache: bool = True, think=None):
+        """Stream a chat from the server; returns an iterable of chunks with ``cancel()``.
+
+        ``think`` (validated; None: the model's default) is checked against the server's capabilities
+        first (:func:`ollapy.reply.check_capabilities`, OptionError), then sent as ``/api/chat``'s ``think``.
+        """
+        from ..reply import check_capabilities
+
+        check_capabilities(self.name, can_think="thinking" in self.capabilities, can_use_tools=True, think=think)
         opts = dict(cli_options)
         # request-time options changed with /set parameter live on self.options
         base = Options()
@@ -89,7 +102,7 @@ class RemoteRunner:
             if v != getattr(base, k) and k not in opts:
                 opts[k] = list(v) if isinstance(v, tuple) else v
         stream = self.client.chat(self.name, messages, options=opts, format=fmt, keep_alive=self.keep_alive,
-                                  stream=True, cache=cache)
+                                  stream=True, cache=cache, think=think)
         return RemoteStream(stream)
 
     def info(self) -> dict:
@@ -152,7 +165,8 @@ def probe_server(name: str, cli_options: dict, settings):
         show = client.show(name)
     except Exception:  # noqa: BLE001 - a path model may not be showable
         show = {}
-    runner = RemoteRunner(client, name, cli_options, keep_alive)
+    caps = show.get("capabilities") or ["completion"]
+    runner = RemoteRunner(client, name, cli_options, keep_alive, caps)
     ref = RemoteRef(name=name, system=show.get("system") or None, template=show.get("template") or None,
-                    license=show.get("license") or None)
+                    license=show.get("license") or None, capabilities=list(caps))
     return runner, ref

@@ -14,7 +14,7 @@ import sys
 from .. import config
 from ..errors import Cancelled, ModelNotFound, OllapyError, describe
 from ..options import coerce_option
-from .output import TextSink, format_stats
+from .output import ReplyPrinter, format_stats
 
 HELP = """Available Commands:
   /set            Set session variables
@@ -33,7 +33,9 @@ SET_HELP = """Available Commands:
   /set history|nohistory     Enable/disable history
   /set wordwrap|nowordwrap   Enable/disable word wrap
   /set format json|noformat  Enable/disable JSON mode
-  /set verbose|quiet         Show/hide stats after each reply"""
+  /set verbose|quiet         Show/hide stats after each reply
+  /set think [LEVEL]         Enable thinking (LEVEL: high, medium or low)
+  /set nothink               Disable thinking"""
 
 SHOW_HELP = "Available Commands:\n  /show info | parameters | system | template | license | modelfile"
 
@@ -136,16 +138,14 @@ class _MarkdownSink:
 def _reply(conv, settings, msg: str) -> None:
     from .output import is_tty
 
-    if settings.markdown and is_tty(sys.stdout):
-        sink = _MarkdownSink()
-    else:
-        sink = TextSink(sys.stdout, wrap=settings.wrap)
+    markdown = _MarkdownSink if settings.markdown and is_tty(sys.stdout) else None
+    sink = ReplyPrinter(sys.stdout, wrap=settings.wrap, show_thinking=not settings.hidethinking, content_sink=markdown)
     final = None
     stream = None
     try:
         stream = conv.ask(msg, settings)
         for chunk in stream:
-            sink.write(chunk.text)
+            sink.write(getattr(chunk, "thinking", ""), chunk.text)
             if chunk.done:
                 final = chunk
     except (KeyboardInterrupt, Cancelled):
@@ -219,6 +219,17 @@ def _set(conv, settings, line: str) -> None:
         attr, val = flags[what]
         setattr(settings, attr, val)
         print(f"Set '{what}' mode.")
+    elif what == "think":
+        from ..thinking import parse_think
+
+        value = parse_think(rest.strip() or "true")
+        conv.check_think(value)  # a model without thinking: Ollama's error, the setting stays
+        settings.think = value
+        print("Set 'think' mode." if value is True else
+              "Set 'nothink' mode." if value is False else f"Set 'think' mode to '{value}'.")
+    elif what == "nothink":
+        settings.think = False
+        print("Set 'nothink' mode.")
     elif what == "format":
         settings.fmt = "json" if rest.strip() == "json" else None
         print(f"Set format to '{rest.strip() or 'none'}' mode.")
@@ -269,6 +280,12 @@ def _show(conv, settings, what: str) -> None:
                   "kv_bytes_per_token", "extra_bufts"):
             if k in info:
                 print(f"  {k:<20} {info[k]}")
+        print("  Capabilities")
+        for cap in conv.capabilities:
+            print(f"    {cap}")
+        think = {None: "on (default)", True: "on", False: "off"}.get(settings.think, settings.think)
+        if "thinking" in conv.capabilities:
+            print(f"  {'think':<20} {think}")
     elif what == "parameters":
         opts = getattr(conv.runner, "options", None)
         shown = dict(conv.options)

@@ -16,7 +16,7 @@ from typing import List, Optional
 import typer
 
 from ..errors import Cancelled, OptionError, UsageError
-from .output import OutputClosed, TextSink, format_stats, info, is_tty, warn
+from .output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 
 
 def read_stdin() -> str | None:
@@ -64,9 +64,16 @@ def run(
                                                "options; -o wins over saved options)."),
     no_pull: bool = typer.Option(False, "--no-pull", help="Fail instead of pulling a missing model."),
     markdown: bool = typer.Option(False, "--markdown", help="Render replies as Markdown in the interactive chat."),
+    think: Optional[str] = typer.Option(None, "--think", metavar="[=VALUE]",
+                                        help="Reasoning of a thinking model: --think (on, the default for such "
+                                             "models), --think=false, --think=high|medium|low; refused by other "
+                                             "models."),
+    hidethinking: bool = typer.Option(False, "--hidethinking", help="Let a thinking model reason, but print "
+                                                                    "only its answer."),
 ) -> None:
     """Run a model: answer PROMPT, piped input, each line of input, or chat interactively."""
     from ..options import parse_options
+    from ..thinking import parse_think
     from .session import RunSettings, load_model_for_run
 
     if as_json and not each_line:
@@ -79,7 +86,8 @@ def run(
     schema = _load_format(format)
     stdin_text = read_stdin()
     settings = RunSettings(system=system, fmt=schema, verbose=verbose, wrap=not nowordwrap, cache=not no_cache,
-                           session=session, markdown=markdown, keepalive=keepalive)
+                           session=session, markdown=markdown, keepalive=keepalive, think=parse_think(think),
+                           hidethinking=hidethinking)
     if each_line:
         if stdin_text is None:
             raise UsageError("--each-line reads prompts from stdin",
@@ -128,13 +136,14 @@ def _load_format(fmt: str | None):
 
 
 def answer_once(loaded, text: str | None, settings) -> None:
-    """Stream one answer to stdout; Ctrl-C cancels, keeps the printed text and exits 130."""
-    sink = TextSink(sys.stdout, wrap=settings.wrap)
+    """Stream one answer to stdout (a thinking model's reasoning first, see :class:`ReplyPrinter`); Ctrl-C
+    cancels, keeps the printed text and exits 130."""
+    sink = ReplyPrinter(sys.stdout, wrap=settings.wrap, show_thinking=not settings.hidethinking)
     stream = loaded.ask(text, settings)
     final = None
     try:
         for chunk in stream:
-            sink.write(chunk.text)
+            sink.write(getattr(chunk, "thinking", ""), chunk.text)
             if chunk.done:
                 final = chunk
     except KeyboardInterrupt:

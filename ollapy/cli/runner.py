@@ -8,6 +8,7 @@ states that could not be saved when the process ends early.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 from .. import loader
 from ..options import Options
@@ -40,8 +41,9 @@ class EmbeddedRunner:
     new process) and frees the model.
     """
 
-    def __init__(self, ref, options: Options, cache: bool = True) -> None:
+    def __init__(self, ref, options: Options, cache: bool = True, name: str | None = None) -> None:
         self.options = options
+        self.name = name or ref.name  # the model as the user named it (error messages)
         self.model = loader.open_model(ref, options, cache=cache, write_back=True)
 
     def __enter__(self) -> EmbeddedRunner:
@@ -55,9 +57,27 @@ class EmbeddedRunner:
         """Context length per slot."""
         return self.model.backend.num_ctx
 
-    def chat(self, messages: list[dict], cli_options: dict, fmt=None, cache: bool = True):
-        """Submit a chat; returns the engine Request."""
-        return self.model.chat(messages, self.options, fmt=fmt, cache=cache)
+    @property
+    def capabilities(self) -> list[str]:
+        """Ollama's capabilities of the loaded model (``completion``/``embedding``, ``tools``, ``thinking``)."""
+        from ..reply import model_capabilities
+
+        return model_capabilities(self.model.template.text, embedding_only=self.model.embedding_only)
+
+    def chat(self, messages: list[dict], cli_options: dict, fmt=None, cache: bool = True, think=None):
+        """Submit a chat; returns a :class:`SplitStream` over the engine Request (chunks with ``thinking``).
+
+        ``think`` (validated, None: the model's default) is checked as the server checks it
+        (:func:`ollapy.reply.check_capabilities`: OptionError on a model without thinking).
+        """
+        from ..reply import ReplyParser, check_capabilities
+        from ..thinking import prompt_opens_thinking, think_enabled
+
+        model = self.model
+        think = check_capabilities(self.name, can_think=model.supports_thinking, can_use_tools=True, think=think)
+        prompt = model.chat_prompt(messages, self.options, think=think)
+        parser = ReplyParser(think=think_enabled(think), opened=prompt_opens_thinking(prompt.text))
+        return SplitStream(model.submit(prompt, self.options, fmt=fmt, cache=cache), parser)
 
     def info(self) -> dict:
         """Facts about the loaded model (see LoadedModel.info)."""
@@ -71,6 +91,26 @@ class EmbeddedRunner:
             n = self.model.unsaved_states
             if n:
                 warn(f"prompt cache: {n} state{'s' if n != 1 else ''} not saved")
+
+
+class SplitStream:
+    """Engine chunks with the answer split by a :class:`~ollapy.reply.ReplyParser`: each chunk has ``text``
+    (answer), ``thinking`` (reasoning), ``done``, ``done_reason``, ``metrics``; ``cancel()`` cancels."""
+
+    def __init__(self, request, parser) -> None:
+        self.request = request
+        self.parser = parser
+
+    def __iter__(self):
+        for c in self.request:
+            delta = self.parser.feed(c.text) if c.text else self.parser.feed("")
+            if c.done:
+                delta = delta + self.parser.finish()
+            yield SimpleNamespace(text=delta.content, thinking=delta.thinking, done=c.done,
+                                  done_reason=getattr(c, "done_reason", None), metrics=getattr(c, "metrics", None))
+
+    def cancel(self) -> None:
+        self.request.cancel()
 
 
 def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
@@ -89,4 +129,4 @@ def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
             return remote
     ref = loader.resolve(arg, pull=pull, allow_paths=True)
     options = loader.base_options(ref, cli_options)
-    return EmbeddedRunner(ref, options, cache=getattr(settings, "cache", True)), ref
+    return EmbeddedRunner(ref, options, cache=getattr(settings, "cache", True), name=name), ref

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import config
-from ..errors import UsageError
+from ..errors import OllapyError, OptionError, UsageError
 from ..fsutil import write_atomically
 
 
@@ -33,6 +33,12 @@ class RunSettings:
     markdown: bool = False
     keepalive: str | None = None
     history: bool = True
+    think: bool | str | None = None  # None: the model's default (on for a thinking model, as in Ollama)
+    hidethinking: bool = False  # compute the reasoning but do not print it
+
+
+class CapabilityError(OllapyError):
+    """The model cannot do what was asked (``--think`` on a model without thinking). Exit 1, as Ollama."""
 
 
 _SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -107,20 +113,41 @@ class Conversation:
             msgs.append({"role": "user", "content": text})
         return msgs
 
+    @property
+    def capabilities(self) -> list[str]:
+        """Ollama's capabilities of the model (``completion``, ``tools``, ``thinking``, ``embedding``)."""
+        return list(getattr(self.runner, "capabilities", None) or ["completion"])
+
+    def check_think(self, think: bool | str | None) -> None:
+        """Raise CapabilityError (exit 1) with Ollama's words when ``think`` asks a model without thinking to think."""
+        from ..reply import check_capabilities
+
+        try:
+            check_capabilities(getattr(self.runner, "name", self.name), can_think="thinking" in self.capabilities,
+                               can_use_tools=True, think=think)
+        except OptionError as exc:
+            raise CapabilityError(exc.message) from None
+
     def ask(self, text: str | None, settings: RunSettings):
-        """Start streaming the answer to ``text``; returns an iterable of chunks with ``cancel()``."""
+        """Start streaming the answer to ``text``; returns an iterable of chunks with ``cancel()``.
+
+        Chunks have ``text`` (answer) and ``thinking`` (reasoning, with ``settings.think``)."""
         msgs = self.chat_messages(text, settings.system)
         self._pending_user = text
         self._reply: list[str] = []
-        stream = self.runner.chat(msgs, self.options, fmt=settings.fmt, cache=settings.cache)
-        return _Recording(stream, self._reply)
+        self._thinking: list[str] = []
+        stream = self.runner.chat(msgs, self.options, fmt=settings.fmt, cache=settings.cache, think=settings.think)
+        return _Recording(stream, self._reply, self._thinking)
 
     def after_answer(self, final, settings: RunSettings) -> None:
         """Record the finished turn in the history and save the named session, if any."""
         if final is None or self._pending_user is None:
             return
         self.messages.append({"role": "user", "content": self._pending_user})
-        self.messages.append({"role": "assistant", "content": "".join(self._reply)})
+        answer = {"role": "assistant", "content": "".join(self._reply)}
+        if "".join(self._thinking):  # kept with the turn, as Ollama's CLI does (templates decide whether to render it)
+            answer["thinking"] = "".join(self._thinking)
+        self.messages.append(answer)
         if self.session:
             self.save(self.session, settings)
 
@@ -175,15 +202,17 @@ class Conversation:
 
 
 class _Recording:
-    """Wraps a chunk stream, collecting the text for the history."""
+    """Wraps a chunk stream, collecting the answer and the reasoning for the history."""
 
-    def __init__(self, stream, sink: list[str]) -> None:
+    def __init__(self, stream, sink: list[str], thinking: list[str] | None = None) -> None:
         self.stream = stream
         self.sink = sink
+        self.thinking = thinking if thinking is not None else []
 
     def __iter__(self):
         for c in self.stream:
             self.sink.append(c.text)
+            self.thinking.append(getattr(c, "thinking", "") or "")
             yield c
 
     def cancel(self) -> None:
@@ -208,6 +237,12 @@ def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull
     conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=options,
                         messages=list(ref.messages or []), session=settings.session,
                         base=arg if loader.is_path_name(arg) else ref.name)
+    if settings.think is not None:
+        try:
+            conv.check_think(settings.think)
+        except CapabilityError:
+            conv.close()
+            raise
     if data:  # (nothing below can fail: the runner is closed by the caller's `with`)
         conv.messages = list(data.get("messages", []))
         if settings.system is None and data.get("system"):
