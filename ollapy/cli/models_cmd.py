@@ -111,6 +111,14 @@ def show_cmd(
     print(f"    {'file':<20}{ref.path} ({model_file_note(ref)})")
     if ref.source:
         print(f"    {'source':<20}{ref.source}")
+    from ..chat import select_template
+    from ..reply import model_capabilities
+
+    caps = model_capabilities(select_template(info["chat_template"], info["architecture"], ref.template).text,
+                              embedding_only=bool(info.get("embedding_only")))
+    print("\n  Capabilities")  # as `ollama show`
+    for cap in caps:
+        print(f"    {cap}")
     if ref.parameters:
         print("\n  Parameters")
         for k, text in parameter_rows(ref.parameters):

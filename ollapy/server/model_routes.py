@@ -64,6 +64,7 @@ async def api_show(request: Request):
     ref = await state_of(request).runtime.resolve(name)
     info = await asyncio.to_thread(gguf_info, ref.path)
     from ..chat import select_template
+    from ..reply import model_capabilities
     from ..store.info import parameter_rows
     from ..store.modelfile import format_modelfile
 
@@ -84,7 +85,8 @@ async def api_show(request: Request):
         "details": model_details(info),
         "model_info": {k: v for k, v in model_info.items() if v is not None},
         "messages": list(ref.messages or []),
-        "capabilities": ["completion"],
+        # as Ollama: completion (or embedding), tools, thinking; from the GGUF header, the model is not loaded
+        "capabilities": model_capabilities(template, embedding_only=bool(info.get("embedding_only"))),
         "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
     }
 

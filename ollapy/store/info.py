@@ -75,6 +75,22 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], int]:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})", hint="re-pull the model") from None
 
 
+# architectures llama.cpp runs with non-causal attention (encoders), as ollapy.engine.embedding.ENCODER_ARCHS
+ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
+                           "neo-bert", "eurobert", "t5encoder"})
+
+
+def embedding_only_meta(meta: dict[str, Any]) -> bool:
+    """True for an embedding-only model from its GGUF metadata, the rule of
+    :func:`ollapy.engine.embedding.is_embedding_model` (Ollama's): ``{arch}.pooling_type`` is set, or the
+    architecture is an encoder (listed, or ``{arch}.attention.causal`` false)."""
+    arch = meta.get("general.architecture") or ""
+    if meta.get(f"{arch}.pooling_type") is not None:
+        return True
+    causal = meta.get(f"{arch}.attention.causal", True)
+    return arch in ENCODER_ARCHS or causal is False or str(causal).lower() in ("false", "0")
+
+
 def human_count(n: int) -> str:
     """12_345_678 → ``12.3M``."""
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -84,7 +100,8 @@ def human_count(n: int) -> str:
 
 
 def read_gguf_info(path: Path) -> dict[str, Any]:
-    """Return architecture, parameters, context_length, embedding_length, quantization, chat_template.
+    """Return architecture, parameters, context_length, embedding_length, quantization, chat_template,
+    split_count and embedding_only (:func:`embedding_only_meta`).
 
     Raises ModelLoadError when the file is not a readable GGUF.
     """
@@ -106,6 +123,7 @@ def read_gguf_info(path: Path) -> dict[str, Any]:
         "quantization": quant,
         "chat_template": meta.get("tokenizer.chat_template"),
         "split_count": meta.get("split.count"),
+        "embedding_only": embedding_only_meta(meta),
     }
 
 
