@@ -304,22 +304,12 @@ class GenerateBody(OllamaGenBody):
         return generation.context_field(v)
 
 
-class ChatBody(OllamaGenBody):
-    """``/api/chat``: ``messages`` (a list, possibly empty; tool parts read by :func:`read_history`),
-    ``tools`` (function tools, :func:`read_tools`; None when absent or empty) and, as an ollapy extension,
-    OpenAI's ``tool_choice`` (:attr:`choice`)."""
+class ToolsBody(Body):
+    """``tools`` (function tools, :func:`read_tools`; None when absent or empty) and ``tool_choice``
+    (:func:`read_tool_choice`, read through :attr:`choice`): shared by ``/api/chat`` and ``/v1/chat/completions``."""
 
-    messages: Any = []
     tools: Any = None
-    tool_choice: Any = None  # ollapy extension: OpenAI's values (read_tool_choice)
-
-    @field_validator("messages")
-    @classmethod
-    def _messages(cls, v: Any) -> list:
-        v = v or []
-        if not isinstance(v, list):
-            raise OptionError("messages must be a list")
-        return read_history(v)
+    tool_choice: Any = None
 
     @field_validator("tools")
     @classmethod
@@ -333,8 +323,24 @@ class ChatBody(OllamaGenBody):
 
     @property
     def choice(self) -> tuple[str, str | None]:
-        """``(mode, function name or None)``: mode ``auto`` (Ollama's only one), ``none`` or ``required``."""
+        """``(mode, function name or None)``: mode ``auto`` (the default, Ollama's only one), ``none`` or
+        ``required``."""
         return self.tool_choice or ("auto", None)
+
+
+class ChatBody(OllamaGenBody, ToolsBody):
+    """``/api/chat``: ``messages`` (a list, possibly empty; tool parts read by :func:`read_history`),
+    ``tools`` and, as an ollapy extension, OpenAI's ``tool_choice`` (:class:`ToolsBody`)."""
+
+    messages: Any = []
+
+    @field_validator("messages")
+    @classmethod
+    def _messages(cls, v: Any) -> list:
+        v = v or []
+        if not isinstance(v, list):
+            raise OptionError("messages must be a list")
+        return read_history(v)
 
 
 class CopyBody(Body):

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 from pydantic import Field, field_validator
 
 from ..errors import OptionError, UsageError
-from .bodies import Body, LogprobsBody, check_name, read_history, read_think, read_tool_choice, read_tools
+from .bodies import Body, LogprobsBody, ToolsBody, check_name, read_history, read_think
 
 
 # ---- OpenAI (/v1) ---------------------------------------------------------------------------------
@@ -104,15 +104,13 @@ class OpenAIBody(Body):
 REASONING_EFFORTS = {"high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
 
 
-class ChatCompletionBody(OpenAIBody, LogprobsBody):
+class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):
     """``/v1/chat/completions``: ``messages`` (non-empty; the ``developer`` role read as ``system``, as llama.cpp's
     server does; tool parts by :func:`read_history`), ``logprobs``/``top_logprobs`` (:attr:`logprob_count`),
     ``tools``, ``tool_choice`` (:attr:`choice`), ``parallel_tool_calls``, and thinking as ``reasoning_effort``,
     ``reasoning.effort`` (as Ollama's /v1: ``none`` turns it off) or Ollama's ``think`` (:attr:`think_value`)."""
 
     messages: Any = Field(None, validate_default=True)
-    tools: Any = None
-    tool_choice: Any = None
     parallel_tool_calls: bool = True
     reasoning_effort: Any = None
     reasoning: Any = None
@@ -128,16 +126,6 @@ class ChatCompletionBody(OpenAIBody, LogprobsBody):
         return read_history([{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
                              for m in v])
 
-    @field_validator("tools")
-    @classmethod
-    def _tools(cls, v: Any) -> list[dict] | None:
-        return read_tools(v)
-
-    @field_validator("tool_choice")
-    @classmethod
-    def _tool_choice(cls, v: Any) -> tuple[str, str | None]:
-        return read_tool_choice(v)
-
     @field_validator("reasoning_effort", "reasoning")
     @classmethod
     def _effort(cls, v: Any, info) -> Any:
@@ -148,11 +136,6 @@ class ChatCompletionBody(OpenAIBody, LogprobsBody):
             raise OptionError(f"invalid {info.field_name} value {reprlib.repr(effort)}",
                               hint='use "high", "medium", "low" or "none"')
         return effort
-
-    @property
-    def choice(self) -> tuple[str, str | None]:
-        """``(mode, function name or None)``: mode ``auto``, ``none`` or ``required``."""
-        return self.tool_choice or ("auto", None)
 
     @property
     def think_value(self) -> bool | str | None:
