@@ -43,18 +43,21 @@ class ReplyParser:
     even when ``think`` is false, and the reasoning is then dropped (``thinking`` stays empty).
     ``family``: the tool-call format to parse (None: no tool calls); ``forced``: the output is
     one grammar-forced JSON call (parsed as the ``generic`` family). ``tool_names`` limits the
-    functions accepted; ``ids`` gives every call an id (``seed`` makes them reproducible).
-    Never raises on model text: what is not a call stays content.
+    functions accepted; ``ids`` gives every call an id (``seed`` makes them reproducible);
+    ``max_calls`` (OpenAI's ``parallel_tool_calls: false`` is 1) keeps only the first calls parsed,
+    later ones are dropped (neither calls nor content). Never raises on model text: what is not a
+    call stays content.
     """
 
     def __init__(self, *, think: bool = False, opened: bool = False, family: str | None = None,
                  forced: bool = False, tool_names: Iterable[str] | None = None, ids: bool = False,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, max_calls: int | None = None) -> None:
         self.keep_thinking = think
         self._thinking = ThinkingParser(opened=opened) if (think or opened) and not forced else None
         family = "generic" if forced else family
         self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names) if family else None
-        self.calls = 0  # tool calls so far
+        self.calls = 0  # tool calls so far (kept ones)
+        self.max_calls = max_calls
 
     def _after_thinking(self, thinking: str, content: str, final: bool) -> ReplyDelta:
         if not self.keep_thinking:
@@ -65,6 +68,8 @@ class ReplyParser:
             if final:
                 tail, more = self._tools.finish()
                 content, calls = content + tail, calls + more
+        if self.max_calls is not None:
+            calls = calls[: max(0, self.max_calls - self.calls)]
         self.calls += len(calls)
         return ReplyDelta(thinking, content, calls)
 

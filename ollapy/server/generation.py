@@ -254,11 +254,12 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
                 keep_alive=None, cache: bool = True, context: list[int] | None = None,
                 logprobs: int = -1, tools: list[dict] | None = None, tool_choice: tuple[str, str | None] = ("auto", None),
-                think: bool | str | None = None) -> Generation:
+                think: bool | str | None = None, parallel_tool_calls: bool = True) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
 
     ``tools``/``tool_choice`` (mode, function name) and ``think`` are checked and planned by
     :func:`reply_plan`; the :class:`Generation`'s ``split`` gives the answer's thinking, content and calls.
+    ``parallel_tool_calls`` false (OpenAI's): only the first call parsed is returned.
 
     ``options`` is the request's raw ``options`` object, read leniently by :func:`~ollapy.options.api_options`.
     ``context`` (generate only, not raw, as in Ollama) goes in front of the templated prompt
@@ -294,7 +295,8 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
         opened = not plan.forced and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
         reply = ReplyParser(think=think_enabled(plan.think), opened=opened,
                             family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
-                            seed=opts.seed if opts.seed >= 0 else None)
+                            seed=opts.seed if opts.seed >= 0 else None,
+                            max_calls=None if parallel_tool_calls else 1)
         req = model.submit(p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
                            loop=asyncio.get_running_loop(), logprobs=logprobs)
     except BaseException:

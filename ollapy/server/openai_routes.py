@@ -104,7 +104,8 @@ async def chat_completions(request: Request):
         gen = await generation.start(st, body.model, route="v1/chat/completions", messages=body.messages,
                                      options=body.ollama_options(), fmt=body.response_format,
                                      keep_alive=body.keep_alive, logprobs=body.logprob_count, tools=body.tools,
-                                     tool_choice=body.choice, think=body.think_value)
+                                     tool_choice=body.choice, think=body.think_value,
+                                     parallel_tool_calls=body.parallel_tool_calls)
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model,
