@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 from ..errors import ContextError, DecodeError, OptionError
+from ..store.info import ENCODER_ARCHS  # architectures llama.cpp runs with non-causal attention (encoders)
 from . import bindings
 from .backend import _FLASH, _KV_TYPES
 from .bindings import C
@@ -64,9 +65,6 @@ MAX_SEQS = 64  # sequences per decode (llama.cpp allows up to LLAMA_MAX_SEQ = 25
 POOLING_NAMES = {C.LLAMA_POOLING_TYPE_NONE: "none", C.LLAMA_POOLING_TYPE_MEAN: "mean",
                  C.LLAMA_POOLING_TYPE_CLS: "cls", C.LLAMA_POOLING_TYPE_LAST: "last",
                  C.LLAMA_POOLING_TYPE_RANK: "rank"}
-# architectures llama.cpp runs with non-causal attention (encoders), whether or not the GGUF says so
-ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
-                           "neo-bert", "eurobert", "t5encoder"})
 
 
 def model_pooling(backend: Backend) -> tuple[int, bool, str]:

@@ -75,7 +75,8 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], int]:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})", hint="re-pull the model") from None
 
 
-# architectures llama.cpp runs with non-causal attention (encoders), as ollapy.engine.embedding.ENCODER_ARCHS
+# architectures llama.cpp runs with non-causal attention (encoders), whether or not the GGUF says so (also used by
+# ollapy.engine.embedding)
 ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
                            "neo-bert", "eurobert", "t5encoder"})
 
