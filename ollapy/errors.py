@@ -37,9 +37,14 @@ class OptionError(UsageError):
 
 
 class ModelNotFound(OllapyError):
-    """No model of that name in the store or catalogue. HTTP 404."""
+    """No model of that name in the store or catalogue. HTTP 404. ``name``: the model asked for, when known
+    (a server's pull hint names it)."""
 
     status = 404
+
+    def __init__(self, message: str, hint: str = "", *, public: str | None = None, name: str | None = None) -> None:
+        super().__init__(message, hint, public=public)
+        self.name = name
 
 
 class ModelLoadError(OllapyError):

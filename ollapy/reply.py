@@ -114,7 +114,9 @@ def check_capabilities(name: str, *, can_think: bool, can_use_tools: bool, think
     elif think_enabled(think):
         raise OptionError(f'"{name}" does not support thinking')  # Ollama's words, as they are
     if tools and not can_use_tools:
-        raise OptionError(f"{name} does not support tools")  # Ollama's words, as they are
+        raise OptionError(f"{name} does not support tools",  # Ollama's words, then what to do
+                          hint='use tool_choice "required" or a named function (any model), '
+                               "or a model whose chat template reads tools")
     return effective
 
 

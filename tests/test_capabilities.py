@@ -29,6 +29,7 @@ def test_check_capabilities_in_ollamas_words():
     with pytest.raises(OptionError) as e:
         check_capabilities("smol", can_think=False, can_use_tools=False, tools=True)
     assert e.value.message == "smol does not support tools"
+    assert 'tool_choice "required"' in e.value.hint  # what to do next: a forced call works on any model
 
 
 def test_model_capabilities_and_embedding_metadata():

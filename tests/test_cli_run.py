@@ -205,3 +205,15 @@ def test_each_line_verbose_prints_stats_per_line(smollm2_path):
     assert re.search(r"^load duration:\s+(\S+)$", blocks[0], re.M).group(1) != "0.000µs", err
     assert "load duration" not in blocks[1] and err.count("load duration:") == 1, err
     assert recs[0]["load_duration"] > 0 and recs[2]["load_duration"] == 0
+
+
+def test_verbose_prompt_eval_rate_counts_only_the_tokens_evaluated():
+    """A cache hit reuses most of the prompt: the rate is the evaluated tokens over the prefill time."""
+    from ollapy.cli.output import format_stats
+
+    m = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 2661, "prompt_cache_tokens": 2660,
+         "prefix_source": "cache disk", "prompt_eval_duration": 50 * 10**6, "eval_count": 4,
+         "eval_duration": 10**8}
+    text = format_stats(m)
+    assert "prompt eval rate:     20.00 tokens/s" in text  # 1 token in 50 ms, not 2661 tokens
+    assert "prompt cache:         2660 token(s) reused (cache disk)" in text

@@ -208,8 +208,9 @@ def test_public_words_are_what_clients_see():
     from ollapy.server.errors import message_for
 
     exc = ModelNotFound("model 'x' not found: not in the store /srv/store", hint="aliases: a, b",
-                        public="model 'x' not found")
-    assert message_for(exc) == "model 'x' not found (try `ollapy pull NAME`)"
+                        public="model 'x' not found", name="x")
+    assert message_for(exc) == "model 'x' not found (try `ollapy pull x`)"  # the model asked for, not a placeholder
+    assert message_for(ModelNotFound("model 'y' not found")) == "model 'y' not found (try `ollapy pull NAME`)"
     assert message_for(ModelLoadError("/srv/m.gguf: not a readable GGUF file", hint="re-pull the model")) == \
         "<path>: not a readable GGUF file (re-pull the model)"
 

@@ -190,12 +190,15 @@ def _dur(ns: int) -> str:
 
 
 def format_stats(m: dict, *, with_load: bool = True) -> str:
-    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse.
+    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse; the prompt eval rate counts
+    only the tokens evaluated (``prompt_eval_count`` minus those reused from the cache).
 
     ``with_load=False`` leaves out the ``load duration`` line (a batch prints
     the one load once, not as 0 for every later answer).
     """
-    pe_rate = m["prompt_eval_count"] / (m["prompt_eval_duration"] / 1e9) if m.get("prompt_eval_duration") else 0.0
+    # the rate of the tokens actually evaluated: reused (cached) prompt tokens took no prefill time
+    evaluated = m["prompt_eval_count"] - m.get("prompt_cache_tokens", 0)
+    pe_rate = evaluated / (m["prompt_eval_duration"] / 1e9) if m.get("prompt_eval_duration") else 0.0
     ev_rate = m["eval_count"] / (m["eval_duration"] / 1e9) if m.get("eval_duration") else 0.0
     lines = [
         f"total duration:       {_dur(m['total_duration'])}",

@@ -21,9 +21,11 @@ Rule (:class:`ThreadBudget`): ``n = min(configured, max(1, n_cpu - others))``
 where ``n_cpu`` is the CPUs this process may run on (``sched_getaffinity``) and
 ``others`` the runnable tasks on the machine that are not this process's
 threads (the running count of ``/proc/loadavg`` minus this process's threads in
-state ``R`` from ``/proc/self/task/*/stat``). It is sampled at most every
-``interval`` seconds and a new count is applied only when two samples in a row
-agree, so one short spike does not flip it. Only when ``num_thread`` is left to
+state ``R`` from ``/proc/self/task/*/stat``). The first count comes from
+one sample when the engine starts (:meth:`ThreadBudget.prime`: a one-shot CLI
+request on a loaded machine is short and must not run on the wrong count);
+after that it is sampled at most every ``interval`` seconds and a new count is
+applied only when two samples in a row agree, so one short spike does not flip it. Only when ``num_thread`` is left to
 ollapy (0); an explicit ``num_thread`` is always used as it is. Where ``/proc``
 is missing (macOS, Windows) the configured count is kept.
 """
@@ -77,7 +79,7 @@ class ThreadBudget:
     others_runnable)`` (read by tests and the debug log).
     """
 
-    def __init__(self, configured: int, adaptive: bool = True, *, interval: float = 0.5,
+    def __init__(self, configured: int, adaptive: bool = True, *, interval: float = 0.25,
                  n_cpu: int | None = None, read_others: Callable[[], int | None] = read_others_runnable,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.configured = max(1, configured)
@@ -90,6 +92,16 @@ class ThreadBudget:
         self._candidate: int | None = None
         self.current = self.configured
         self.changes: list[tuple[float, int, int]] = []
+
+    def prime(self) -> int:
+        """Set the lowered count from one sample now (no second sample needed for the first decision)."""
+        if self.adaptive:
+            others = self._read_others()
+            if others is not None and self.wanted(others) != self.current:
+                self.current = self.wanted(others)
+                self.changes.append((self._clock(), self.current, others))
+            self._next = self._clock() + self.interval
+        return self.current
 
     def wanted(self, others: int) -> int:
         """Threads for ``others`` runnable foreign tasks: ``min(configured, max(1, n_cpu - others))``."""

@@ -19,7 +19,10 @@ prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
 ``num_keep`` tokens differs from a fresh prefill of the same tokens (it was
 computed with the discarded tokens in view), so a later request on that slot
 reuses at most the kept prefix (``Slot.exact``), and shifted KV is never saved
-to the prompt cache. Reuse therefore never changes what a request generates.
+to the prompt cache. Reuse therefore never puts KV into a slot that a fresh
+prefill of the same tokens would not compute. (Logits can still differ in
+their last bits between a short tail and a cold prefill, since llama.cpp's
+kernels group work by batch size; greedy output differs only at near-ties.)
 
 Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
 joined engine frees llama.cpp's context (a free under a running
@@ -80,6 +83,7 @@ class Engine:
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
                                           adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
+        self.thread_budget.prime()
         self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
         self._thread.start()
 

@@ -321,6 +321,12 @@ class ToolsBody(Body):
     def _tool_choice(cls, v: Any) -> tuple[str, str | None]:
         return read_tool_choice(v)
 
+    @model_validator(mode="after")
+    def _choice_needs_tools(self) -> ToolsBody:
+        if self.choice[0] == "required" and not self.tools:  # OpenAI: only allowed when tools are specified
+            raise OptionError("tool_choice requires tools", hint="send the functions in tools, or leave tool_choice out")
+        return self
+
     @property
     def choice(self) -> tuple[str, str | None]:
         """``(mode, function name or None)``: mode ``auto`` (the default, Ollama's only one), ``none`` or

@@ -63,10 +63,11 @@ def message_for(exc: BaseException) -> str:
     server paths, no catalogue listing; unknown models get a pull hint);
     every other message has its absolute paths replaced (:func:`redact_paths`).
     """
+    pull = f" (try `ollapy pull {getattr(exc, 'name', None) or 'NAME'}`)"
     if isinstance(exc, OllapyError) and exc.public:
-        return exc.public + (" (try `ollapy pull NAME`)" if isinstance(exc, ModelNotFound) else "")
+        return exc.public + (pull if isinstance(exc, ModelNotFound) else "")
     if isinstance(exc, ModelNotFound) and not exc.hint:
-        return redact_paths(f"{exc.message} (try `ollapy pull NAME`)")
+        return redact_paths(f"{exc.message}{pull}")
     return redact_paths(describe(exc))
 
 

@@ -199,6 +199,6 @@ async def model(model: str, request: Request):
         for m in ms:
             if not m.broken and (m.name == model or m.name == f"{model}:latest"):
                 return _model_obj(m.name, m.modified)
-        raise ModelNotFound(f"model {model!r} not found")
+        raise ModelNotFound(f"model {model!r} not found", name=model)
     except Exception as exc:  # noqa: BLE001
         return err(exc)

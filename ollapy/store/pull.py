@@ -120,7 +120,8 @@ def not_found(name: ModelName, why: str = "") -> ModelNotFound:
     looked = f"not in the store {config.models_dir()}, not in the catalogue {catalogue.catalogue_dir()}"
     return ModelNotFound(f"model {name.display()!r} not found: {looked}" + (f", {why}" if why else ""),
                          hint=f"run `ollapy list` to see local models; catalogue aliases: {shown or 'none'}",
-                         public=f"model {name.display()!r} not found")  # HTTP: no store paths, no listing
+                         public=f"model {name.display()!r} not found",  # HTTP: no store paths, no listing
+                         name=name.display())
 
 
 def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,
