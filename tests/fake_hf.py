@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote
 
 from fake_registry import sha256_path
+from quiet_http import QuietHTTPServer
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -25,7 +26,7 @@ class FakeHF:
         self.repos = repos
         self.sha: dict[Path, str] = {}
         self.requests: list[str] = []
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = QuietHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 

@@ -15,8 +15,10 @@ import json
 import threading
 import time
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
+
+from quiet_http import QuietHTTPServer
 
 MT = "application/vnd.ollama.image."
 
@@ -44,7 +46,7 @@ class FakeRegistry:
         self.rate: float = 0.0  # when > 0: bytes per second per response (paced like a network link)
         self.cache: dict[str, bytes] = {}
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server = QuietHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
