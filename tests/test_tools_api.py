@@ -254,3 +254,27 @@ def test_modelfile_tool_parser_parameter_is_checked():
     assert parse_modelfile("FROM x.gguf\nPARAMETER tool_parser Mistral\n").parameters == {"tool_parser": "mistral"}
     with pytest.raises(UsageError, match="tool_parser must be one of auto, hermes, llama3, mistral, generic"):
         parse_modelfile("FROM x.gguf\nPARAMETER tool_parser xml\n")
+
+
+def test_auto_calls_stream_through_both_clients(api):
+    """``tool_choice`` auto (nothing forced): the model's own output, made a bare JSON call here by ``format`` /
+    ``response_format``, is parsed while it streams (smol-json's generic family) into Ollama chunks and OpenAI
+    deltas."""
+    from ollapy.reply import forced_call_schema
+
+    schema = forced_call_schema(TOOLS, "get_weather")
+    chunks = list(_ollama_chat(api, stream=True, model="smol-json", messages=ASK, tools=TOOLS, format=schema))
+    calls = [c for ch in chunks for c in (ch.message.tool_calls or [])]
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    jsonschema.validate(dict(calls[0].function.arguments), WEATHER)
+    assert chunks[-1].done and chunks[-1].done_reason == "stop" and "".join(c.message.content for c in chunks) == ""
+    stream = api.oai.chat.completions.create(
+        model="smol-json", messages=ASK, tools=TOOLS, stream=True, temperature=0, max_tokens=64,
+        response_format={"type": "json_schema", "json_schema": {"name": "call", "schema": schema}},
+        extra_body={"options": {"repeat_penalty": 1.0}})
+    parts = list(stream)
+    deltas = [tc for p in parts if p.choices for tc in (p.choices[0].delta.tool_calls or [])]
+    assert deltas and deltas[0].function.name == "get_weather" and deltas[0].id.startswith("call_")
+    args = json.loads("".join(d.function.arguments or "" for d in deltas))
+    jsonschema.validate(args, WEATHER)
+    assert [p.choices[0].finish_reason for p in parts if p.choices and p.choices[0].finish_reason] == ["tool_calls"]
