@@ -223,7 +223,7 @@ def _one_error_line(proc) -> str:
     err = proc.stderr.decode()
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert "Traceback" not in err, err
-    assert 1 <= len(lines) <= 2, err  # the error, at most a hint line
+    assert len(lines) == 1, err  # one line: the error with its hint in parentheses
     assert lines[0].lower().startswith("error: "), err
     return lines[0]
 
