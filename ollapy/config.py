@@ -87,6 +87,20 @@ PULL_RETRIES = _setting(
 )
 
 
+RPC = _setting(
+    "OLLAPY_RPC",
+    "",
+    "Default `rpc` option: RPC servers (host:port, comma-separated) whose devices take model layers; "
+    "such models run in a child runner process.",
+)
+RUNNER = _setting(
+    "OLLAPY_RUNNER",
+    "auto",
+    "Where models run: auto (in this process; models that use RPC servers in a child runner process), "
+    "or process (every model in a child runner process, so a crash in llama.cpp ends only that model).",
+)
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _BOOL_TEXT = "a boolean: 1, 0, true, false, yes, no, on or off"
@@ -286,6 +300,22 @@ def extra_bufts() -> str:
     return _choice(EXTRA_BUFTS, ("auto", "on", "off"))
 
 
+def rpc() -> str:
+    """``OLLAPY_RPC`` normalized (``"host:port,host:port"``, ``""`` = none); raises SettingError."""
+    from .errors import OptionError
+    from .rpc_endpoint import parse_endpoints
+
+    try:
+        return ",".join(parse_endpoints(RPC.raw()))
+    except OptionError:
+        raise invalid(RPC, "HOST:PORT items separated by commas, e.g. 192.168.1.10:50052") from None
+
+
+def runner() -> str:
+    """``auto`` or ``process`` (see :data:`RUNNER`); raises SettingError."""
+    return _choice(RUNNER, ("auto", "process"))
+
+
 ACCESSORS: dict[str, Callable[[], object]] = {}
 
 
@@ -398,7 +428,7 @@ ACCESSORS.update({
     NOHISTORY.env: nohistory, TEST_MODELS.env: _test_models_raw, REGISTRY.env: registry_url,
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
-    ORIGINS.env: origins, MAX_BODY.env: max_body,
+    ORIGINS.env: origins, MAX_BODY.env: max_body, RPC.env: rpc, RUNNER.env: runner,
 })
 
 

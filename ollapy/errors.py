@@ -78,6 +78,24 @@ class Cancelled(OllapyError):
     status = 499
 
 
+class RunnerError(OllapyError):
+    """A model's runner process died or stopped answering (for example ggml aborted after a lost RPC server).
+    Only that request fails; the next one reloads the model. HTTP 502, exit 1."""
+
+    status = 502
+
+
+class RpcUnavailable(OllapyError):
+    """An RPC server named in ``rpc`` could not be reached or failed the handshake (checked before any ggml call,
+    whose client would abort the process). ``endpoint``: the HOST:PORT at fault. HTTP 502, exit 1."""
+
+    status = 502
+
+    def __init__(self, message: str, hint: str = "", *, public: str | None = None, endpoint: str = "") -> None:
+        super().__init__(message, hint, public=public)
+        self.endpoint = endpoint
+
+
 class DownloadError(OllapyError):
     """A pull failed (network, digest mismatch, disk)."""
 

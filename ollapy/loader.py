@@ -91,7 +91,7 @@ def resolve(name: str, *, pull: bool = False, allow_paths: bool = False):
 def base_options(ref, overrides: dict | None = None) -> Options:
     """Defaults (from OLLAPY_* settings) < the model's parameters < ``overrides``; raises OptionError."""
     base = Options(num_ctx=config.num_ctx(), num_parallel=config.num_parallel(), num_thread=config.num_thread(),
-                   extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type())
+                   extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type(), rpc=config.rpc())
     return base.merged(dict(getattr(ref, "parameters", None) or {})).merged(overrides or {})
 
 

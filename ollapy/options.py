@@ -26,7 +26,8 @@ from .errors import OptionError
 
 log = logging.getLogger("ollapy.options")
 
-LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_parallel", "kv_cache_type", "flash_attn", "extra_bufts")
+LOAD_OPTIONS = ("num_ctx", "num_batch", "num_gpu", "num_thread", "num_parallel", "kv_cache_type", "flash_attn", "extra_bufts",
+                "rpc", "tensor_split")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class Options:
     kv_cache_type: str = "f16"
     flash_attn: str = "auto"
     extra_bufts: str = "auto"
+    # RPC servers whose devices take model layers ("host:port,host:port"; "" = none), as llama.cpp's --rpc
+    rpc: str = ""
+    # proportions of the offloaded layers per device ("3,1"; "" = by free memory), as llama.cpp's --tensor-split
+    tensor_split: str = ""
     # request-time
     num_keep: int = -1
     num_predict: int = -1
@@ -189,12 +194,35 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
                 raise OptionError(f"option {name} must be at least {low:g}, got {out}" if low else
                                   f"option {name} must not be negative, got {out}")
             return out
+        if name == "rpc":
+            from .rpc_endpoint import parse_endpoints
+
+            return ",".join(parse_endpoints(str(value)))
+        if name == "tensor_split":
+            return _tensor_split(str(value))
         s = str(value).strip().lower()
         if name in _CHOICES and s not in _CHOICES[name]:
             raise OptionError(f"option {name} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
         return s
     except (ValueError, TypeError):
         raise OptionError(f"option {name} expects {'a list of strings' if name == 'stop' else typ}, got {value!r}") from None
+
+
+def _tensor_split(text: str) -> str:
+    parts = [p.strip() for p in text.replace("/", ",").split(",") if p.strip()]
+    try:
+        vals = [float(p) for p in parts]
+    except ValueError:
+        vals = [-1.0]
+    if any(v < 0 or v != v or v == float("inf") for v in vals) or (vals and not any(vals)):
+        raise OptionError(f"option tensor_split must be non-negative proportions with one above 0, got {text!r}",
+                          hint="e.g. -o tensor_split=3,1")
+    return ",".join(f"{v:g}" for v in vals)
+
+
+def tensor_split_values(text: str) -> list[float]:
+    """``tensor_split`` text (``"3,1"``) -> floats, one per device in llama.cpp's device order; ``""`` -> []."""
+    return [float(p) for p in text.split(",") if p.strip()]
 
 
 def api_options(values: Any) -> dict[str, Any]:
