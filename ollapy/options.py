@@ -14,7 +14,8 @@ Two readings, on purpose: the CLI (``-o``, ``/set parameter``) and Modelfile
 since there it is a user's typo), while the HTTP API is lenient as Ollama's
 server is (:func:`api_options`: unknown names are logged and skipped, nulls
 skipped, names Ollama's clients still send but ollapy has no use for
-(:data:`COMPAT_OPTIONS`) accepted without effect; only a wrong type is an error).
+(:data:`COMPAT_OPTIONS`) accepted without effect; only a wrong type is an error, and
+``rpc``, which only the server's operator sets: :data:`SERVER_ONLY_OPTIONS`).
 """
 from __future__ import annotations
 
@@ -121,6 +122,8 @@ COMPAT_OPTIONS = {
     "rope_frequency_base": "float", "rope_frequency_scale": "float", "tfs_z": "float", "penalize_newline": "bool",
 }
 _noted_compat: set[str] = set()
+#: Options an HTTP request may not set: ``rpc`` would make the server connect to any host a client names.
+SERVER_ONLY_OPTIONS = ("rpc",)
 
 
 def predict_limit(num_predict: int, n_ctx_train: int) -> int:
@@ -243,6 +246,10 @@ def api_options(values: Any) -> dict[str, Any]:
     for name, value in values.items():
         if value is None:
             continue
+        if name in SERVER_ONLY_OPTIONS:
+            raise OptionError(f"option {name} cannot be set by a request",
+                              hint="the server's operator sets it: `ollapy serve -o rpc=…`, OLLAPY_RPC, or "
+                                   "PARAMETER rpc in a Modelfile")
         if name in _TYPES:
             out[name] = coerce_option(name, value)
         elif name in COMPAT_OPTIONS:

@@ -25,10 +25,11 @@ libs = [f for f in dist.files or [] if "libggml-rpc" in f.name]
 sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
-if has_rpc; then
+KEY=$(printf '%s %s' "$VERSION" "$ARGS" | sha1sum | cut -c1-12)
+MARK="$(dirname "$PY")/../.ollapy-llama-build"  # which build this venv has: version + flags hash
+if [ "$(cat "$MARK" 2>/dev/null || true)" = "$KEY" ] && has_rpc; then
   exit 0
 fi
-KEY=$(printf '%s %s' "$VERSION" "$ARGS" | sha1sum | cut -c1-12)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/wheels/llama-cpp-python-$VERSION-$KEY"
 WHEEL=$(ls "$CACHE"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$WHEEL" ]; then
@@ -47,3 +48,4 @@ if ! has_rpc; then
   echo "error: $WHEEL has no libggml-rpc; delete $CACHE and run again" >&2
   exit 1
 fi
+echo "$KEY" > "$MARK"

@@ -10,8 +10,34 @@ import typer
 from .. import __version__, config
 
 
-def collect_info() -> dict:
-    """Everything ``info`` prints, as a dict (loads llama.cpp, not a model)."""
+def collect_rpc(endpoints: str) -> dict:
+    """``{"supported": bool, "servers": [{"endpoint", "devices": [...]}, ...]}`` for ``info``.
+
+    ``endpoints``: the ``rpc`` setting (``host:port,…``). Each is checked with the handshake first
+    (:func:`ollapy.rpc_endpoint.probe_endpoint`), so an unreachable one is an entry with ``error``, never an abort.
+    """
+    from ..engine import rpc
+    from ..errors import RpcUnavailable
+    from ..rpc_endpoint import parse_endpoints, probe_endpoint
+
+    out: dict = {"supported": rpc.supports_rpc(), "servers": []}
+    for ep in parse_endpoints(endpoints):
+        entry: dict = {"endpoint": ep}
+        if not out["supported"]:
+            entry["error"] = "this build has no RPC backend"
+        else:
+            try:
+                entry["protocol"] = ".".join(map(str, probe_endpoint(ep)))
+                entry["devices"] = [rpc.describe_device(d) for d in rpc.remote_devices([ep])]
+            except RpcUnavailable as exc:
+                entry["error"] = str(exc)
+        out["servers"].append(entry)
+    return out
+
+
+def collect_info(rpc_endpoints: str = "") -> dict:
+    """Everything ``info`` prints, as a dict (loads llama.cpp, not a model); ``rpc_endpoints`` as in
+    :func:`collect_rpc`."""
     from ..engine import bindings as backend
 
     use, reason = backend.choose_extra_bufts(config.extra_bufts())
@@ -32,12 +58,23 @@ def collect_info() -> dict:
             "state": str(config.state_dir()),
         },
         "host": config.host(),
+        "rpc": collect_rpc(rpc_endpoints),
     }
 
 
-def info(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
-    """Show versions, backends (CPU/CUDA/Metal/Vulkan devices), the CPU safety choice and paths."""
-    data = collect_info()
+def _fmt_mem(d: dict) -> str:
+    return f"{d['free'] / 2**30:.1f}/{d['total'] / 2**30:.1f} GiB free" if d["total"] else ""
+
+
+def info(
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+    rpc: str = typer.Option("", "--rpc", metavar="HOST:PORT[,HOST:PORT...]",
+                            help="RPC servers to list with their devices (default: OLLAPY_RPC)."),
+) -> None:
+    """Show versions, backends (CPU/CUDA/Metal/Vulkan devices, RPC), the CPU safety choice and paths."""
+    from ..options import coerce_option
+
+    data = collect_info(coerce_option("rpc", rpc) if rpc else config.rpc())
     if as_json:
         typer.echo(json.dumps(data, indent=2))
         return
@@ -51,8 +88,14 @@ def info(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -
         "devices:",
     ]
     for d in data["devices"]:
-        mem = f"{d['free'] / 2**30:.1f}/{d['total'] / 2**30:.1f} GiB free" if d["total"] else ""
-        lines.append(f"  {d['name']:<10} {d['description']}  {mem}".rstrip())
+        lines.append(f"  {d['name']:<10} {d['description']}  {_fmt_mem(d)}".rstrip())
+    rpc_info = data["rpc"]
+    lines.append(f"rpc:               {'yes' if rpc_info['supported'] else 'no (build without -DGGML_RPC=ON)'}")
+    for srv in rpc_info["servers"]:
+        if "error" in srv:
+            lines.append(f"  {srv['endpoint']}  error: {srv['error']}")
+        for d in srv.get("devices", []):
+            lines.append(f"  {srv['endpoint']}  {d['name']:<6} {_fmt_mem(d)}".rstrip())
     lines += [
         f"system info:       {data['system_info']}",
         f"models dir:        {data['paths']['models']}",

@@ -74,6 +74,36 @@ class ContextConfig:
     kv_cache_type: str = "f16"
     flash_attn: str = "auto"
     extra_bufts: str = "auto"
+    rpc: tuple[str, ...] = ()  # RPC servers ("host:port") whose devices take layers (see .rpc)
+    tensor_split: tuple[float, ...] = ()  # proportions per device in .rpc.model_devices order; () = by free memory
+
+
+def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
+    """Set ``mp``'s devices, ``n_gpu_layers`` and ``tensor_split``; return (offloading, device facts, the ctypes
+    arrays ``mp`` points into, which must live until the model is loaded)."""
+    from . import rpc
+
+    keep: list = []
+    facts: list[dict] = []
+    if cfg.rpc:
+        from ..rpc_endpoint import check_endpoints
+
+        check_endpoints(cfg.rpc)  # ggml's client aborts the process on a refused or failed connection
+        devs = rpc.model_devices(cfg.rpc)
+        arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
+        mp.devices = ctypes.cast(arr, ctypes.c_void_p).value
+        keep.append(arr)
+        facts = [rpc.describe_device(d) for d in devs]
+        offload = True
+    else:
+        offload = bool(rpc.local_gpus())
+    mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
+    if cfg.tensor_split:
+        n = C.llama_max_devices()
+        split = (ctypes.c_float * n)(*list(cfg.tensor_split)[:n])
+        mp.tensor_split = split
+        keep.append(split)
+    return offload, facts, keep
 
 
 class Backend:
@@ -98,12 +128,12 @@ class Backend:
         self.cfg = cfg
         self.extra_bufts, self.extra_bufts_reason = choose_extra_bufts(cfg.extra_bufts)
         mp = C.llama_model_default_params()
-        offload = C.llama_supports_gpu_offload()
-        mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
+        offload, self.devices, placement_arrays = _placement(mp, cfg)
         mp.use_extra_bufts = self.extra_bufts
         # Ctrl-C is deferred while llama.cpp works (it would be swallowed in a ctypes callback) and raised here
         with deferred_sigint() as interrupted:
             self.model = _load_model(path, mp, interrupted)
+            del placement_arrays  # llama.cpp copied the device list and split while loading
             if interrupted.is_set():
                 self.close()
                 raise KeyboardInterrupt

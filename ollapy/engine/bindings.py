@@ -136,9 +136,13 @@ def system_info() -> str:
 
 
 def supports_gpu_offload() -> bool:
-    """True when this build of llama.cpp can offload layers to a GPU."""
-    init_backend()
-    return bool(C.llama_supports_gpu_offload())
+    """True when this machine has a GPU this build of llama.cpp can offload layers to.
+
+    Not ``llama_supports_gpu_offload``: that is also true for any build with the RPC backend, GPU or not.
+    """
+    from .rpc import local_gpus
+
+    return bool(local_gpus())
 
 
 def build_has_amx() -> bool:

@@ -19,17 +19,16 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import chat
 from ..errors import OptionError
-from ..options import Options
+from ..options import Options, tensor_split_values
 from .backend import Backend, ContextConfig
 from .engine import Engine
 from .planner import common_prefix
-from .request import Request
+from .request import Prompt, Request
 from .templating import json_schema_grammar, render_chat_template, template_mentions_tools
 
 if TYPE_CHECKING:
@@ -37,21 +36,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("ollapy.engine")
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """Prompt tokens plus the positions the engine cares about.
-
-    ``keep``: tokens of BOS + system prompt (protected on a context shift);
-    ``save_points``: prefix lengths worth saving in the prompt cache.
-    """
-
-    tokens: list[int]
-    keep: int
-    save_points: tuple[int, ...]
-    text: str
-    truncated: bool = False
 
 
 class LoadedModel:
@@ -72,7 +56,8 @@ class LoadedModel:
         self.backend = Backend(path, ContextConfig(
             n_parallel=options.num_parallel, num_ctx=options.num_ctx, num_batch=options.num_batch,
             num_gpu=options.num_gpu, num_thread=options.num_thread, kv_cache_type=options.kv_cache_type,
-            flash_attn=options.flash_attn, extra_bufts=options.extra_bufts))
+            flash_attn=options.flash_attn, extra_bufts=options.extra_bufts,
+            rpc=tuple(e for e in options.rpc.split(",") if e), tensor_split=tuple(tensor_split_values(options.tensor_split))))
         self.architecture = self.backend.meta("general.architecture") or "unknown"
         override = template if template and ("{%" in template or "messages" in template) else None
         self.template = chat.select_template(self.backend.chat_template(), self.architecture, override)
@@ -316,6 +301,7 @@ class LoadedModel:
             "flash_attn": b.flash_attn,
             "can_shift": b.can_shift,
             "threads": b.threads,
+            "devices": b.devices,
         }
 
     def __enter__(self) -> LoadedModel:
