@@ -156,6 +156,17 @@ def test_stats_persist_across_processes(tmp_path):
     assert aggregate(tmp_path)["misses"] == 3
 
 
+def test_stats_of_a_replica_on_another_host_are_never_folded(tmp_path):
+    """A cache directory on network storage: a pid from another host says nothing about that process here."""
+    d = tmp_path / "stats"
+    d.mkdir()
+    other = d / "999999999-y.json"
+    other.write_text('{"pid": 999999999, "host": "another-host.invalid", "misses": 4}')
+    for _ in range(2):  # summed every time, and never folded (which would count it twice once it rewrites)
+        assert aggregate(tmp_path)["misses"] == 4
+        assert other.exists() and not (d / "total.json").exists()
+
+
 def test_model_sha_is_memoized(tmp_path):
     f = tmp_path / "model.gguf"
     f.write_bytes(b"GGUF" + b"\0" * 1000)

@@ -3,12 +3,15 @@
 Each process rewrites its own ``<root>/stats/<pid>-<nonce>.json`` atomically
 (at most once a second, and at exit). ``ollapy cache stats`` sums every file;
 files of processes that are gone are folded into ``total.json`` under an
-``O_EXCL`` lock file, so the directory stays small.
+``O_EXCL`` lock file, so the directory stays small. Each file names its host:
+a process counts as gone only when it ran on this host (replicas on other hosts
+may share the directory over network storage; their pids mean nothing here).
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -16,6 +19,8 @@ from pathlib import Path
 
 from ..fsutil import write_atomically
 from .tiers import pid_alive
+
+_HOST = socket.gethostname()
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
             "bytes_stored", "bytes_written", "files_written", "corrupt")
@@ -93,7 +98,7 @@ class Stats:
         if self._file is None or not self._dirty:
             return
         with self._lock:
-            data = dict(self.c, pid=os.getpid())
+            data = dict(self.c, pid=os.getpid(), host=_HOST)
             self._dirty = False
         self._last_save = time.monotonic()
         try:
@@ -134,7 +139,8 @@ def aggregate(root: Path, compact: bool = True) -> dict:
                 if p.name == "total.json":
                     folded[k] += v
             pid = data.get("pid")
-            if locked and p.name != "total.json" and isinstance(pid, int) and not pid_alive(pid):
+            here = data.get("host", _HOST) == _HOST
+            if locked and p.name != "total.json" and isinstance(pid, int) and here and not pid_alive(pid):
                 for k in COUNTERS:
                     folded[k] += int(data.get(k, 0) or 0)
                 dead.append(p)
