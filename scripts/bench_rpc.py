@@ -11,6 +11,8 @@ times from the same prompt with the prompt cache off. Reported per layout:
   byte-counting TCP relay inside the worker (the relay's copying would slow the timed pass, so timing runs
   without it): counters are read at the first streamed chunk and at the last.
 
+Every layout runs with flash attention off (the CPU default here; with offload devices llama.cpp would
+choose, and a different attention path changes the last bits of the logits, so greedy texts could part).
 The servers run with ``--threads`` CPU threads each; two servers on one host take turns (layers run in
 order), so they do not compete for cores. Target rows: each RPC layout's greedy text equals the local one
 (``ok``/``MISSED``); the script exits 1 when one is missed. Speed rows have no target here: they show what
@@ -98,7 +100,7 @@ def worker(args) -> None:
     if args.relay and endpoints:
         relays = [Relay((e.rsplit(":", 1)[0], int(e.rsplit(":", 1)[1]))) for e in endpoints]
         endpoints = [f"127.0.0.1:{r.port}" for r in relays]
-    opts = Options(num_ctx=1024, num_thread=args.threads, rpc=",".join(endpoints), temperature=0.0,
+    opts = Options(num_ctx=1024, num_thread=args.threads, rpc=",".join(endpoints), flash_attn="off", temperature=0.0,
                    repeat_penalty=1.0, num_predict=args.tokens, seed=1)
     out: dict = {"rpc": args.rpc, "relay": bool(relays)}
     with LoadedModel(args.model, opts) as model:
