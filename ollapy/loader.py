@@ -88,11 +88,12 @@ def resolve(name: str, *, pull: bool = False, allow_paths: bool = False):
     return resolve_model(name, pull=pull)
 
 
-def base_options(ref, overrides: dict | None = None) -> Options:
-    """Defaults (from OLLAPY_* settings) < the model's parameters < ``overrides``; raises OptionError."""
+def base_options(ref, overrides: dict | None = None, *, defaults: dict | None = None) -> Options:
+    """Defaults (from OLLAPY_* settings) < ``defaults`` (a server's ``serve -o``) < the model's parameters <
+    ``overrides``; raises OptionError."""
     base = Options(num_ctx=config.num_ctx(), num_parallel=config.num_parallel(), num_thread=config.num_thread(),
                    extra_bufts=config.extra_bufts(), kv_cache_type=config.kv_cache_type(), rpc=config.rpc())
-    return base.merged(dict(getattr(ref, "parameters", None) or {})).merged(overrides or {})
+    return base.merged(defaults or {}).merged(dict(getattr(ref, "parameters", None) or {})).merged(overrides or {})
 
 
 def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int | None = None):

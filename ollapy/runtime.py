@@ -87,8 +87,9 @@ class Runtime:
     """The server's loaded models. Use :meth:`acquire` / :meth:`release` around each request."""
 
     def __init__(self, *, loader: Callable | None = None, resolver: Callable | None = None,
-                 max_models: int | None = None, allow_paths: bool = False) -> None:
+                 max_models: int | None = None, allow_paths: bool = False, defaults: dict | None = None) -> None:
         self.loader = loader or _default_loader
+        self.defaults = dict(defaults or {})  # `serve -o`: between OLLAPY_* and the model's parameters
         self.allow_paths = allow_paths
         self.resolver = resolver or self._resolve_name
         self.max_models = max_models or max_loaded()
@@ -136,10 +137,10 @@ class Runtime:
         return resolve(name, pull=False, allow_paths=self.allow_paths)
 
     def request_options(self, ref, values: dict | None) -> Options:
-        """Defaults < model parameters < request ``options``; raises OptionError."""
+        """Defaults (``OLLAPY_*``, then ``serve -o``) < model parameters < request ``options``; raises OptionError."""
         from .loader import base_options
 
-        return base_options(ref, values or {})
+        return base_options(ref, values or {}, defaults=self.defaults)
 
     async def acquire(self, name: str, values: dict | None = None, keep_alive: Any = None,
                       ref=None) -> tuple[Loaded, Options, int]:

@@ -193,3 +193,18 @@ def test_rpc_server_warns_off_loopback_refuses_a_taken_port_and_stops_on_ctrl_c(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_serve_option_sets_rpc_for_every_model_and_a_request_cannot(smollm2_path, tmp_path):
+    """`serve -o rpc=…` is the default of every model the server loads: an unreachable endpoint is a 502 naming it
+    (the pre-flight check, no abort: the server answers the next request); a request's own `rpc` is a 400."""
+    port = free_port()
+    bad = run_cli("serve", "-o", "rpc=nowhere", timeout=HANG_GUARD_S)
+    assert bad.returncode == 2 and len(bad.stderr.decode().splitlines()) == 1, bad.stderr.decode()
+    with live_server(tmp_path, "--allow-paths", "-o", f"rpc=127.0.0.1:{port}") as url:
+        body = {"model": str(smollm2_path), "prompt": PROMPT, "stream": False, "options": {"num_predict": 4}}
+        for _ in range(2):
+            r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
+            assert r.status_code == 502 and f"127.0.0.1:{port}" in r.json()["error"], r.text
+        r = httpx.post(f"{url}/api/generate", json={**body, "options": {"rpc": "10.0.0.1:1"}}, timeout=HANG_GUARD_S)
+        assert r.status_code == 400 and "cannot be set by a request" in r.json()["error"], r.text

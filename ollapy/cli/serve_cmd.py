@@ -19,14 +19,20 @@ def serve(
     host: str = typer.Option(None, "--host", help="Address to bind as host:port (default OLLAPY_HOST, 127.0.0.1:11435)."),
     allow_paths: bool = typer.Option(False, "--allow-paths",
                                      help="Accept absolute paths to .gguf files on this machine as model names."),
+    option: list[str] = typer.Option([], "--option", "-o", metavar="KEY=VALUE",
+                                     help="Default model option for every model this server loads (repeatable), e.g. "
+                                          "-o rpc=10.0.0.2:50052 or -o num_ctx=8192; a Modelfile's parameters and a "
+                                          "request's options override it."),
 ) -> None:
     """Start the Ollama- and OpenAI-compatible HTTP server (loopback only unless --host/OLLAPY_HOST says otherwise)."""
     import logging
 
     import uvicorn
 
+    from ..options import parse_options
     from ..server.app import create_app
 
+    defaults = parse_options(option)  # a typo is one line and exit 2 before anything binds
     if host:
         import os
 
@@ -46,7 +52,7 @@ def serve(
         raise typer.Exit(0)
 
     previous = signal.signal(signal.SIGTERM, _terminated)
-    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths), host=h, port=port,
+    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults), host=h, port=port,
                                            log_level="debug" if config.debug() else "warning",
                                            timeout_graceful_shutdown=5))
     try:

@@ -103,14 +103,14 @@ async def _too_large(send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False) -> FastAPI:
+def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, defaults: dict | None = None) -> FastAPI:
     """Build the app. ``runtime`` defaults to a new :class:`Runtime` from the OLLAPY_* settings.
 
     ``allow_paths`` lets requests name a model by an absolute path to a GGUF
     file on the server (``serve --allow-paths``); by default only store names.
     The lifespan's exit unloads every model through its one ``close()``.
     """
-    runtime = runtime or Runtime(allow_paths=allow_paths)
+    runtime = runtime or Runtime(allow_paths=allow_paths, defaults=defaults)
     metrics = Metrics(runtime)
     state = State(runtime, metrics)
 
