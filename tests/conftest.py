@@ -97,3 +97,21 @@ def live_server(base: Path, *serve_args: str, env: dict | None = None):
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+@contextlib.contextmanager
+def live_api(base: Path, gguf: Path, models: dict[str, dict]):
+    """A :func:`live_server` whose store holds ``models`` (name -> extra ``create()`` arguments such as
+    ``template``), each made from the GGUF at ``gguf`` uploaded once as a blob through the official ollama
+    client. Yields ``url``, ``oc`` (``ollama.Client``) and ``oai`` (``openai.OpenAI`` on ``/v1``)."""
+    from types import SimpleNamespace
+
+    import ollama
+    import openai
+
+    with live_server(base) as url:
+        oc = ollama.Client(host=url)
+        blob = oc.create_blob(gguf)
+        for name, extra in models.items():
+            oc.create(model=name, files={"model.gguf": blob}, **extra)
+        yield SimpleNamespace(url=url, oc=oc, oai=openai.OpenAI(base_url=url + "/v1", api_key="none"))

@@ -7,11 +7,9 @@ answer reasons, closes the section and answers: the split is known exactly.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import httpx
 import pytest
-from conftest import live_server
+from conftest import live_api
 from think_models import ANSWER, EXAMPLE, GREEDY, THINK_TEMPLATE, THINKING, Q
 
 ASK = [{"role": "user", "content": Q}]
@@ -19,15 +17,9 @@ ASK = [{"role": "user", "content": Q}]
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, smollm2_path):
-    import ollama
-    import openai
-
-    with live_server(tmp_path_factory.mktemp("think")) as url:
-        oc = ollama.Client(host=url)
-        blob = oc.create_blob(smollm2_path)
-        oc.create(model="smol", files={"model.gguf": blob})
-        oc.create(model="smol-think", files={"model.gguf": blob}, template=THINK_TEMPLATE, messages=EXAMPLE)
-        yield SimpleNamespace(url=url, oc=oc, oai=openai.OpenAI(base_url=url + "/v1", api_key="none"))
+    models = {"smol": {}, "smol-think": {"template": THINK_TEMPLATE, "messages": EXAMPLE}}
+    with live_api(tmp_path_factory.mktemp("think"), smollm2_path, models) as api:
+        yield api
 
 
 def _oai(api, **kw):

@@ -9,12 +9,11 @@ client's request helper, which parses the answers with its own types).
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import httpx
 import jsonschema
 import pytest
-from conftest import live_server
+from conftest import live_api
 
 HERMES = """{%- if tools %}<|im_start|>system
 You are a function calling AI model. You may call one or more functions. Function signatures are in <tools></tools> XML tags:
@@ -58,16 +57,10 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 64}
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, smollm2_path):
-    import ollama
-    import openai
-
-    with live_server(tmp_path_factory.mktemp("tools")) as url:
-        oc = ollama.Client(host=url)
-        blob = oc.create_blob(smollm2_path)
-        oc.create(model="smol", files={"model.gguf": blob})
-        oc.create(model="smol-tools", files={"model.gguf": blob}, template=HERMES)
-        oc.create(model="smol-json", files={"model.gguf": blob}, template=HERMES, parameters={"tool_parser": "generic"})
-        yield SimpleNamespace(url=url, oc=oc, oai=openai.OpenAI(base_url=url + "/v1", api_key="none"))
+    models = {"smol": {}, "smol-tools": {"template": HERMES},
+              "smol-json": {"template": HERMES, "parameters": {"tool_parser": "generic"}}}
+    with live_api(tmp_path_factory.mktemp("tools"), smollm2_path, models) as api:
+        yield api
 
 
 def _oai_chat(api, **kw):
