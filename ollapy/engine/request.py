@@ -67,6 +67,21 @@ class Chunk:
     logprobs: list[TokenLogprob] | None = None
 
 
+@dataclass(frozen=True)
+class Prompt:
+    """Prompt tokens plus the positions the engine cares about.
+
+    ``keep``: tokens of BOS + system prompt (protected on a context shift);
+    ``save_points``: prefix lengths worth saving in the prompt cache.
+    """
+
+    tokens: list[int]
+    keep: int
+    save_points: tuple[int, ...]
+    text: str
+    truncated: bool = False
+
+
 @dataclass
 class Request:
     """One generation: prompt tokens in, chunks out.
