@@ -96,14 +96,26 @@ def base_options(ref, overrides: dict | None = None, *, defaults: dict | None = 
     return base.merged(defaults or {}).merged(dict(getattr(ref, "parameters", None) or {})).merged(overrides or {})
 
 
-def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int | None = None):
+def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int | None = None,
+               isolated: bool | None = None):
     """Load ``ref`` with ``options`` and its prompt cache; returns an open LoadedModel.
+
+    ``isolated`` True loads it in a child runner process instead (:class:`ollapy.runner.process.ProcessModel`,
+    the same surface); None means: when ``OLLAPY_RUNNER=process``, or when ``options.rpc`` is set (llama.cpp's
+    RPC client aborts the process that loses a server).
 
     ``cache`` False loads without a prompt cache; ``write_back`` True (one CLI
     process per answer) writes RAM-only cache entries to disk when the model
     is closed. A cache that cannot be opened is logged and skipped: serving
     never depends on it. Raises ModelLoadError for files llama.cpp rejects.
     """
+    max_queue = config.max_queue() if max_queue is None else max_queue
+    if isolated is None:
+        isolated = config.runner() == "process" or bool(options.rpc)
+    if isolated:
+        from .runner.process import ProcessModel
+
+        return ProcessModel(ref, options, cache=cache, write_back=write_back, max_queue=max_queue)
     from .engine.model import LoadedModel
 
     prompt_cache = None
@@ -115,8 +127,7 @@ def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = 
         except Exception:  # noqa: BLE001 - a cache that cannot open never stops a model from loading
             log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
     return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=prompt_cache,
-                       max_queue=config.max_queue() if max_queue is None else max_queue,
-                       digest=getattr(ref, "digest", None))
+                       max_queue=max_queue, digest=getattr(ref, "digest", None))
 
 
 def close_all(timeout: float = 120.0) -> int:

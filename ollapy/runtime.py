@@ -159,6 +159,12 @@ class Runtime:
         load_ns = 0
         async with self._lock:
             entry = self.models.get(key)
+            if entry is not None and not getattr(entry.model, "alive", True):
+                # its runner process died (e.g. ggml aborted on a lost RPC server): its requests have failed;
+                # close what is left of it (the child is gone: nothing to drain) and load it again
+                log.warning("reloading %s: its runner process stopped", key)
+                await self._unload(entry)
+                entry = None
             if entry is not None and (entry.unloading or entry.options.load_key() != options.load_key()):
                 if not entry.unloading:
                     log.info("reloading %s: load options changed", key)

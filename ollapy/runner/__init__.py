@@ -1,0 +1,18 @@
+"""Crash isolation: a loaded model served by a child runner process.
+
+llama.cpp aborts the whole process on some failures (its RPC client calls
+``GGML_ABORT`` when a remote server is lost mid-request); no Python ``try``
+catches that. A model run isolated lives in a child process (as Ollama runs
+every model in a runner subprocess), so an abort kills only that child: its
+requests fail with :class:`~ollapy.errors.RunnerError` and the next request
+reloads the model.
+
+* :mod:`.process`: :class:`~.process.ProcessModel`, the parent's drop-in for
+  :class:`ollapy.engine.model.LoadedModel` (never imports llama_cpp).
+* :mod:`.child`: the child's entry point, ``python -m ollapy.runner.child FD``.
+* :mod:`.wire`: what crosses the socket besides engine objects: errors, model
+  facts, embedding results.
+
+:func:`ollapy.loader.open_model` picks the runner: isolated when
+``OLLAPY_RUNNER=process`` or the ``rpc`` option is set.
+"""

@@ -1,0 +1,211 @@
+"""The runner child: one model loaded in its own process, served to its parent over a socket.
+
+Started by :class:`ollapy.runner.process.ProcessModel` as
+``python -m ollapy.runner.child FD [NAME]`` (NAME only labels the process in ``ps``) where ``FD`` is its end of a socketpair,
+wrapped in a :class:`multiprocessing.connection.Connection` (pickled tuples,
+see :mod:`ollapy.runner.wire`). The first message is ``load``; the model is
+opened with the in-process path (:func:`ollapy.loader.open_model` with
+``isolated=False``) and the child answers ``ready`` with its
+:class:`~ollapy.runner.wire.ModelFacts`, or ``failed`` with the load error.
+
+Then the main thread reads messages in order: ``call`` runs on a small
+worker pool (prompt building, embeddings, figures); ``submit`` queues a
+generation and starts one forwarding thread that sends each chunk back as it
+comes; ``cancel`` cancels a generation by id; ``close`` closes the model (stop
+the engine, drain the prompt cache), answers with the number of states not
+saved and exits 0. End of file on the socket (the parent is gone) closes the
+model the same way and exits.
+
+The child never writes core dumps (RLIMIT_CORE 0), sets GGML_NO_BACKTRACE=1
+(ggml would otherwise run gdb on an abort) and runs in its own session, so a
+Ctrl-C in the terminal reaches only the parent. Its Python log records go to
+stderr as ``LEVEL logger: message`` lines, which the parent logs again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+
+from .wire import CALLS, BackendFacts, EmbeddingResult, ModelFacts, error_payload
+
+log = logging.getLogger("ollapy.runner")
+
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"  # parsed by the parent (ollapy.runner.process)
+
+
+class RunnerChild:
+    """The child's side of one connection: loads the model, serves calls and generations, closes."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.model = None  # ollapy.engine.model.LoadedModel once loaded
+        self.requests: dict[int, object] = {}  # id -> engine Request still streaming
+        self._forwarders: set[threading.Thread] = set()
+        self._send_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="runner-call")
+
+    def send(self, msg: tuple) -> bool:
+        """Send one message; False when the parent is gone (or the value cannot be pickled, logged)."""
+        try:
+            with self._send_lock:
+                self.conn.send(msg)
+            return True
+        except (OSError, ValueError):
+            return False
+        except Exception:  # noqa: BLE001 - a value that does not pickle: the caller gets an error instead
+            log.exception("runner: cannot send %s", msg[0])
+            if msg[0] == "result":
+                return self.send(("error", msg[1], error_payload(RuntimeError(f"cannot send the result of {msg[0]}"))))
+            return False
+
+    # ---- load ---------------------------------------------------------------------------------
+    def load(self, spec: dict) -> bool:
+        """Open the model of a ``load`` spec; answers ``ready`` or ``failed``. True when loaded."""
+        from ..loader import PathRef, open_model
+
+        r = spec["ref"]
+        ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"))
+        try:
+            model = open_model(ref, spec["options"], cache=spec["cache"], write_back=spec["write_back"],
+                               max_queue=spec["max_queue"], isolated=False)
+        except BaseException as exc:  # noqa: BLE001 - every load failure goes to the parent as its error
+            self.send(("failed", error_payload(exc)))
+            return False
+        self.model = model
+        cache = model.cache
+        facts = ModelFacts(
+            pid=os.getpid(), architecture=model.architecture, template=model.template,
+            backend=BackendFacts.of(model.backend), bos_text=model.bos_text, eos_text=model.eos_text,
+            supports_tools=model.supports_tools, supports_thinking=model.supports_thinking,
+            embedding_only=model.embedding_only, load_duration_ns=model.load_duration_ns, info=model.info(),
+            stats=model.engine.stats(), cache_block=getattr(cache, "block", None) if cache is not None else None,
+            cache_stats=cache.snapshot() if cache is not None else None)
+        return self.send(("ready", facts))
+
+    # ---- serving ------------------------------------------------------------------------------
+    def serve(self) -> int:
+        """Answer messages until ``close`` or end of file; returns the exit status (0)."""
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                log.debug("runner: parent gone, closing the model")
+                self.close_model(120.0)
+                return 0
+            except KeyboardInterrupt:  # only the parent signals us, and only during close
+                continue
+            kind = msg[0]
+            if kind == "call":
+                self._pool.submit(self._call, *msg[1:])
+            elif kind == "submit":
+                self._submit(*msg[1:])
+            elif kind == "cancel":
+                req = self.requests.get(msg[1])
+                if req is not None:
+                    req.cancel()
+            elif kind == "close":
+                unsaved = self.close_model(float(msg[2]))
+                self.send(("result", msg[1], unsaved))
+                return 0
+            else:
+                log.warning("runner: unknown message %r", kind)
+
+    def _call(self, cid: int, op: str, args: tuple, kwargs: dict) -> None:
+        model = self.model
+        try:
+            if op not in CALLS or model is None:
+                raise ValueError(f"unknown runner call {op!r}")
+            if op == "stats":
+                value = model.engine.stats()
+            elif op == "cache_snapshot":
+                value = model.cache.snapshot() if model.cache is not None else None
+            elif op == "embed":
+                value = EmbeddingResult.of(model.embed(*args, **kwargs))
+            else:
+                value = getattr(model, op)(*args, **kwargs)
+        except BaseException as exc:  # noqa: BLE001 - the caller re-raises it in the parent
+            self.send(("error", cid, error_payload(exc)))
+            return
+        self.send(("result", cid, value))
+
+    def _submit(self, rid: int, prompt, options, kwargs: dict) -> None:
+        try:
+            if self.model is None:
+                raise ValueError("no model loaded")
+            req = self.model.submit(prompt, options, **kwargs)
+        except BaseException as exc:  # noqa: BLE001
+            self.send(("error", rid, error_payload(exc)))
+            return
+        self.requests[rid] = req
+        self.send(("result", rid, None))
+        t = threading.Thread(target=self._forward, args=(rid, req), name=f"runner-forward-{rid}", daemon=True)
+        self._forwarders.add(t)
+        t.start()
+
+    def _forward(self, rid: int, req) -> None:
+        """Send each chunk of ``req`` as it comes, then its error if it ends with one."""
+        try:
+            for chunk in req:
+                if not self.send(("chunk", rid, chunk)):
+                    req.cancel()  # the parent is gone
+                    return
+        except BaseException as exc:  # noqa: BLE001
+            self.send(("fail", rid, error_payload(exc)))
+        finally:
+            self.requests.pop(rid, None)
+            self._forwarders.discard(threading.current_thread())
+
+    # ---- close --------------------------------------------------------------------------------
+    def close_model(self, timeout: float) -> int:
+        """Close the model (engine stopped, prompt cache drained within ``timeout`` s); returns states not
+        saved. A SIGINT from the parent during the drain stops it early (counted as not saved)."""
+        model, self.model = self.model, None
+        if model is None:
+            return 0
+        try:
+            unsaved = model.close(timeout)
+        except KeyboardInterrupt:
+            unsaved = model.unsaved_states
+        for t in list(self._forwarders):  # their last chunk or error goes out before the answer to close
+            t.join(timeout=5)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        return int(unsaved or 0)
+
+
+def prepare_process() -> None:
+    """No core dumps, no gdb backtrace from ggml on an abort."""
+    os.environ["GGML_NO_BACKTRACE"] = "1"
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ollapy.runner.child FD``: serve one model over the socket ``FD``; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    prepare_process()
+    conn = Connection(int(argv[0]))
+    try:
+        kind, spec = conn.recv()
+    except (EOFError, OSError, KeyboardInterrupt):
+        return 0
+    if kind != "load":
+        return 2
+    logging.basicConfig(level=spec.get("log_level", logging.WARNING), stream=sys.stderr, format=LOG_FORMAT)
+    child = RunnerChild(conn)
+    if not child.load(spec):
+        return 1
+    return child.serve()
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stderr.flush()
+    os._exit(code)  # the model is closed and its cache drained: nothing left for interpreter shutdown to join

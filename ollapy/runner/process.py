@@ -1,0 +1,529 @@
+"""The parent's side of a runner child: :class:`ProcessModel`, a drop-in for ``LoadedModel``.
+
+A :class:`ProcessModel` starts ``python -m ollapy.runner.child FD`` (its own
+session, no core dumps, GGML_NO_BACKTRACE=1), sends it the model to load and
+waits for ``ready``. It then offers what the CLI, the server, the runtime and
+the loader use on a loaded model: ``chat_prompt``, ``raw_prompt``, ``render``,
+``tokenize``, ``grammar_for``, ``submit``/``chat`` (a real
+:class:`~ollapy.engine.request.Request`: iterate it, ``async for`` it with
+``loop=``, ``result()``, ``cancel()``), ``embed``, ``info``, ``engine.stats()``,
+``cache.snapshot()``/``cache.block``, ``backend`` figures (:class:`BackendFacts`),
+``template``, capabilities, ``close``. Errors raised in the child come back as
+the same :class:`~ollapy.errors.OllapyError` subclass with the same words.
+
+Threads: one reader receives every message and settles calls or pushes
+chunks into their Request; one more reads the child's stderr (logged again
+here: Python records at their level, anything else, such as ggml's abort
+line, at debug) and keeps a short tail.
+
+Child death (end of file while it should be serving): every pending call and
+request fails with RunnerError ``model runner for NAME stopped (SIGABRT): <last
+stderr line>``; :attr:`ProcessModel.alive` turns false and later calls fail the
+same way. The runtime then drops the model and reloads it on the next request.
+
+Close order (:meth:`ProcessModel.close`, idempotent, also the context
+manager's exit): 1. send ``close`` and wait (bounded) for the child's answer,
+the number of prompt-cache states it could not save (the child stops its
+engine, drains its cache, frees the model); a Ctrl-C here is passed on as
+SIGINT (the drain stops early) and re-raised afterwards; 2. wait for the child
+to exit, kill it past a few seconds; 3. shut the socket down, join the reader
+and stderr threads, close the socket; 4. fail whatever is still pending.
+Nothing depends on garbage collection or atexit.
+
+This module never imports llama_cpp (the parent of an RPC model must not load
+ggml's RPC client).
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..engine.request import Prompt, Request
+from ..errors import DecodeError, OllapyError, OptionError, RunnerError
+from ..options import Options
+from .wire import EmbeddingResult, ModelFacts, error_from_payload, load_spec
+
+if TYPE_CHECKING:
+    import asyncio
+
+log = logging.getLogger("ollapy.runner")
+
+_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): (.*)$")
+CLOSE_GRACE_S = 10.0  # after the answer to close (or none), how long the child may take to exit before a kill
+
+
+class _Call:
+    """One call waiting for the child's answer (settled by the reader thread)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+        self.done.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The answer; raises the child's error, or TimeoutError past ``timeout`` s. Ctrl-C stays deliverable."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.done.wait(0.25):
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError("the model runner did not answer")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@dataclass
+class ProcessRequest(Request):
+    """A Request whose engine runs in a runner child: :meth:`cancel` also tells the child."""
+
+    runner: Any = field(default=None, repr=False, compare=False)
+
+    def cancel(self) -> None:
+        """Stop this request here and in the child (its slot is freed within one engine step there)."""
+        first = not self.cancelled
+        super().cancel()
+        if first and self.runner is not None:
+            self.runner._send_cancel(self.id)
+
+
+class RunnerEngine:
+    """``model.engine`` of a ProcessModel: :meth:`stats` only."""
+
+    def __init__(self, model: ProcessModel, stats: dict) -> None:
+        self._model = model
+        self._last = dict(stats)
+
+    def stats(self) -> dict:
+        """Slots, busy slots, queue depth, steps, requests done (as ``Engine.stats``); never raises: a dead or
+        silent runner gives the last figures with nothing busy or queued."""
+        if self._model.alive:
+            try:
+                self._last = self._model._call("stats", timeout=5.0)
+                return dict(self._last)
+            except (RunnerError, TimeoutError):
+                pass
+        return {**self._last, "slots_busy": 0, "queue_depth": 0}
+
+
+class RunnerCache:
+    """``model.cache`` of a ProcessModel whose child has a prompt cache: ``block`` and :meth:`snapshot`."""
+
+    def __init__(self, model: ProcessModel, block: int, stats) -> None:
+        self._model = model
+        self.block = block
+        self._last = stats
+
+    def snapshot(self):
+        """The child's :class:`ollapy.cache.stats.CacheStats`; the last one known when it is gone."""
+        if self._model.alive:
+            try:
+                self._last = self._model._call("cache_snapshot", timeout=5.0)
+            except (RunnerError, TimeoutError):
+                pass
+        return self._last
+
+
+class ProcessModel:
+    """One model loaded in a runner child. Same surface as ``LoadedModel`` for its callers; see the module doc.
+
+    Raises, from the constructor: RpcUnavailable (``options.rpc`` set and an
+    endpoint fails the handshake: no child is started), the child's load error
+    (ModelLoadError...), RunnerError when the child dies while loading.
+    """
+
+    def __init__(self, ref, options: Options, *, cache: bool = True, write_back: bool = False,
+                 max_queue: int = 512) -> None:
+        if options.rpc:
+            from ..rpc_endpoint import check_endpoints, parse_endpoints
+
+            check_endpoints(parse_endpoints(options.rpc))
+        self.options = options
+        self.path = Path(ref.path)
+        self.name = ref.name or self.path.name
+        self.digest = getattr(ref, "digest", None)
+        self.unsaved_states = 0
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()  # _calls, _requests, _dead
+        self._send_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._requests: dict[int, ProcessRequest] = {}
+        self._dead: RunnerError | None = None
+        self._closing = False
+        self._closed = False
+        self._tail: collections.deque[str] = collections.deque(maxlen=40)
+        self._reader: threading.Thread | None = None
+        self._proc, self._sock, self._conn = self._spawn()
+        self._stderr = threading.Thread(target=self._read_stderr, name=f"runner-stderr-{self.pid}", daemon=True)
+        self._stderr.start()
+        try:
+            facts = self._load(load_spec(ref, options, cache=cache, write_back=write_back, max_queue=max_queue,
+                                         log_level=logging.getLogger("ollapy").getEffectiveLevel()))
+        except BaseException as exc:
+            self._closed = True  # a load error: the child exits by itself; anything else (Ctrl-C): kill it now
+            self._stop_process(grace=CLOSE_GRACE_S if isinstance(exc, OllapyError) else 0.0, quiet=True)
+            raise
+        self.facts = facts
+        self.architecture = facts.architecture
+        self.template = facts.template
+        self.backend = facts.backend
+        self.bos_text, self.eos_text = facts.bos_text, facts.eos_text
+        self.load_duration_ns = facts.load_duration_ns
+        self.engine = RunnerEngine(self, facts.stats)
+        self.cache = RunnerCache(self, facts.cache_block, facts.cache_stats) if facts.cache_block else None
+        self._info = dict(facts.info)
+        self._reader = threading.Thread(target=self._read, name=f"runner-reader-{self.pid}", daemon=True)
+        self._reader.start()
+
+    # ---- process --------------------------------------------------------------------------------
+    def _spawn(self) -> tuple[subprocess.Popen, socket.socket, Connection]:
+        parent_sock, child_sock = socket.socketpair()
+        root = str(Path(__file__).resolve().parent.parent.parent)  # so the child imports this very ollapy
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "ollapy.runner.child", str(child_sock.fileno()), self.name],
+                                    pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child_sock.close()
+        return proc, parent_sock, Connection(os.dup(parent_sock.fileno()))
+
+    @property
+    def pid(self) -> int:
+        """The runner child's process id."""
+        return self._proc.pid
+
+    @property
+    def alive(self) -> bool:
+        """True while the child serves this model (false once it died or the model was closed)."""
+        return self._dead is None and not self._closed and self._proc.poll() is None
+
+    def _load(self, spec: dict) -> ModelFacts:
+        self._send(("load", spec))
+        while True:
+            try:
+                if not self._conn.poll(0.25):
+                    if self._proc.poll() is not None and not self._conn.poll(0):
+                        raise self._death_error()
+                    continue
+                kind, body = self._conn.recv()
+            except (EOFError, OSError):
+                raise self._death_error() from None
+            if kind == "ready":
+                return body
+            if kind == "failed":
+                raise error_from_payload(body)
+
+    def _read_stderr(self) -> None:
+        """Log the child's output: Python records again at their level, other lines at debug; keep a tail."""
+        stream = self._proc.stdout
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip()
+            if not line:
+                continue
+            m = _RECORD.match(line)
+            if m:
+                level = logging.getLevelName(m.group(1))
+                logging.getLogger(m.group(2)).log(level, "%s", m.group(3))
+                if level >= logging.WARNING:
+                    self._tail.append(m.group(3))
+            else:
+                log.debug("runner %s [%d]: %s", self.name, self.pid, line)
+                self._tail.append(line)
+        stream.close()
+
+    def _last_line(self) -> str:
+        """The last meaningful line the child printed (ggml's abort line, a Python error), trimmed."""
+        for line in reversed(self._tail):
+            text = line.strip()
+            if text and not text.startswith(("Traceback", "File ", "^")):
+                return text if len(text) <= 300 else text[:299] + "…"
+        return ""
+
+    def _death_error(self) -> RunnerError:
+        """The RunnerError for a child that stopped: how it ended and its last line."""
+        try:
+            rc = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            rc = None
+        self._stderr.join(timeout=2)  # the tail is complete once the child's output is closed
+        if rc is None:
+            how = "stopped answering"
+        elif rc < 0:
+            try:
+                how = f"stopped ({signal.Signals(-rc).name})"
+            except ValueError:
+                how = f"stopped (signal {-rc})"
+        else:
+            how = f"stopped (exit status {rc})"
+        line = self._last_line()
+        hint = "the next request reloads the model"
+        if self.options.rpc:
+            hint += f"; check the RPC servers {self.options.rpc}"
+        hint += "; set OLLAPY_DEBUG=1 to see the runner's log"
+        return RunnerError(f"model runner for {self.name} {how}" + (f": {line}" if line else ""), hint=hint)
+
+    # ---- messages -------------------------------------------------------------------------------
+    def _send(self, msg: tuple) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    def _read(self) -> None:
+        """The reader thread: settle calls, push chunks and errors into requests; on end of file, fail the rest."""
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # noqa: BLE001 - a message that does not unpickle: the stream is lost
+                log.exception("runner %s: unreadable message", self.name)
+                break
+            kind, mid, body = msg[0], msg[1], msg[2]
+            if kind in ("result", "error"):
+                with self._lock:
+                    call = self._calls.pop(mid, None)
+                if call is not None and kind == "result":
+                    call.settle(body)
+                elif call is not None:
+                    call.settle(None, error_from_payload(body))
+            elif kind == "chunk":
+                with self._lock:
+                    req = self._requests.get(mid) if not body.done else self._requests.pop(mid, None)
+                if req is not None:
+                    req.push(body)
+            elif kind == "fail":
+                with self._lock:
+                    req = self._requests.pop(mid, None)
+                if req is not None:
+                    req.push(error_from_payload(body))
+        if self._closing:
+            err = RunnerError(f"{self.name} was unloaded", hint="retry the request")
+        else:
+            err = self._death_error()
+            log.warning("%s", err.message)
+        self._fail_pending(err)
+
+    def _fail_pending(self, err: RunnerError) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = err
+            calls, self._calls = list(self._calls.values()), {}
+            reqs, self._requests = list(self._requests.values()), {}
+        for call in calls:
+            call.settle(None, err)
+        for req in reqs:
+            req.push(err)
+
+    def _register(self, mid: int, req: ProcessRequest | None = None) -> _Call:
+        call = _Call()
+        with self._lock:
+            if self._dead is not None:
+                raise self._dead
+            if self._closed:
+                raise DecodeError(f"{self.name} is being unloaded", hint="retry the request")
+            self._calls[mid] = call
+            if req is not None:
+                self._requests[mid] = req
+        return call
+
+    def _call(self, op: str, *args, timeout: float | None = None, **kwargs) -> Any:
+        """Run ``op`` (a :data:`ollapy.runner.wire.CALLS` name) in the child and return its value."""
+        mid = next(self._ids)
+        call = self._register(mid)
+        try:
+            self._send(("call", mid, op, args, kwargs))
+        except OSError:
+            pass  # the child is gone: the reader fails the call
+        try:
+            return call.wait(timeout)
+        finally:
+            with self._lock:
+                self._calls.pop(mid, None)
+
+    def _send_cancel(self, rid: int) -> None:
+        with self._lock:
+            pending = rid in self._requests
+        if pending and self._dead is None:
+            try:
+                self._send(("cancel", rid))
+            except OSError:
+                pass
+
+    # ---- prompts (built in the child, which holds the tokenizer and template) -----------------
+    def tokenize(self, text: str) -> list[int]:
+        """As ``LoadedModel.tokenize``: the model's special-token rules, never two BOS tokens."""
+        return self._call("tokenize", text)
+
+    def render(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list[dict] | None = None,
+               think: bool | str | None = None) -> str:
+        """As ``LoadedModel.render``: chat messages to prompt text. Raises OptionError."""
+        return self._call("render", messages, add_generation_prompt, tools=tools, think=think)
+
+    def chat_prompt(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
+                    think: bool | str | None = None) -> Prompt:
+        """As ``LoadedModel.chat_prompt``: tokens, ``keep`` and cache save points of a chat."""
+        return self._call("chat_prompt", messages, options, tools=tools, think=think)
+
+    def raw_prompt(self, text: str) -> Prompt:
+        """As ``LoadedModel.raw_prompt``: a prompt used verbatim."""
+        return self._call("raw_prompt", text)
+
+    def grammar_for(self, fmt) -> str | None:
+        """As ``LoadedModel.grammar_for``: GBNF for Ollama's ``format``. Raises OptionError."""
+        return self._call("grammar_for", fmt)
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders tool definitions."""
+        return self.facts.supports_tools
+
+    @property
+    def supports_thinking(self) -> bool:
+        """Whether the chat template has a reasoning section."""
+        return self.facts.supports_thinking
+
+    @property
+    def embedding_only(self) -> bool:
+        """True for an embedding model."""
+        return self.facts.embedding_only
+
+    # ---- generation -------------------------------------------------------------------------------
+    def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,
+               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1) -> Request:
+        """As ``LoadedModel.submit``; returns a :class:`ProcessRequest` fed by the reader thread.
+
+        Raises here what the child's engine raises on submit (BusyError, OptionError for a bad ``format``),
+        RunnerError when the child is gone.
+        """
+        mid = next(self._ids)
+        req = ProcessRequest(tokens=list(prompt.tokens), options=options, keep=prompt.keep, cache=cache,
+                             save_points=tuple(prompt.save_points), pin=pin, loop=loop, logprobs=logprobs,
+                             id=mid, runner=self)
+        call = self._register(mid, req)
+        try:
+            self._send(("submit", mid, prompt, options, {"fmt": fmt, "cache": cache, "pin": pin,
+                                                          "logprobs": logprobs}))
+        except OSError:
+            pass  # the reader fails it
+        try:
+            call.wait()
+        except BaseException:
+            with self._lock:
+                self._calls.pop(mid, None)
+                self._requests.pop(mid, None)
+            raise
+        return req
+
+    def chat(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
+             think: bool | str | None = None, **kw) -> Request:
+        """Render ``messages`` and submit, as ``LoadedModel.chat``."""
+        options = options or self.options
+        return self.submit(self.chat_prompt(messages, options, tools=tools, think=think), options, **kw)
+
+    def embed(self, inputs, *, truncate: bool = True, normalized: bool = True,
+              dimensions: int | None = None) -> EmbeddingResult:
+        """As ``LoadedModel.embed``: ``vectors`` float32 ``(len(inputs), dim)``, ``token_counts``... Raises
+        OptionError, ContextError, DecodeError as the child's embedder does."""
+        if isinstance(inputs, (str, bytes)):
+            raise OptionError("inputs must be a list")
+        return self._call("embed", list(inputs), truncate=truncate, normalized=normalized, dimensions=dimensions)
+
+    def info(self) -> dict:
+        """Model facts as ``LoadedModel.info`` (taken when the child was ready: no round trip, so ``ps`` never
+        waits on a busy or dead runner), plus ``runner`` and ``runner_pid``."""
+        return {**self._info, "runner": "process", "runner_pid": self.pid}
+
+    # ---- close -------------------------------------------------------------------------------------
+    def __enter__(self) -> ProcessModel:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self, timeout: float = 120.0) -> int:
+        """Close the model in the child (engine, bounded cache drain), end the child; idempotent.
+
+        Returns how many prompt-cache states the child could not save. A Ctrl-C
+        while waiting is passed on to the child (its drain stops early) and
+        re-raised once the child is gone; ``unsaved_states`` keeps the count.
+        """
+        with self._close_lock:
+            if self._closed:
+                return self.unsaved_states
+            self._closed = True
+        interrupted = False
+        try:
+            if self._dead is None and self._proc.poll() is None:
+                interrupted = self._close_child(timeout)
+        finally:
+            self._stop_process(grace=CLOSE_GRACE_S)
+        if interrupted:
+            raise KeyboardInterrupt
+        return self.unsaved_states
+
+    def _close_child(self, timeout: float) -> bool:
+        """Ask the child to close; True when a Ctrl-C came while waiting."""
+        mid = next(self._ids)
+        call = _Call()
+        with self._lock:
+            self._calls[mid] = call
+        self._closing = True
+        try:
+            self._send(("close", mid, timeout))
+        except OSError:
+            return False
+        interrupted = False
+        try:
+            self.unsaved_states = int(call.wait(timeout + 15) or 0)
+        except KeyboardInterrupt:
+            interrupted = True
+            try:
+                os.kill(self.pid, signal.SIGINT)
+                self.unsaved_states = int(call.wait(15) or 0)
+            except (OSError, RunnerError, TimeoutError, KeyboardInterrupt):
+                pass
+        except (RunnerError, TimeoutError) as exc:
+            log.warning("closing %s: %s", self.name, exc)
+        return interrupted
+
+    def _stop_process(self, grace: float, quiet: bool = False) -> None:
+        """Wait ``grace`` s for the child to exit, then kill it; join the threads, close the socket."""
+        self._closing = True
+        try:
+            self._proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            if not quiet:
+                log.warning("model runner for %s did not exit; killing it", self.name)
+            self._proc.kill()
+            self._proc.wait()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=10)
+        self._stderr.join(timeout=10)
+        self._conn.close()
+        self._sock.close()
+        self._fail_pending(RunnerError(f"{self.name} was unloaded", hint="retry the request"))
