@@ -321,7 +321,7 @@ class ProcessModel:
             err = RunnerError(f"{self.name} was unloaded", hint="retry the request")
         else:
             err = self._death_error()
-            log.warning("%s", err.message)
+            log.info("%s", err.message)  # the failed requests carry it; a CLI prints it once
         self._fail_pending(err)
 
     def _fail_pending(self, err: RunnerError) -> None:
