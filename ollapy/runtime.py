@@ -125,6 +125,9 @@ class Runtime:
                 if entry.active == 0 and not entry.unloading and entry.expires_at <= now:
                     log.info("keep_alive expired: unloading %s", entry.key)
                     await self._unload(entry)
+                elif entry.active == 0 and not entry.unloading and not getattr(entry.model, "alive", True):
+                    log.info("unloading %s: its runner process stopped", entry.key)  # frees its place at once
+                    await self._unload(entry)
 
     # ---- requests -----------------------------------------------------------------------------
     async def resolve(self, name: str):

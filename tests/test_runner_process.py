@@ -148,3 +148,42 @@ def test_load_error_in_the_child_is_the_same_model_load_error(tmp_path):
             loader.open_model(_ref(bad), Options(), cache=False, isolated=isolated)
         errors[isolated] = str(info.value)
     assert errors[True] == errors[False]
+
+
+def test_runtime_drops_a_model_whose_runner_died_and_loads_it_again(tmp_path):
+    import asyncio
+
+    from ollapy.runtime import Runtime
+
+    class DeadableModel:
+        """Stands in for a ProcessModel: ``alive`` turns false when its runner dies."""
+
+        def __init__(self) -> None:
+            self.alive, self.closed = True, 0
+
+        def info(self) -> dict:
+            return {"num_ctx": 512}
+
+        def close(self) -> int:
+            self.closed += 1
+            return 0
+
+    loaded: list[DeadableModel] = []
+
+    def load(ref, options):
+        loaded.append(DeadableModel())
+        return loaded[-1]
+
+    rt = Runtime(loader=load, resolver=lambda name: loader.PathRef(name=name, path=tmp_path / "m.gguf"))
+
+    async def scenario():
+        entry, _, _ = await rt.acquire("m")
+        rt.release_nowait(entry)
+        loaded[0].alive = False
+        assert [s["key"] for s in rt.ps()] == ["m"]  # listed, no crash, until the next request
+        again, _, load_ns = await rt.acquire("m")
+        rt.release_nowait(again)
+        return again, load_ns
+
+    again, load_ns = asyncio.run(scenario())
+    assert again.model is loaded[1] and load_ns > 0 and loaded[0].closed == 1 and loaded[1].closed == 0

@@ -9,6 +9,8 @@ reloads the model.
 
 * :mod:`.process`: :class:`~.process.ProcessModel`, the parent's drop-in for
   :class:`ollapy.engine.model.LoadedModel` (never imports llama_cpp).
+* :mod:`.handles`: the parent's handles on the child's objects (a pending call, a generation's
+  Request, engine figures, prompt cache).
 * :mod:`.child`: the child's entry point, ``python -m ollapy.runner.child FD``.
 * :mod:`.wire`: what crosses the socket besides engine objects: errors, model
   facts, embedding results.

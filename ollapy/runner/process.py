@@ -45,8 +45,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from ..engine.request import Prompt, Request
 from ..errors import DecodeError, OllapyError, OptionError, RunnerError
 from ..options import Options
+from .handles import PendingCall, ProcessRequest, RunnerCache, RunnerEngine, fresh_error
 from .wire import EmbeddingResult, ModelFacts, error_from_payload, load_spec
 
 if TYPE_CHECKING:
@@ -63,80 +62,6 @@ log = logging.getLogger("ollapy.runner")
 
 _RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): (.*)$")
 CLOSE_GRACE_S = 10.0  # after the answer to close (or none), how long the child may take to exit before a kill
-
-
-class _Call:
-    """One call waiting for the child's answer (settled by the reader thread)."""
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-        self.done.set()
-
-    def wait(self, timeout: float | None = None) -> Any:
-        """The answer; raises the child's error, or TimeoutError past ``timeout`` s. Ctrl-C stays deliverable."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.done.wait(0.25):
-            if end is not None and time.monotonic() >= end:
-                raise TimeoutError("the model runner did not answer")
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-@dataclass
-class ProcessRequest(Request):
-    """A Request whose engine runs in a runner child: :meth:`cancel` also tells the child."""
-
-    runner: Any = field(default=None, repr=False, compare=False)
-
-    def cancel(self) -> None:
-        """Stop this request here and in the child (its slot is freed within one engine step there)."""
-        first = not self.cancelled
-        super().cancel()
-        if first and self.runner is not None:
-            self.runner._send_cancel(self.id)
-
-
-class RunnerEngine:
-    """``model.engine`` of a ProcessModel: :meth:`stats` only."""
-
-    def __init__(self, model: ProcessModel, stats: dict) -> None:
-        self._model = model
-        self._last = dict(stats)
-
-    def stats(self) -> dict:
-        """Slots, busy slots, queue depth, steps, requests done (as ``Engine.stats``); never raises: a dead or
-        silent runner gives the last figures with nothing busy or queued."""
-        if self._model.alive:
-            try:
-                self._last = self._model._call("stats", timeout=5.0)
-                return dict(self._last)
-            except (RunnerError, TimeoutError):
-                pass
-        return {**self._last, "slots_busy": 0, "queue_depth": 0}
-
-
-class RunnerCache:
-    """``model.cache`` of a ProcessModel whose child has a prompt cache: ``block`` and :meth:`snapshot`."""
-
-    def __init__(self, model: ProcessModel, block: int, stats) -> None:
-        self._model = model
-        self.block = block
-        self._last = stats
-
-    def snapshot(self):
-        """The child's :class:`ollapy.cache.stats.CacheStats`; the last one known when it is gone."""
-        if self._model.alive:
-            try:
-                self._last = self._model._call("cache_snapshot", timeout=5.0)
-            except (RunnerError, TimeoutError):
-                pass
-        return self._last
 
 
 class ProcessModel:
@@ -162,7 +87,7 @@ class ProcessModel:
         self._lock = threading.Lock()  # _calls, _requests, _dead
         self._send_lock = threading.Lock()
         self._close_lock = threading.Lock()
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, PendingCall] = {}
         self._requests: dict[int, ProcessRequest] = {}
         self._dead: RunnerError | None = None
         self._closing = False
@@ -331,15 +256,15 @@ class ProcessModel:
             calls, self._calls = list(self._calls.values()), {}
             reqs, self._requests = list(self._requests.values()), {}
         for call in calls:
-            call.settle(None, err)
+            call.settle(None, fresh_error(err))
         for req in reqs:
-            req.push(err)
+            req.push(fresh_error(err))
 
-    def _register(self, mid: int, req: ProcessRequest | None = None) -> _Call:
-        call = _Call()
+    def _register(self, mid: int, req: ProcessRequest | None = None) -> PendingCall:
+        call = PendingCall()
         with self._lock:
             if self._dead is not None:
-                raise self._dead
+                raise fresh_error(self._dead)
             if self._closed:
                 raise DecodeError(f"{self.name} is being unloaded", hint="retry the request")
             self._calls[mid] = call
@@ -485,7 +410,7 @@ class ProcessModel:
     def _close_child(self, timeout: float) -> bool:
         """Ask the child to close; True when a Ctrl-C came while waiting."""
         mid = next(self._ids)
-        call = _Call()
+        call = PendingCall()
         with self._lock:
             self._calls[mid] = call
         self._closing = True

@@ -1,0 +1,93 @@
+"""The parent's handles on things that live in a runner child: a pending call, a generation's Request, the
+child's engine figures and prompt cache (see :mod:`ollapy.runner.process`). Nothing here imports llama_cpp."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..engine.request import Request
+from ..errors import RunnerError
+
+if TYPE_CHECKING:
+    from .process import ProcessModel
+
+
+def fresh_error(err: RunnerError) -> RunnerError:
+    """A new RunnerError with ``err``'s words: each failed caller raises its own (tracebacks are per instance)."""
+    return RunnerError(err.message, err.hint)
+
+
+class PendingCall:
+    """One call waiting for the child's answer (settled by the reader thread)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def settle(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+        self.done.set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """The answer; raises the child's error, or TimeoutError past ``timeout`` s. Ctrl-C stays deliverable."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.done.wait(0.25):
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError("the model runner did not answer")
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+@dataclass
+class ProcessRequest(Request):
+    """A Request whose engine runs in a runner child: :meth:`cancel` also tells the child."""
+
+    runner: Any = field(default=None, repr=False, compare=False)
+
+    def cancel(self) -> None:
+        """Stop this request here and in the child (its slot is freed within one engine step there)."""
+        first = not self.cancelled
+        super().cancel()
+        if first and self.runner is not None:
+            self.runner._send_cancel(self.id)
+
+
+class RunnerEngine:
+    """``model.engine`` of a ProcessModel: :meth:`stats` only."""
+
+    def __init__(self, model: ProcessModel, stats: dict) -> None:
+        self._model = model
+        self._last = dict(stats)
+
+    def stats(self) -> dict:
+        """Slots, busy slots, queue depth, steps, requests done (as ``Engine.stats``); never raises: a dead or
+        silent runner gives the last figures with nothing busy or queued."""
+        if self._model.alive:
+            try:
+                self._last = self._model._call("stats", timeout=5.0)
+                return dict(self._last)
+            except (RunnerError, TimeoutError):
+                pass
+        return {**self._last, "slots_busy": 0, "queue_depth": 0}
+
+
+class RunnerCache:
+    """``model.cache`` of a ProcessModel whose child has a prompt cache: ``block`` and :meth:`snapshot`."""
+
+    def __init__(self, model: ProcessModel, block: int, stats) -> None:
+        self._model = model
+        self.block = block
+        self._last = stats
+
+    def snapshot(self):
+        """The child's :class:`ollapy.cache.stats.CacheStats`; the last one known when it is gone."""
+        if self._model.alive:
+            try:
+                self._last = self._model._call("cache_snapshot", timeout=5.0)
+            except (RunnerError, TimeoutError):
+                pass
+        return self._last
