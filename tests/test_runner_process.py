@@ -187,3 +187,24 @@ def test_runtime_drops_a_model_whose_runner_died_and_loads_it_again(tmp_path):
 
     again, load_ns = asyncio.run(scenario())
     assert again.model is loaded[1] and load_ns > 0 and loaded[0].closed == 1 and loaded[1].closed == 0
+
+
+@pytest.mark.slow
+def test_a_lost_rpc_server_aborts_only_the_child_and_its_error_names_ggmls_line(smollm2_path):
+    from rpc_helpers import RpcServer
+
+    server = RpcServer().start()
+    try:
+        opts = Options(num_ctx=512, num_parallel=1, temperature=0, num_predict=300, rpc=server.endpoint)
+        with loader.open_model(_ref(smollm2_path), opts, cache=False) as m:  # rpc set: isolated by default
+            assert m.info()["runner"] == "process"
+            it = iter(m.submit(m.raw_prompt(COUNT), opts))
+            next(it)
+            server.kill()  # ggml's RPC client aborts the process that loses its server
+            with pytest.raises(RunnerError) as info:
+                for _ in it:
+                    pass
+        assert "stopped (SIGABRT): ggml-rpc.cpp:" in info.value.message, info.value.message
+        assert server.endpoint in info.value.hint
+    finally:
+        server.kill()

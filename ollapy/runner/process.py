@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ollapy.runner")
 
 _RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): (.*)$")
+_SOURCE_DIR = re.compile(r"^/\S*/(?=[\w.+-]+:\d+: )")  # the directory of a "FILE:LINE: message" line
 CLOSE_GRACE_S = 10.0  # after the answer to close (or none), how long the child may take to exit before a kill
 
 
@@ -183,6 +184,7 @@ class ProcessModel:
         for line in reversed(self._tail):
             text = line.strip()
             if text and not text.startswith(("Traceback", "File ", "^")):
+                text = _SOURCE_DIR.sub("", text)  # ggml's "/build/.../ggml-rpc.cpp:566: ..." -> "ggml-rpc.cpp:566: ..."
                 return text if len(text) <= 300 else text[:299] + "…"
         return ""
 
