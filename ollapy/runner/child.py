@@ -10,8 +10,8 @@ opened with the in-process path (:func:`ollapy.loader.open_model` with
 
 Then the main thread reads messages in order: ``call`` runs on a small
 worker pool (prompt building, embeddings, figures); ``submit`` queues a
-generation and starts one forwarding thread that sends each chunk back as it
-comes; ``cancel`` cancels a generation by id; ``close`` closes the model (stop
+generation whose chunks the engine's loop thread sends back as it pushes them
+(:class:`ChunkSender`); ``cancel`` cancels a generation by id; ``close`` closes the model (stop
 the engine, drain the prompt cache), answers with the number of states not
 saved and exits 0. End of file on the socket (the parent is gone) closes the
 model the same way and exits.
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -44,7 +45,6 @@ class RunnerChild:
         self.conn = conn
         self.model = None  # ollapy.engine.model.LoadedModel once loaded
         self.requests: dict[int, object] = {}  # id -> engine Request still streaming
-        self._forwarders: set[threading.Thread] = set()
         self._send_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="runner-call")
 
@@ -142,22 +142,19 @@ class RunnerChild:
             return
         self.requests[rid] = req
         self.send(("result", rid, None))
-        t = threading.Thread(target=self._forward, args=(rid, req), name=f"runner-forward-{rid}", daemon=True)
-        self._forwarders.add(t)
-        t.start()
+        ChunkSender(self, rid, req).attach()
 
-    def _forward(self, rid: int, req) -> None:
-        """Send each chunk of ``req`` as it comes, then its error if it ends with one."""
-        try:
-            for chunk in req:
-                if not self.send(("chunk", rid, chunk)):
-                    req.cancel()  # the parent is gone
-                    return
-        except BaseException as exc:  # noqa: BLE001
-            self.send(("fail", rid, error_payload(exc)))
-        finally:
+    def forward(self, rid: int, req, item) -> None:
+        """Send one item the engine pushed into ``req`` (a chunk, or its terminal error); called by the engine's
+        loop thread. A parent that is gone cancels the request."""
+        if isinstance(item, BaseException):
             self.requests.pop(rid, None)
-            self._forwarders.discard(threading.current_thread())
+            self.send(("fail", rid, error_payload(item)))
+            return
+        if item.done:
+            self.requests.pop(rid, None)
+        if not self.send(("chunk", rid, item)):
+            req.cancel()
 
     # ---- close --------------------------------------------------------------------------------
     def close_model(self, timeout: float) -> int:
@@ -170,10 +167,43 @@ class RunnerChild:
             unsaved = model.close(timeout)
         except KeyboardInterrupt:
             unsaved = model.unsaved_states
-        for t in list(self._forwarders):  # their last chunk or error goes out before the answer to close
-            t.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
         return int(unsaved or 0)
+
+
+class ChunkSender:
+    """Stands in for a Request's queue so that the engine's own thread sends each chunk as it pushes it (no
+    forwarding thread: one less wakeup per token while ggml's threads compute).
+
+    :meth:`attach` swaps it in after submit; chunks the engine pushed before that are sent first, in order.
+    """
+
+    def __init__(self, child: RunnerChild, rid: int, req) -> None:
+        self.child, self.rid, self.req = child, rid, req
+        self._lock = threading.Lock()
+        self._held: list | None = []  # items pushed while attaching; None once attached
+
+    def put(self, item) -> None:
+        """``Request.push``'s enqueue: send now (engine thread), or hold until attached."""
+        with self._lock:
+            if self._held is not None:
+                self._held.append(item)
+                return
+        self.child.forward(self.rid, self.req, item)
+
+    def attach(self) -> None:
+        """Take the Request's queue over: what it holds already, then what came while swapping, is sent."""
+        old, self.req._q = self.req._q, self
+        early = []
+        while True:
+            try:
+                early.append(old.get_nowait())
+            except queue.Empty:
+                break
+        with self._lock:
+            for item in early + self._held:
+                self.child.forward(self.rid, self.req, item)
+            self._held = None
 
 
 def prepare_process() -> None:
