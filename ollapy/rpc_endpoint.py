@@ -90,7 +90,7 @@ def probe_endpoint(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
             _recv_exact(sock, RPC_CONN_CAPS_SIZE)
     except RpcUnavailable:
         raise
-    except socket.timeout:
+    except TimeoutError:
         raise RpcUnavailable(f"RPC server {endpoint} did not answer within {timeout:g} s",
                              "it may be serving another client (one at a time) or not be an RPC server",
                              endpoint=endpoint) from None
