@@ -115,3 +115,15 @@ def live_api(base: Path, gguf: Path, models: dict[str, dict]):
         for name, extra in models.items():
             oc.create(model=name, files={"model.gguf": blob}, **extra)
         yield SimpleNamespace(url=url, oc=oc, oai=openai.OpenAI(base_url=url + "/v1", api_key="none"))
+
+
+def post_chat(url: str, system: str, question: str, num_predict: int, model: str = "smol") -> dict:
+    """A greedy, non-streamed ``/api/chat`` of ``system`` + ``question`` to the server at ``url``; the answer's
+    JSON (asserted to be a 200)."""
+    import httpx
+
+    body = {"model": model, "stream": False, "options": {"temperature": 0, "num_predict": num_predict},
+            "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+    r = httpx.post(url + "/api/chat", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import live_server
+from conftest import live_server, post_chat
 
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, read_header
 
@@ -25,11 +25,7 @@ def _add_model(url: str, gguf: Path) -> None:
 
 
 def _chat(url: str, question: str) -> dict:
-    body = {"model": "smol", "stream": False, "options": {"temperature": 0, "num_predict": 12},
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]}
-    r = httpx.post(url + "/api/chat", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post_chat(url, SYSTEM, question, num_predict=12)
 
 
 def _cache_figures(url: str) -> dict:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+from conftest import post_chat
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = " ".join(f"Guideline {i}: answer briefly, kindly and truthfully." for i in range(30))
@@ -49,11 +50,7 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 def _chat(url: str, question: str) -> dict:
-    body = {"model": "smol", "stream": False, "options": {"temperature": 0, "num_predict": 4},
-            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]}
-    r = httpx.post(url + "/api/chat", json=body, timeout=300)
-    assert r.status_code == 200, r.text
-    return r.json()
+    return post_chat(url, SYSTEM, question, num_predict=4)
 
 
 def _metric(text: str, name: str, **labels) -> float:
