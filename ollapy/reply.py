@@ -90,7 +90,7 @@ class ReplyParser:
 
 def supports_tools(template_text: str | None) -> bool:
     """Whether a chat template renders tool definitions: it reads ``tools`` (Ollama's ``tools`` capability;
-    the same rule as :func:`ollapy.engine.templating.template_mentions_tools`, without importing llama_cpp)."""
+    the same rule as :func:`ollapy.engine.backend.templating.template_mentions_tools`, without importing llama_cpp)."""
     return "tools" in (template_text or "")
 
 

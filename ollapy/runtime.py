@@ -306,7 +306,7 @@ def model_status(e: Loaded) -> dict:
 
 def _gpu_offload() -> bool:
     try:
-        from .engine.bindings import supports_gpu_offload
+        from .engine.backend.bindings import supports_gpu_offload
 
         return supports_gpu_offload()
     except Exception:  # noqa: BLE001

@@ -95,7 +95,7 @@ def bench_bare(path: Path, threads: int, n_tokens: int, slots: list[int], prefil
     """A bare ctypes loop: same context settings, one llama_decode per step, no sampling (feeds a fixed token)."""
     from llama_cpp import llama_cpp as C
 
-    from ollapy.engine.bindings import choose_extra_bufts
+    from ollapy.engine.backend.bindings import choose_extra_bufts
     from ollapy.engine.hardware import choose_flash_attn
 
     C.llama_backend_init()
@@ -181,7 +181,7 @@ def bench_native(exe: str, path: Path, threads: int, n_tokens: int, slots: list[
     n_batch/n_ubatch 512, flash attention off on the CPU, weight repacking
     (extra buffer types) as ollapy chooses it for this CPU.
     """
-    from ollapy.engine.bindings import choose_extra_bufts
+    from ollapy.engine.backend.bindings import choose_extra_bufts
 
     common = ["-m", str(path), "-t", str(threads), "-b", "512", "-ub", "512", "-fa", "off", "--output-format", "jsonl"]
     if not choose_extra_bufts("auto")[0]:

@@ -177,7 +177,7 @@ def start_llama_server(exe: str, model: str, port: int, tmp: Path, num_ctx: int,
     """Native llama-server with the settings ollapy serve uses: 4 slots of num_ctx, same threads, flash
     attention off on the CPU, weight repacking as ollapy chooses it for this CPU (off on AMX: it crashes)."""
     sys.path.insert(0, str(ROOT))
-    from ollapy.engine.bindings import choose_extra_bufts
+    from ollapy.engine.backend.bindings import choose_extra_bufts
 
     cmd = [exe, "-m", model, "--port", str(port), "--host", "127.0.0.1", "-np", "4", "-c", str(num_ctx * 4),
            "-t", str(threads), "-fa", "off"]

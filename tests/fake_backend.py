@@ -1,4 +1,4 @@
-"""A fake of :class:`ollapy.engine.backend.Backend` at the llama.cpp boundary, for scheduling tests.
+"""A fake of :class:`ollapy.engine.backend.context.Backend` at the llama.cpp boundary, for scheduling tests.
 
 It keeps per-sequence KV as lists of (position, token) cells with llama.cpp's
 non-unified semantics that matter to the planner: a cross-stream ``seq_cp``
@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from ollapy.engine import bindings as real_backend
+from ollapy.engine.backend import bindings as real_backend
 
 
 class FakeBackend:

@@ -26,7 +26,7 @@ def model(request, smollm2_path, gemma_path):
 
 def _closed(m: LoadedModel, msgs: list[dict]) -> str:
     """The template's own rendering (no prefill rule): every turn closed, then the generation prompt."""
-    from ollapy.engine.templating import render_chat_template
+    from ollapy.engine.backend.templating import render_chat_template
 
     return render_chat_template(m.template.text, msgs, m.bos_text, m.eos_text, True)
 

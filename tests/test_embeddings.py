@@ -56,7 +56,7 @@ def test_engine_packs_many_inputs_and_chunks_a_long_one(model):
     assert np.abs(many[7] - model.embed([texts[7]]).vectors[0]).max() < 1e-4
     # 200 tokens through n_batch 64 in chunks (LAST pooling keeps the KV between them) = one pass of n_batch 256
     text = " ".join(["the quick brown fox jumps"] * 40)
-    from ollapy.engine.embedding import Embedder
+    from ollapy.engine.backend.embedding import Embedder
 
     wide = Embedder(model.backend, num_ctx=1024, num_batch=256)
     try:

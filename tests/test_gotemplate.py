@@ -12,7 +12,7 @@ import pytest
 pytest_plugins = ["store_fixtures"]
 
 from ollapy import chat
-from ollapy.engine.templating import render_chat_template
+from ollapy.engine.backend.templating import render_chat_template
 from ollapy.errors import UsageError
 from ollapy.store.gotemplate import is_go_template, jinja_template, translate_go_template
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ollapy.engine.backend.templating import json_schema_grammar
 from ollapy.engine.model import LoadedModel
-from ollapy.engine.templating import json_schema_grammar
 from ollapy.options import Options
 
 QUESTION = "Capital of France?"

@@ -12,10 +12,10 @@ from array import array
 
 import pytest
 
-from ollapy.engine import bindings as eb
-from ollapy.engine.backend import Backend, ContextConfig
+from ollapy.engine.backend import bindings as eb
+from ollapy.engine.backend.context import Backend, ContextConfig
+from ollapy.engine.backend.templating import json_schema_grammar
 from ollapy.engine.sampler import Sampler
-from ollapy.engine.templating import json_schema_grammar
 from ollapy.options import Options
 
 PROMPT = ("<|im_start|>user\nSay the word banana five times, then the word apple five times.<|im_end|>\n"

@@ -212,7 +212,7 @@ STRINGY = ("{% for m in messages %}{% for tc in m.tool_calls or [] %}"
 
 
 def test_history_arguments_render_as_dict_and_as_string():
-    from ollapy.engine.templating import render_chat_template
+    from ollapy.engine.backend.templating import render_chat_template
     from ollapy.server.bodies import read_history
 
     openai_shape = read_history([{"role": "assistant", "content": None, "tool_calls": [

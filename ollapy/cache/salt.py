@@ -96,7 +96,7 @@ def salt_key(salt: dict) -> str:
 
 
 def salt_from_backend(backend) -> dict:
-    """The KV salt of a loaded :class:`ollapy.engine.backend.Backend`."""
+    """The KV salt of a loaded :class:`ollapy.engine.backend.context.Backend`."""
     cfg = backend.cfg
     return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
                    getattr(backend, "state_layout", "seq-portable-1"))

@@ -16,7 +16,7 @@ def collect_rpc(endpoints: str) -> dict:
     ``endpoints``: the ``rpc`` setting (``host:port,…``). Each is checked with the handshake first
     (:func:`ollapy.rpc_endpoint.probe_endpoint`), so an unreachable one is an entry with ``error``, never an abort.
     """
-    from ..engine import rpc
+    from ..engine.backend import rpc
     from ..errors import RpcUnavailable
     from ..rpc_endpoint import parse_endpoints, probe_endpoint
 
@@ -38,7 +38,7 @@ def collect_rpc(endpoints: str) -> dict:
 def collect_info(rpc_endpoints: str = "") -> dict:
     """Everything ``info`` prints, as a dict (loads llama.cpp, not a model); ``rpc_endpoints`` as in
     :func:`collect_rpc`."""
-    from ..engine import bindings as backend
+    from ..engine.backend import bindings as backend
 
     use, reason = backend.choose_extra_bufts(config.extra_bufts())
     return {

@@ -1,6 +1,6 @@
 """``ollapy rpc-server``: serve this machine's ggml backend (CPU or GPUs) to other hosts over llama.cpp's RPC.
 
-The server is ggml's own (``ggml_backend_rpc_start_server``, see :mod:`ollapy.engine.rpc`); clients are
+The server is ggml's own (``ggml_backend_rpc_start_server``, see :mod:`ollapy.engine.backend.rpc`); clients are
 ``ollapy run/serve -o rpc=HOST:PORT`` (or llama.cpp's ``--rpc``) of the same llama.cpp version. ggml serves one
 client connection at a time. The protocol has no authentication or encryption: it binds loopback by
 default, and any other address gets a one-line warning.
@@ -56,7 +56,7 @@ def rpc_server(
 ) -> None:
     """Serve this machine's CPU or GPUs to other hosts over llama.cpp's RPC backend (no authentication:
     trusted networks only)."""
-    from ..engine import rpc
+    from ..engine.backend import rpc
     from ..errors import RpcUnavailable
 
     if not rpc.supports_rpc():

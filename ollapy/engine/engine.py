@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options, predict_limit
-from .backend import Backend
+from .backend.context import Backend
 from .cpuload import ThreadBudget
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request

@@ -1,6 +1,6 @@
 """Load-time choices about the hardware that need no llama.cpp: AMX detection and the flash-attention policy.
 
-Kept apart from :mod:`ollapy.engine.bindings` (the llama.cpp boundary), which combines them with what the
+Kept apart from :mod:`ollapy.engine.backend.bindings` (the llama.cpp boundary), which combines them with what the
 loaded build reports.
 """
 from __future__ import annotations

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING
 from .. import chat
 from ..errors import OptionError
 from ..options import Options, tensor_split_values
-from .backend import Backend, ContextConfig
+from .backend.context import Backend, ContextConfig
+from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
 from .engine import Engine
 from .planner import common_prefix
 from .request import Prompt, Request
-from .templating import json_schema_grammar, render_chat_template, template_mentions_tools
 
 if TYPE_CHECKING:
     import asyncio
@@ -74,7 +74,7 @@ class LoadedModel:
         self._closed = False
         self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._prefix_lock = threading.Lock()
-        self._embedder = None  # ollapy.engine.embedding.Embedder, made on the first embed()
+        self._embedder = None  # ollapy.engine.backend.embedding.Embedder, made on the first embed()
         self._embedder_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
 
@@ -256,13 +256,13 @@ class LoadedModel:
     def embed(self, inputs, *, truncate: bool = True, normalized: bool = True, dimensions: int | None = None):
         """Embed ``inputs`` (a list of texts or of token-id lists) on the model's own embedding context.
 
-        Returns :class:`ollapy.engine.embedding.Embeddings`: ``vectors`` float32 ``(len(inputs), dim)`` in
+        Returns :class:`ollapy.engine.backend.embedding.Embeddings`: ``vectors`` float32 ``(len(inputs), dim)`` in
         input order (L2-normalised unless ``normalized`` is false; ``dimensions`` keeps the first values and
         renormalises), ``token_counts`` per input. Runs on the caller's thread and never disturbs generation
-        (see :mod:`ollapy.engine.embedding`). Raises OptionError (empty input, bad token id, dimensions < 1),
+        (see :mod:`ollapy.engine.backend.embedding`). Raises OptionError (empty input, bad token id, dimensions < 1),
         ContextError (``truncate=False`` and an input over ``min(num_ctx, n_ctx_train)`` tokens), DecodeError.
         """
-        from .embedding import Embedder
+        from .backend.embedding import Embedder
 
         with self._embedder_lock:
             if self._closed:
@@ -277,7 +277,7 @@ class LoadedModel:
     @property
     def embedding_only(self) -> bool:
         """True for an embedding model (GGUF ``pooling_type`` set, or an encoder such as BERT), as Ollama decides."""
-        from .embedding import is_embedding_model
+        from .backend.embedding import is_embedding_model
 
         return is_embedding_model(self.backend)
 

@@ -8,7 +8,7 @@ the argmax of the raw logits is the chain's answer
 unless the repeat penalty touched it, and that case is reproduced exactly in
 float32 (:meth:`Sampler._penalized_argmax`). Presence/frequency penalties
 always go through the chain. llama.cpp itself is reached through
-:mod:`ollapy.engine.bindings` (the llama.cpp boundary).
+:mod:`ollapy.engine.backend.bindings` (the llama.cpp boundary).
 
 Two rules follow llama.cpp's common sampler (``common/sampling.cpp``) and its
 server, which Ollama's runner mirrors:
@@ -28,13 +28,13 @@ import ctypes
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from . import bindings as _bindings
+from .backend import bindings as _bindings
 from .request import TokenLogprob
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .backend import Backend
+    from .backend.context import Backend
 
 C = _bindings.C
 

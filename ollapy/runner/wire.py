@@ -86,7 +86,7 @@ class BackendFacts:
 
     @classmethod
     def of(cls, backend) -> BackendFacts:
-        """The facts of a live :class:`ollapy.engine.backend.Backend`."""
+        """The facts of a live :class:`ollapy.engine.backend.context.Backend`."""
         return cls(num_ctx=backend.num_ctx, n_ctx_train=backend.n_ctx_train, n_parallel=backend.n_parallel,
                    n_vocab=backend.n_vocab, bos=backend.bos, eos=backend.eos, add_bos=bool(backend.add_bos))
 
@@ -113,7 +113,7 @@ class ModelFacts:
 
 @dataclass(frozen=True)
 class EmbeddingResult:
-    """An embedding call's result in the parent, shaped as :class:`ollapy.engine.embedding.Embeddings`:
+    """An embedding call's result in the parent, shaped as :class:`ollapy.engine.backend.embedding.Embeddings`:
     ``vectors`` float32 ``(n_inputs, dim)``, ``token_counts`` and ``truncated`` per input, ``duration_ns``,
     ``pooling``."""
 

@@ -19,7 +19,7 @@ Semantics follow Ollama's server (server/routes.go ``EmbedHandler``,
   ``dimensions``; ``usage`` counts the tokens evaluated.
 
 The embedding runs on a worker thread on the model's own embedding context
-(:mod:`ollapy.engine.embedding`), so generation on the same model goes on
+(:mod:`ollapy.engine.backend.embedding`), so generation on the same model goes on
 undisturbed. Errors: Ollama's ``{"error": "..."}`` under /api, OpenAI's error
 object under /v1 (:mod:`ollapy.server.errors`).
 """

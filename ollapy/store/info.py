@@ -76,14 +76,14 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], int]:
 
 
 # architectures llama.cpp runs with non-causal attention (encoders), whether or not the GGUF says so (also used by
-# ollapy.engine.embedding)
+# ollapy.engine.backend.embedding)
 ENCODER_ARCHS = frozenset({"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3", "modern-bert",
                            "neo-bert", "eurobert", "t5encoder"})
 
 
 def embedding_only_meta(meta: dict[str, Any]) -> bool:
     """True for an embedding-only model from its GGUF metadata, the rule of
-    :func:`ollapy.engine.embedding.is_embedding_model` (Ollama's): ``{arch}.pooling_type`` is set, or the
+    :func:`ollapy.engine.backend.embedding.is_embedding_model` (Ollama's): ``{arch}.pooling_type`` is set, or the
     architecture is an encoder (listed, or ``{arch}.attention.causal`` false)."""
     arch = meta.get("general.architecture") or ""
     if meta.get(f"{arch}.pooling_type") is not None:

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import DecodeError, ModelLoadError
-from . import bindings, seqstate
+from ...errors import DecodeError, ModelLoadError
+from .. import seqstate
+from ..hardware import choose_flash_attn
+from ..interrupt import deferred_sigint
+from . import bindings
 from .bindings import C, choose_extra_bufts, finish_imports, init_backend, start_imports
-from .hardware import choose_flash_attn
-from .interrupt import deferred_sigint
 
 if TYPE_CHECKING:
     import numpy as np
@@ -86,7 +87,7 @@ def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
     keep: list = []
     facts: list[dict] = []
     if cfg.rpc:
-        from ..rpc_endpoint import check_endpoints
+        from ...rpc_endpoint import check_endpoints
 
         check_endpoints(cfg.rpc)  # ggml's client aborts the process on a refused or failed connection
         devs = rpc.model_devices(cfg.rpc)

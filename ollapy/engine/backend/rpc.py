@@ -21,7 +21,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from ..errors import RpcUnavailable
+from ...errors import RpcUnavailable
 from .bindings import C, init_backend
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_ACCEL, DEVICE_IGPU = 0, 1, 2, 3  # enum ggml_backend_dev_type (ggml-backend.h)

@@ -48,16 +48,16 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ..errors import ContextError, DecodeError, OptionError
-from ..store.info import ENCODER_ARCHS  # architectures llama.cpp runs with non-causal attention (encoders)
+from ...errors import ContextError, DecodeError, OptionError
+from ...store.info import ENCODER_ARCHS  # architectures llama.cpp runs with non-causal attention (encoders)
 from . import bindings
-from .backend import _FLASH, _KV_TYPES
 from .bindings import C
+from .context import _FLASH, _KV_TYPES
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .backend import Backend
+    from .context import Backend
 
 log = logging.getLogger("ollapy.engine")
 

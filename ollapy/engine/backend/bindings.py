@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 
-from .hardware import cpu_has_amx
+from ..hardware import cpu_has_amx
 
 log = logging.getLogger("ollapy.engine")
 

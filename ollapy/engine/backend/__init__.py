@@ -1,0 +1,15 @@
+"""The llama.cpp boundary: the only package that imports ``llama_cpp`` (shared/DESIGN.md).
+
+Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and ``ps`` never load it:
+
+- :mod:`.bindings`: the low-level ctypes bindings, imported without the high-level ``Llama`` class;
+  backend initialisation, GPU-offload and extra-buffer-type queries.
+- :mod:`.context`: :class:`~.context.Backend`, one llama model + context (``n_ctx``, ``n_batch``,
+  ``n_seq_max`` sequences), tokenize/detokenize, batches, ``llama_decode``, per-sequence KV edits and
+  ``llama_state_seq_*`` saves/restores.
+- :mod:`.templating`: chat templates through llama-cpp-python's Jinja2 formatter, JSON-schema grammars.
+- :mod:`.embedding`: pooled embeddings on a context of their own.
+- :mod:`.rpc`: ggml's RPC backend (servers, remote devices, model placement).
+
+Nothing is imported here, so that importing one module does not load the others.
+"""
