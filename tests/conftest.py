@@ -53,6 +53,10 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     yield
 
 
+HANG_GUARD_S = 900
+"""Seconds after which a test treats a process or thread as hung: a guard, never a performance bound."""
+
+
 def run_cli(*args: str, input: bytes | str | None = None, env: dict | None = None, timeout: float = 300):
     """Run ``python -m ollapy.cli.main ARGS`` in a subprocess; returns CompletedProcess with bytes output."""
     full_env = dict(os.environ)
@@ -115,6 +119,19 @@ def live_api(base: Path, gguf: Path, models: dict[str, dict]):
         for name, extra in models.items():
             oc.create(model=name, files={"model.gguf": blob}, **extra)
         yield SimpleNamespace(url=url, oc=oc, oai=openai.OpenAI(base_url=url + "/v1", api_key="none"))
+
+
+def cancel_after_first_chunk(request) -> None:
+    """Take one streamed chunk of ``request`` (it is generating), cancel it, and assert that the rest of its
+    stream ends with :class:`ollapy.errors.Cancelled`."""
+    from ollapy.errors import Cancelled
+
+    it = iter(request)
+    next(it)
+    request.cancel()
+    with pytest.raises(Cancelled):
+        for _ in it:
+            pass
 
 
 def post_chat(url: str, system: str, question: str, num_predict: int, model: str = "smol") -> dict:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import HANG_GUARD_S, ROOT, run_cli
 
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, read_header, read_payload
 
@@ -46,7 +46,6 @@ SHORT_SYSTEM = _rules(20)
 QUESTION = "What is the capital of France? Answer in one word."
 ANSWER = b"The capital of France is Paris."
 MIN_SYSTEM_TOKENS = 1700  # the system prompt alone is longer than this (checked through `prompt eval count`)
-HANG_GUARD_S = 900  # a process that has not finished by then hangs; not a performance bound
 
 # The fault-injection bootstrap: `python -c BOOTSTRAP ARGS...` behaves as `ollapy ARGS...` except that every
 # chunk of a prompt-cache file write first sleeps SLOW_WRITER_DELAY seconds (while the temporary file exists),

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import cancel_after_first_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -119,13 +120,7 @@ def test_queue_bound_gives_busy_fast_and_engine_recovers(smollm2_path, alone):
 def test_cancel_mid_decode_and_mid_prefill_frees_slot(smollm2_path, alone):
     m = _load(smollm2_path, 1, num_batch=32)
     try:
-        long = _chat(m, PROMPTS[2], GREEDY.merged({"num_predict": 400}))
-        it = iter(long)
-        next(it)
-        long.cancel()
-        with pytest.raises(Cancelled):
-            for _ in it:
-                pass
+        cancel_after_first_chunk(_chat(m, PROMPTS[2], GREEDY.merged({"num_predict": 400})))
         # mid-prefill: a long prompt read in 32-token chunks, cancelled right away
         big = _chat(m, "word " * 400, GREEDY)
         deadline = time.monotonic() + 30
