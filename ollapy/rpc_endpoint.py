@@ -106,6 +106,18 @@ def probe_endpoint(endpoint: str, timeout: float = 5.0) -> tuple[int, int, int]:
     return major, minor, patch
 
 
+def unreachable_endpoints(endpoints: tuple[str, ...] | list[str], timeout: float = 2.0) -> list[str]:
+    """The endpoints, in order, whose handshake fails now (:func:`probe_endpoint`, ``timeout`` seconds each);
+    ``[]`` when all answer. Used to name the lost host after a runner on RPC servers stopped."""
+    down = []
+    for ep in endpoints:
+        try:
+            probe_endpoint(ep, timeout)
+        except RpcUnavailable:
+            down.append(ep)
+    return down
+
+
 def check_endpoints(endpoints: tuple[str, ...] | list[str], timeout: float = 5.0) -> None:
     """:func:`probe_endpoint` each endpoint in order; raises RpcUnavailable for the first that fails."""
     for ep in endpoints:

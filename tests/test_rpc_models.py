@@ -14,13 +14,12 @@ import sys
 
 import httpx
 import pytest
-from conftest import ROOT, live_server, run_cli
+from conftest import HANG_GUARD_S, ROOT, live_server, run_cli
 from rpc_helpers import RpcServer, free_port, rpc_servers
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "What is the capital of France? Answer in one word."
-HANG_GUARD_S = 900  # only against hangs
 GREEDY = ["-o", "temperature=0", "-o", "repeat_penalty=1", "-o", "num_predict=24"]
 
 
@@ -136,7 +135,7 @@ def test_a_lost_server_fails_only_the_request_and_the_next_one_reloads(smollm2_p
                     if len(lines) == 3:
                         b.kill()  # a host lost mid-generation
             assert "error" in lines[-1] and not lines[-1].get("done"), lines[-1]
-            assert "runner" in lines[-1]["error"]
+            assert "runner" in lines[-1]["error"] and f"RPC server {b.endpoint} does not answer" in lines[-1]["error"]
             local = httpx.post(f"{url}/api/generate", json={"model": str(gemma_path), "prompt": PROMPT,
                                                              "stream": False, "options": {"num_predict": 8}},
                                timeout=HANG_GUARD_S)
@@ -147,6 +146,13 @@ def test_a_lost_server_fails_only_the_request_and_the_next_one_reloads(smollm2_p
             again = httpx.post(f"{url}/api/generate", json={**body, "stream": False, "options": {"num_predict": 8}},
                                timeout=HANG_GUARD_S)
             assert again.status_code == 200 and again.json()["eval_count"] == 8, again.text
+            ps = {m["name"]: m for m in httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]}
+            assert ps["split:latest"]["rpc"] == f"{a.endpoint},{b.endpoint}"
+            assert isinstance(ps["split:latest"]["runner_pid"], int)
+            assert [m["rpc"] for n, m in ps.items() if n != "split:latest"] == [None], ps.keys()  # the local Gemma
+            table = run_cli("ps", env={"OLLAPY_HOST": url}, timeout=HANG_GUARD_S).stdout.decode().splitlines()
+            assert "PROCESSOR" in table[0] and any(r.startswith("split:latest") and "RPC (2 servers)" in r
+                                                   for r in table[1:]), table
         # the CLI: a server lost mid-generation is exit 1 and one line
         proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "run", str(smollm2_path), "-o",
                                  f"rpc={a.endpoint},{b.endpoint}", "-o", "num_predict=400", "-o", "temperature=0",
@@ -158,6 +164,8 @@ def test_a_lost_server_fails_only_the_request_and_the_next_one_reloads(smollm2_p
         assert proc.returncode == 1
         lines = err.decode().splitlines()
         assert len(lines) == 1 and lines[0].startswith("Error:") and "runner" in lines[0], lines
+        assert f"RPC server {a.endpoint} does not answer" in lines[0] and b.endpoint not in lines[0], lines
+        assert out and out.endswith(b"\n")  # the partial answer keeps its own line before the error
     finally:
         a.kill()
         b.kill()

@@ -9,12 +9,11 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import HANG_GUARD_S, ROOT, cancel_after_first_chunk
 
 from ollapy import loader
 from ollapy.errors import (
     BusyError,
-    Cancelled,
     ContextError,
     ModelLoadError,
     ModelNotFound,
@@ -105,16 +104,41 @@ def test_child_killed_mid_generation_fails_the_request_with_runner_error(smollm2
         m.close()  # idempotent
 
 
+def test_pending_requests_end_even_when_describing_the_stopped_runner_fails(smollm2_path, monkeypatch):
+    """The reader thread ends every pending request whatever goes wrong while it words the error: a request
+    must never wait forever on a runner that is gone."""
+    import threading
+
+    opts = Options(num_ctx=1024, num_parallel=1, temperature=0, num_predict=400)
+    with loader.open_model(_ref(smollm2_path), opts, cache=False, isolated=True) as m:
+
+        def broken_description():
+            raise RuntimeError("cannot describe")
+
+        monkeypatch.setattr(m, "_death_error", broken_description)
+        it = iter(m.submit(m.raw_prompt(COUNT), opts))
+        next(it)
+        outcome = []
+
+        def drain():
+            try:
+                for _ in it:
+                    pass
+                outcome.append("ended without an error")
+            except RunnerError as exc:
+                outcome.append(exc.message)
+
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        os.kill(m.pid, signal.SIGKILL)
+        reader.join(timeout=HANG_GUARD_S)  # a guard against a hang, not a speed limit
+        assert outcome == [f"model runner for {smollm2_path.stem} stopped (RuntimeError describing it)"]
+
+
 def test_cancel_frees_the_slot_in_the_child(smollm2_path):
     opts = Options(num_ctx=1024, num_parallel=1, temperature=0, num_predict=300)
     with loader.open_model(_ref(smollm2_path), opts, cache=False, isolated=True) as m:
-        req = m.submit(m.raw_prompt(COUNT), opts)
-        it = iter(req)
-        next(it)
-        req.cancel()
-        with pytest.raises(Cancelled):
-            for _ in it:
-                pass
+        cancel_after_first_chunk(m.submit(m.raw_prompt(COUNT), opts))
         short = opts.merged({"num_predict": 6})
         text, last = m.submit(m.raw_prompt("Hello"), short).result()
         assert last.metrics.eval_count == 6

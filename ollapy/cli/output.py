@@ -180,6 +180,13 @@ class ReplyPrinter:
         self._close_thinking(done=False)
         (self._content or self.sink).finish()
 
+    def end_open_line(self) -> None:
+        """Before an error line on stderr: end the reply's last line if anything was printed (as
+        :meth:`finish`); print nothing when the reply never started."""
+        out = self._content or self.sink
+        if self.opened or getattr(out, "last", "x") or getattr(out, "word", ""):
+            self.finish()
+
 
 def _dur(ns: int) -> str:
     if ns >= 1_000_000_000:

@@ -15,7 +15,7 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import Cancelled, OptionError, UsageError
+from ..errors import Cancelled, OllapyError, OptionError, UsageError
 from .output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 
 
@@ -156,6 +156,9 @@ def answer_once(loaded, text: str | None, settings) -> None:
     except Cancelled:
         sink.finish()
         raise KeyboardInterrupt from None
+    except OllapyError:  # e.g. a lost RPC server mid-answer: the partial answer keeps its line, then one error line
+        sink.end_open_line()
+        raise
     sink.finish()
     loaded.after_answer(final, settings)
     if final is not None and final.metrics is not None:

@@ -124,7 +124,10 @@ def ps() -> None:
     for m in models:
         size = int(m.get("size") or 0)
         vram = int(m.get("size_vram") or 0)
-        if size and vram >= size:
+        rpc = [ep for ep in (m.get("rpc") or "").split(",") if ep]
+        if rpc:  # layers on RPC servers' devices (num_gpu and tensor_split decide how many)
+            proc = f"RPC ({len(rpc)} server{'s' if len(rpc) != 1 else ''})"
+        elif size and vram >= size:
             proc = "100% GPU"
         elif vram:
             pct = round(100 * vram / size)

@@ -207,7 +207,11 @@ class ProcessModel:
         line = self._last_line()
         hint = "the next request reloads the model"
         if self.options.rpc:
-            hint += f"; check the RPC servers {self.options.rpc}"
+            from ..rpc_endpoint import parse_endpoints, unreachable_endpoints
+
+            down = unreachable_endpoints(parse_endpoints(self.options.rpc))
+            hint += (f"; RPC server {', '.join(down)} does not answer" if down
+                     else f"; check the RPC servers {self.options.rpc}")
         hint += "; set OLLAPY_DEBUG=1 to see the runner's log"
         return RunnerError(f"model runner for {self.name} {how}" + (f": {line}" if line else ""), hint=hint)
 
@@ -247,7 +251,12 @@ class ProcessModel:
         if self._closing:
             err = RunnerError(f"{self.name} was unloaded", hint="retry the request")
         else:
-            err = self._death_error()
+            try:
+                err = self._death_error()
+            except Exception as exc:  # noqa: BLE001 - whatever happens here, the pending requests must end
+                log.exception("describing the stopped runner of %s failed", self.name)
+                err = RunnerError(f"model runner for {self.name} stopped ({exc.__class__.__name__} describing it)",
+                                  hint="the next request reloads the model")
             log.info("%s", err.message)  # the failed requests carry it; a CLI prints it once
         self._fail_pending(err)
 

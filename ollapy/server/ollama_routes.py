@@ -197,5 +197,7 @@ async def api_ps(request: Request):
             "kv_bytes_per_token": (s["info"] or {}).get("kv_bytes_per_token", 0),
             "kv_bytes_per_slot": (s["info"] or {}).get("kv_bytes_per_slot", 0),
             "kv_cache_type": e.options.kv_cache_type if e is not None else None,
+            "rpc": (e.options.rpc or None) if e is not None else None,  # "host:port,…" whose devices hold layers
+            "runner_pid": (s["info"] or {}).get("runner_pid"),  # a model in a child runner process
         })
     return {"models": out}
