@@ -68,15 +68,17 @@ def test_openai_reasoning_content_whole_and_streamed(api):
     r = _oai(api)
     msg = r.choices[0].message
     assert (msg.model_extra["reasoning_content"], msg.content, r.choices[0].finish_reason) == (THINKING, ANSWER, "stop")
+    assert msg.model_extra["reasoning"] == THINKING  # Ollama's /v1 name, beside llama.cpp's and vLLM's
     assert _oai(api, reasoning_effort="medium").choices[0].message.model_extra["reasoning_content"] == THINKING
     off = _oai(api, reasoning_effort="none").choices[0].message  # Ollama's /v1: "none" turns thinking off
-    assert off.content == ANSWER and "reasoning_content" not in (off.model_extra or {})
-    reasoning, content = [], []
+    assert off.content == ANSWER and not {"reasoning", "reasoning_content"} & set(off.model_extra or {})
+    reasoning, ollama_named, content = [], [], []
     for chunk in _oai(api, stream=True):
         for ch in chunk.choices:
             reasoning.append((ch.delta.model_extra or {}).get("reasoning_content") or "")
+            ollama_named.append((ch.delta.model_extra or {}).get("reasoning") or "")
             content.append(ch.delta.content or "")
-    assert ("".join(reasoning), "".join(content)) == (THINKING, ANSWER)
+    assert ("".join(reasoning), "".join(ollama_named), "".join(content)) == (THINKING, THINKING, ANSWER)
 
 
 def test_split_matches_the_raw_output(api):
@@ -92,8 +94,8 @@ def test_split_matches_the_raw_output(api):
 
 def test_template_thinking_switches():
     """Qwen3-style templates read ``enable_thinking``: false closes an empty section in the prompt."""
+    from ollapy.engine.backend.templating import render_chat_template
     from ollapy.engine.model import LoadedModel
-    from ollapy.engine.templating import render_chat_template
 
     qwen = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"

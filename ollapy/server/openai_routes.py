@@ -62,12 +62,17 @@ def tool_calls(calls, start: int = 0) -> list[dict]:
             for i, c in enumerate(calls)]
 
 
+REASONING_KEYS = ("reasoning", "reasoning_content")
+"""The names a message or stream delta carries the reasoning under: Ollama's ``/v1`` writes ``reasoning``,
+llama.cpp's server and vLLM ``reasoning_content``; both, so that clients of either read it unchanged."""
+
+
 def _message(d: ReplyDelta) -> dict:
-    """The non-streamed ``message``: content (None when only calls were made), ``reasoning_content``,
-    ``tool_calls`` (without stream indexes)."""
+    """The non-streamed ``message``: content (None when only calls were made), the reasoning (under both
+    :data:`REASONING_KEYS`), ``tool_calls`` (without stream indexes)."""
     msg: dict = {"role": "assistant", "content": d.content if d.content or not d.calls else None}
     if d.thinking:
-        msg["reasoning_content"] = d.thinking
+        msg.update(dict.fromkeys(REASONING_KEYS, d.thinking))
     if d.calls:
         msg["tool_calls"] = [{k: v for k, v in c.items() if k != "index"} for c in tool_calls(d.calls)]
     return msg
@@ -130,7 +135,7 @@ async def chat_completions(request: Request):
             return None
         d: dict = {"role": "assistant", "content": piece.content} if first else {"content": piece.content}
         if piece.thinking:
-            d["reasoning_content"] = piece.thinking
+            d.update(dict.fromkeys(REASONING_KEYS, piece.thinking))
         if piece.calls:
             d["tool_calls"] = tool_calls(piece.calls, calls)
             calls += len(piece.calls)
