@@ -28,6 +28,7 @@ class FakeBackend:
         self.n_parallel = n_parallel
         self.num_ctx = num_ctx
         self.n_batch = n_batch
+        self.n_ubatch = n_batch
         self.n_vocab = n_vocab
         self.vocab = None
         self.can_shift = True

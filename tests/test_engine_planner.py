@@ -138,9 +138,12 @@ class FakeCache:
 
 def _with_donor(engine, prompt, then):
     """Run ``then()`` while a long request holds a slot: the engine waits inside the donor's first decode step
-    after its prefill until ``then`` has submitted, so the donor holds exactly its prompt plus one token."""
+    after its prefill until ``then`` has submitted, so the donor holds exactly its prompt plus one token.
+
+    The donor's prefill is ceil((N-1)/n_batch) chunk decodes, then the decode of its last prompt token alone
+    (the canonical order, ollapy.engine.evalorder); the step after that is the one held."""
     b = engine.backend
-    b.block_at = b.n_decodes + -(-len(prompt) // b.n_batch) + 1
+    b.block_at = b.n_decodes + -(-(len(prompt) - 1) // b.n_batch) + 2
     donor = engine.submit(prompt, OPTS.merged({"num_predict": 100000}))
     next(iter(donor))
     req = then()
@@ -203,7 +206,8 @@ def test_cache_hit_is_never_combined_with_a_queued_copy(engine_parts):
     text, last = _with_donor(e, prompt[:100] + [3, 4], lambda: (b.calls.clear(), cache.events.clear(), e.submit(prompt, OPTS))[2])
     assert not any(c[0] == "seq_cp" for c in b.calls)  # the cache gives more: no copy queued at all
     assert ("state_set", 1) in b.calls
-    assert last.metrics.prefix_source == "cache disk" and last.metrics.prompt_cache_tokens == 150
+    # 150 cached, resumed from 148: where a cold run of this prompt ends a chunk (evalorder.canonical_reuse)
+    assert last.metrics.prefix_source == "cache disk" and last.metrics.prompt_cache_tokens == 148
     assert cache.events == ["hit"]
 
 
@@ -226,13 +230,14 @@ def test_finished_state_is_stored_ram_only_and_save_points_persist(engine_parts)
     b, e = engine_parts(cache)
     prompt = list(range(1, 60))
     e.submit(prompt, OPTS, save_points=(30,)).result()
-    # 59 prompt tokens + 2 decoded (the 3rd sampled token ends the request before it is decoded)
-    assert cache.stored == [(30, True), (61, False)]
+    # the finished state is its exact cells: the 58 prompt tokens evaluated in chunks, not the last prompt
+    # token nor the decoded ones (decode-shaped rows: a longer cold prompt computes them inside a chunk)
+    assert cache.stored == [(30, True), (58, False)]
 
 
 def test_cancel_records_the_phase(engine_parts):
     b, e = engine_parts(None, n_parallel=1)
-    b.block_at = 2
+    b.block_at = 3  # decode 1: the chunk [1, 2]; decode 2: the last prompt token alone (first token)
     busy = e.submit([1, 2, 3], OPTS.merged({"num_predict": 100000}))
     next(iter(busy))
     queued = e.submit([4, 5, 6], OPTS)

@@ -1,11 +1,13 @@
 """The engine: one loaded model, ``n_parallel`` slots, continuous batching on one loop thread.
 
-Design follows llama.cpp's server slot loop (``update_slots``): every step
-builds ONE ``llama_batch`` holding first a decode token for every generating
-slot, then prompt chunks of slots still prefilling, up to ``n_batch`` tokens
-(chunked prefill, so a long prompt stalls other slots by at most one chunk).
-Only decode tokens and the last token of a prompt ask for logits. After the
-decode, each slot samples from its own logits row with its own sampler chain.
+Design follows llama.cpp's server slot loop (``update_slots``), in the
+canonical evaluation order of :mod:`ollapy.engine.evalorder`: every step
+evaluates the next prompt chunk of each prefilling slot (each chunk in its own
+``llama_decode``, up to ``n_batch`` prompt tokens per step: chunked prefill, so
+a long prompt stalls other slots by a bounded amount), then ONE
+``llama_decode`` of single rows: a decode token for every generating slot and
+the last prompt token of every slot whose chunks are done. Only those rows ask
+for logits; each slot samples from its own row with its own sampler chain.
 
 Slot choice for a new request: :func:`ollapy.engine.planner.plan_prefix`
 picks ONE prefix source (the slot's own KV, a busy donor slot's KV copied
@@ -20,9 +22,9 @@ prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
 computed with the discarded tokens in view), so a later request on that slot
 reuses at most the kept prefix (``Slot.exact``), and shifted KV is never saved
 to the prompt cache. Reuse therefore never puts KV into a slot that a fresh
-prefill of the same tokens would not compute. (Logits can still differ in
-their last bits between a short tail and a cold prefill, since llama.cpp's
-kernels group work by batch size; greedy output differs only at near-ties.)
+prefill of the same tokens would not compute. The same holds bit for bit
+because of the canonical evaluation order: ``Slot.exact`` also stops before
+decode-shaped cells (the last prompt token, generated tokens).
 
 Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
 joined engine frees llama.cpp's context (a free under a running
@@ -43,6 +45,7 @@ from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyErro
 from ..options import Options, predict_limit
 from .backend.context import Backend
 from .cpuload import ThreadBudget
+from .evalorder import canonical_reuse, next_chunk_end
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
@@ -223,11 +226,64 @@ class Engine:
                 self._waiting.popleft().push(Cancelled("model unloaded"))
 
     def _step(self) -> None:
+        """One engine step in the canonical evaluation order (:mod:`ollapy.engine.evalorder`).
+
+        First each prefilling slot's next chunk of ``[0, N-1)``, each in its own
+        ``llama_decode`` (up to ``n_batch`` prompt tokens per step in all), then
+        ONE ``llama_decode`` of single rows: a decode token for every
+        generating slot and the last prompt token of every slot whose chunks
+        are done. Only the single rows ask for logits.
+        """
         self._drop_cancelled()
         self._assign_waiting()
         active = [s for s in self.slots if s.busy]
         if not active:
             return
+        b = self.backend
+        budget = b.n_batch
+        n_ubatch = b.n_ubatch
+        for s in sorted((s for s in active if s.state is SlotState.PREFILL), key=lambda s: s.request.id):
+            if budget < 2:
+                break
+            start, stop = len(s.tokens), len(s.prompt) - 1
+            if start >= stop:
+                continue  # only the last prompt token is left: it goes with the single rows
+            # chunks end at save points with the cache off too: every run of this prompt has the same chunks
+            end = next_chunk_end(start, stop, min(budget, n_ubatch), s.request.save_points)
+            if end is None:
+                continue
+            if not self._decode_chunk(s, start, end):
+                continue
+            budget -= end - start
+            if end in s.request.save_points:
+                self._save(s, pinned=s.request.pin, persist=True)
+        self._decode_rows([s for s in self.slots if s.busy])
+
+    def _decode_chunk(self, s: Slot, start: int, end: int) -> bool:
+        """Evaluate prompt tokens ``[start, end)`` of slot ``s`` alone in one ``llama_decode``; False if it failed."""
+        b = self.backend
+        n = end - start
+        toks = array("i", s.prompt[start:end])
+        pos = array("i", range(start, end))
+        seqs = array("i", [s.id]) * n
+        want = array("b", [0]) * n
+        self._set_threads(n)
+        try:
+            b.decode(toks, pos, seqs, want)
+        except DecodeError as exc:
+            b.seq_rm(s.id, len(s.tokens), -1)
+            self._fail(s, exc)
+            return False
+        self.steps += 1
+        exact = s.exact == len(s.tokens)
+        s.tokens.extend(toks)
+        if exact:  # chunk-shaped cells: what a cold prefill of a longer prompt computes too
+            s.exact = len(s.tokens)
+        assert b.seq_pos_max(s.id) + 1 == len(s.tokens), (s.id, len(s.tokens))
+        return True
+
+    def _decode_rows(self, active: list[Slot]) -> None:
+        """One ``llama_decode`` of single rows (decode tokens and last prompt tokens), then sample each."""
         b = self.backend
         toks, pos, seqs, want = array("i"), array("i"), array("i"), array("b")
         in_batch: list[Slot] = []
@@ -237,42 +293,20 @@ class Engine:
                     continue
                 if s.state is not SlotState.GENERATE:  # re-prefill after a non-shiftable overflow
                     continue
-                s.batch_row = len(toks)
-                toks.append(s.pending)
-                pos.append(len(s.tokens))
-                seqs.append(s.id)
-                want.append(1)
-                in_batch.append(s)
-        budget = b.n_batch - len(toks)
-        chunks: dict[int, int] = {}
-        for s in sorted((s for s in active if s.state is SlotState.PREFILL), key=lambda s: s.request.id):
-            if budget <= 0:
-                break
-            start = len(s.tokens)
-            end = min(len(s.prompt), start + budget)
-            nxt = next((p for p in s.request.save_points if start < p < end), None)
-            if nxt is not None and self.cache is not None and s.request.cache:
-                end = nxt
-            for i in range(start, end):
-                toks.append(s.prompt[i])
-                pos.append(i)
-                seqs.append(s.id)
-                want.append(0)
-            if end == len(s.prompt):
-                want[-1] = 1
-                s.batch_row = len(toks) - 1
+                tok = s.pending
+            elif len(s.tokens) == len(s.prompt) - 1:
+                tok = s.prompt[-1]
             else:
-                s.batch_row = -1
-            chunks[s.id] = end - start
-            budget -= end - start
+                continue
+            s.batch_row = len(toks)
+            toks.append(tok)
+            pos.append(len(s.tokens))
+            seqs.append(s.id)
+            want.append(1)
             in_batch.append(s)
         if not toks:
             return
-        n_threads = self.thread_budget.threads(len(toks))
-        if n_threads != b.threads:
-            log.debug("decode threads %d -> %d (other runnable tasks on %d CPUs)", b.threads, n_threads,
-                      self.thread_budget.n_cpu)
-            b.set_threads(n_threads)
+        self._set_threads(len(toks))
         try:
             b.decode(toks, pos, seqs, want)
         except DecodeError as exc:
@@ -283,24 +317,22 @@ class Engine:
         self.steps += 1
         now = time.perf_counter_ns()
         for s in in_batch:
-            exact = s.exact == len(s.tokens)
-            if s.state is SlotState.GENERATE:
-                s.tokens.append(s.pending)
-            else:
-                s.tokens.extend(s.prompt[len(s.tokens):len(s.tokens) + chunks[s.id]])
-            if exact:
-                s.exact = len(s.tokens)
-            if s.state is not SlotState.GENERATE:
-                if len(s.tokens) in s.request.save_points:
-                    self._save(s, pinned=s.request.pin, persist=True)
-                if s.batch_row < 0:
-                    continue
+            s.tokens.append(toks[s.batch_row])  # a decode-shaped cell: never counted in s.exact
+            if s.state is SlotState.PREFILL:
                 req = s.request
                 if not s.t_first:
                     req.metrics.prompt_eval_duration = now - s.t_start
                     s.t_first = now
                 s.state = SlotState.GENERATE
             self._sample(s)
+
+    def _set_threads(self, n_tokens: int) -> None:
+        b = self.backend
+        n_threads = self.thread_budget.threads(n_tokens)
+        if n_threads != b.threads:
+            log.debug("decode threads %d -> %d (other runnable tasks on %d CPUs)", b.threads, n_threads,
+                      self.thread_budget.n_cpu)
+            b.set_threads(n_threads)
 
     def _sample(self, s: Slot) -> None:
         b = self.backend
@@ -393,7 +425,8 @@ class Engine:
         if use_cache and offer is None and not excluded:
             self.cache.record_miss()
         slot = self.slots[plan.slot]
-        reuse = plan.reuse
+        reuse = canonical_reuse(plan.reuse, len(prompt), req.save_points)
+        assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)
             reuse = 0
@@ -415,6 +448,7 @@ class Engine:
             donor = self.slots[plan.donor]
             b.seq_cp(donor.id, slot.id)  # cross-stream: buffers are copied at the next llama_decode
             slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
+            slot.exact = min(donor.exact, len(slot.tokens))
         elif plan.kind == "cache":
             hit = self.cache.load(cand, defer_check=True)  # a disk payload's checksum runs during state_set
             if hit is None:
@@ -432,6 +466,7 @@ class Engine:
                 self.cache.record_refused(hit)
                 return False
             slot.tokens = list(hit.tokens)
+            slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
             self.cache.record_hit(hit)
         return True
 
@@ -448,14 +483,30 @@ class Engine:
         if s.t_first:
             m.eval_duration = now - s.t_first
         m.total_duration = now - req.created_ns + m.load_duration
+        context = list(s.tokens)
+        self._trim_inexact(s)
         self._save(s, pinned=req.pin, persist=req.pin)
         s.release()
         self.requests_done += 1
-        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=list(s.tokens),
+        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=context,
                        logprobs=req.take_logprobs()))
+
+    def _trim_inexact(self, s: Slot) -> None:
+        """Drop the cells no later request may reuse (``tokens[exact:]``: decode-shaped or shifted).
+
+        Keeps ``tokens`` equal to the cells the sequence holds, and makes the
+        state a finished request leaves exactly its reusable prefix.
+        """
+        if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
+            del s.tokens[s.exact:]
+        elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable
+            self.backend.seq_clear(s.id)
+            s.tokens = []
+            s.exact = 0
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
         req = s.request
+        self._trim_inexact(s)
         s.release()
         req.push(exc)
 
@@ -463,7 +514,7 @@ class Engine:
         """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM)."""
         if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
             return
-        if s.exact < len(s.tokens):  # shifted KV is not what a fresh prefill of s.tokens gives: never cache it
+        if s.exact < len(s.tokens):  # decode-shaped or shifted cells: never cached (see evalorder)
             return
         try:
             self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist)

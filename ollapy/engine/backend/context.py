@@ -146,11 +146,11 @@ class Backend:
             self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
             self.n_parallel = max(1, cfg.n_parallel)
             self.num_ctx = cfg.num_ctx
-            self.n_batch = max(cfg.num_batch, self.n_parallel)
+            self.n_batch = max(cfg.num_batch, self.n_parallel, 8)  # a chunk of 2 aligned to 4 always fits
             cp = C.llama_context_default_params()
             cp.n_ctx = self.num_ctx * self.n_parallel
             cp.n_batch = self.n_batch
-            cp.n_ubatch = min(self.n_batch, 512)
+            cp.n_ubatch = self.n_ubatch = min(self.n_batch, 512)
             cp.n_seq_max = self.n_parallel
             threads = cfg.num_thread or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
             cp.n_threads = threads

@@ -1,0 +1,96 @@
+"""The canonical evaluation order: every prompt is evaluated in the same shapes, cold or from the cache.
+
+Why (measured, see ``tests/test_exact_logits.py`` and the README's "Exactness"
+section): ggml-cpu picks a matrix-multiply kernel by the number of rows of the
+right-hand operand. ``llamafile_sgemm`` (tinyBLAS) declines ``n < 2``
+("only enable sgemm for prompt processing", ``ggml/src/ggml-cpu/llamafile/sgemm.cpp``),
+so a product with one row goes through ``ggml_vec_dot_*`` instead. The two
+accumulate in different orders, so their results differ in the last bits.
+With the KV cache not unified (one stream per sequence), the attention
+products ``K·q`` and ``V·softmax`` of a stream have as many rows as that
+stream's tokens in the ubatch: a token evaluated alone and the same token
+evaluated inside a prompt chunk get different attention bits, so different
+KV cells in every later layer and different logits. tinyBLAS itself keeps one
+accumulator per output element over ``k`` whatever its tile shape, so a row's
+result does not depend on WHICH other rows share its chunk, only on whether it
+is alone. Weight matrices of the test models (Q4_1, Q4_K/Q6_K) go through
+``vec_dot`` at any row count, so they are row-invariant.
+
+The order (both the cold run and a run that starts from a cached prefix
+follow it, so they compute every KV cell and the final logits identically):
+
+1. Prompt tokens ``[0, N-1)`` are evaluated in chunks of at least 2 tokens of
+   one sequence, each chunk in its own ``llama_decode`` (so llama.cpp's
+   ``split_equal`` never mixes another sequence's rows into it and never
+   leaves a 1-token remainder). A chunk ends at ``N-1``, at a save point
+   (where the prompt cache stores a state, so the cold run ends a chunk there
+   too), or at a multiple of :data:`ALIGN` within the step's token budget; it
+   never leaves exactly one token before ``N-1``. The one exception: a 2-token
+   prompt, whose first token is alone in every run.
+2. The last prompt token ``N-1`` is evaluated alone in its stream, in the same
+   ``llama_decode`` as the other slots' decode tokens: a decode-shaped row,
+   exactly as every generated token is.
+3. A reused prefix (own slot, copied slot, restored state) covers only cells
+   computed by rule 1 (``Slot.exact``): never the last prompt token or the
+   generated tokens, which a longer cold prompt would compute inside a chunk.
+   When the prefix would leave exactly one token before ``N-1``, it is moved
+   back by one token (:func:`canonical_reuse`), so the tail is a chunk of 2.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+ALIGN = 4
+"""Chunk starts are multiples of this (rule 1): ggml-cpu's repacked weights (``repack.cpp``) multiply rows in
+groups of 4 with a gemm kernel and the remainder with a gemv kernel, which round differently."""
+
+
+def canonical_reuse(reuse: int, n_prompt: int, boundaries: Sequence[int] = ()) -> int:
+    """Largest prefix length ``<= reuse`` from which a cold run's chunking can be resumed, for ``n_prompt`` tokens.
+
+    A reused prefix must end where a cold run of this prompt could end a
+    chunk: at a multiple of :data:`ALIGN`, at one of ``boundaries`` (the
+    request's save points, where the cold run ends a chunk too), or at
+    ``n_prompt - 1``; and the tail ``[reuse, n_prompt-1)`` must be empty or at
+    least 2 tokens (rule 3). Raises ValueError when ``reuse`` leaves no prompt
+    token to evaluate.
+    """
+    stop = n_prompt - 1
+    if not 0 <= reuse <= stop:
+        raise ValueError(f"reuse {reuse} must leave at least one of {n_prompt} prompt tokens to evaluate")
+    while reuse > 0 and not (reuse == stop or (stop - reuse >= 2 and (reuse % ALIGN == 0 or reuse in boundaries))):
+        reuse -= 1
+    assert reuse == 0 or reuse == stop or stop - reuse >= 2
+    return reuse
+
+
+def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int] = ()) -> int | None:
+    """End of the next prefill chunk ``[start, end)`` of the region ``[start, stop)``, or None to wait a step.
+
+    ``stop`` is the last prompt token's position (``N-1``: rule 2 evaluates it
+    apart); ``budget`` the most tokens this chunk may hold (the step's budget,
+    at most ``n_ubatch``); ``save_points`` sorted positions where a chunk
+    should end so the cache can store the prefix. The result keeps rule 1:
+    ``end - start >= 2`` (unless the whole region is one token) and
+    ``stop - end != 1``. Returns None when the budget cannot hold such a chunk.
+    """
+    assert 0 <= start < stop, (start, stop)
+    if stop - start == 1:  # a 2-token prompt: its first token is alone in every run
+        return stop if budget >= 1 else None
+    end = min(stop, start + budget)
+    for p in sorted(save_points):
+        if start + 2 <= p < end and stop - p != 1:
+            return p
+    if end < stop:
+        aligned = end - end % ALIGN  # the next chunk starts on the grid
+        if stop - aligned == 1:
+            aligned -= ALIGN
+        if aligned - start >= 2:
+            end = aligned
+        elif stop - end == 1:  # a budget under 2 * ALIGN (num_batch < 8): off the grid rather than never
+            end -= 1
+    if end - start < 2:
+        return None
+    assert start + 2 <= end <= stop and stop - end != 1
+    return end

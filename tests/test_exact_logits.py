@@ -1,0 +1,136 @@
+"""Bit-exact harness: the last prompt token's logits after a cold prefill and after a restored prefix.
+
+Drives llama.cpp through ollapy's Backend in exactly the shapes the engine uses
+(:mod:`ollapy.engine.evalorder`: chunks of ``[0, N-1)`` each in its own
+``llama_decode``, the last prompt token alone) and compares logits byte for
+byte. Both test models, weight repacking (``extra_bufts``) on and off.
+
+What it established (and keeps checking), with the vendored llama.cpp:
+
+* The last prompt token evaluated inside a chunk and the same token evaluated
+  alone give different logits (ggml-cpu multiplies a one-row product with
+  ``vec_dot`` and a multi-row one with tinyBLAS, which accumulate in different
+  orders; a large difference after int8 activation quantization). So the
+  engine always evaluates it alone, cold or cached.
+* Which other rows share a chunk does not matter (tinyBLAS keeps one
+  accumulator per output element), except for repacked weights (Gemma's Q4_K
+  with ``extra_bufts`` on), whose gemm kernel takes rows in groups of 4 and
+  the remainder with gemv: chunks must start on a 4-token grid.
+* A restored state is bit-exact, into any slot, trimmed to any canonical
+  point, and other slots' decode rows beside the last token change nothing.
+"""
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from ollapy.engine.evalorder import canonical_reuse, next_chunk_end
+
+N_PROMPT = 600  # crosses one n_ubatch (512) boundary
+SAVE_POINT = 203  # off the 4-token grid, like a system prompt's end
+
+
+@pytest.fixture(scope="module", params=[("smollm2", "on"), ("smollm2", "off"), ("gemma3", "on"), ("gemma3", "off")],
+                ids=lambda p: f"{p[0]}-extra_bufts_{p[1]}")
+def harness(request):
+    from ollapy.engine.backend.context import Backend, ContextConfig
+
+    name, bufts = request.param
+    path = request.getfixturevalue("smollm2_path" if name == "smollm2" else "gemma_path")
+    b = Backend(path, ContextConfig(n_parallel=3, num_ctx=1024, extra_bufts=bufts, flash_attn="off"))
+    text = " ".join(f"Entry {i}: the courier with badge {i * 7 % 31} walks to street {i * 13 % 97} at dawn."
+                    for i in range(80))
+    toks = b.tokenize(text)[:N_PROMPT]
+    assert len(toks) == N_PROMPT
+    yield Harness(b, toks)
+    b.close()
+
+
+class Harness:
+    """Evaluate ``toks`` on a sequence in given chunks; read the last token's logits as bytes."""
+
+    def __init__(self, backend, toks: list[int]) -> None:
+        self.b = backend
+        self.toks = toks
+
+    def chunk(self, seq: int, start: int, end: int, want_last: bool = False) -> None:
+        n = end - start
+        want = array("b", [0] * (n - 1) + [1 if want_last else 0])
+        self.b.decode(array("i", self.toks[start:end]), array("i", range(start, end)), array("i", [seq] * n), want)
+
+    def canonical_prefill(self, seq: int, start: int, stop: int, points=(SAVE_POINT,)) -> list[tuple[int, int]]:
+        """Chunks of ``[start, stop)`` exactly as the engine makes them (budget n_ubatch each step)."""
+        done = []
+        while start < stop:
+            end = next_chunk_end(start, stop, self.b.n_ubatch, points)
+            self.chunk(seq, start, end)
+            done.append((start, end))
+            start = end
+        return done
+
+    def last_alone(self, seq: int, others: tuple[tuple[int, int], ...] = ()) -> bytes:
+        """Decode the last prompt token alone in its stream (plus ``others``: (seq, position) decode rows first)."""
+        n = len(self.toks)
+        t, p, s = array("i"), array("i"), array("i")
+        for oseq, opos in others:
+            t.append(self.toks[opos])
+            p.append(opos)
+            s.append(oseq)
+        t.append(self.toks[n - 1])
+        p.append(n - 1)
+        s.append(seq)
+        self.b.decode(t, p, s, array("b", [1] * len(t)))
+        return self.b.logits_row(len(t) - 1).tobytes()
+
+    def cold(self, seq: int = 0, points=(SAVE_POINT,)) -> bytes:
+        self.b.seq_clear(seq)
+        self.canonical_prefill(seq, 0, len(self.toks) - 1, points)
+        return self.last_alone(seq)
+
+    def state_of_prefix(self, length: int, seq: int = 2) -> bytearray:
+        """The state an earlier request leaves for ``length`` exact cells: chunks of ``[0, length)`` only."""
+        self.b.seq_clear(seq)
+        self.canonical_prefill(seq, 0, length)
+        return self.b.state_get(seq)
+
+    def cached(self, state, length: int, seq: int = 0, others=()) -> bytes:
+        """Restore ``state`` (``length`` cells), resume at the canonical point, evaluate the tail as the engine does."""
+        n = len(self.toks)
+        assert self.b.state_set(seq, state)
+        reuse = canonical_reuse(min(length, n - 1), n, (SAVE_POINT,))
+        assert self.b.seq_rm(seq, reuse, -1)
+        self.canonical_prefill(seq, reuse, n - 1)
+        for oseq, opos in others:  # other slots hold a short prefix and decode beside the last token
+            self.b.seq_clear(oseq)
+            self.chunk(oseq, 0, opos)
+        return self.last_alone(seq, others)
+
+
+def test_the_last_token_inside_a_chunk_is_not_what_it_is_alone(harness):
+    """The mechanism: one row vs a chunk of rows changes the logits, so the engine evaluates it alone always."""
+    h = harness
+    n = len(h.toks)
+    alone = h.cold()
+    h.b.seq_clear(0)
+    h.canonical_prefill(0, 0, n - 2)
+    h.chunk(0, n - 2, n, want_last=True)
+    assert h.b.logits_row(1).tobytes() != alone
+
+
+def test_a_save_point_split_on_the_grid_computes_what_one_chunk_does(harness):
+    assert harness.cold(points=()) == harness.cold(points=(200,))
+
+
+@pytest.mark.parametrize("length", [N_PROMPT - 1, N_PROMPT - 2, N_PROMPT - 17, SAVE_POINT, 512, 100])
+def test_a_restored_prefix_gives_the_cold_logits_bit_for_bit(harness, length):
+    h = harness
+    cold = h.cold()
+    assert h.cached(h.state_of_prefix(length), length) == cold
+
+
+def test_a_restore_into_another_slot_beside_other_decode_rows_is_bit_exact(harness):
+    h = harness
+    cold = h.cold()
+    state = h.state_of_prefix(N_PROMPT - 1)
+    assert h.cached(state, N_PROMPT - 1, seq=1, others=((0, 40), (2, 77))) == cold
