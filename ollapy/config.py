@@ -99,6 +99,18 @@ RUNNER = _setting(
     "Where models run: auto (in this process; models that use RPC servers in a child runner process), "
     "or process (every model in a child runner process, so a crash in llama.cpp ends only that model).",
 )
+RUNNER_TIMEOUT = _setting(
+    "OLLAPY_RUNNER_TIMEOUT",
+    "120",
+    "Seconds a request waits for a runner child to answer a call (prompt building, accepting a generation, "
+    "embeddings) before it fails with a 502; a stopped runner never stalls other models.",
+)
+MAX_MEMORY = _setting(
+    "OLLAPY_MAX_MEMORY",
+    "",
+    "Memory the server's loaded models may take (weights + KV cache, e.g. 16GiB); loading past it unloads idle "
+    "models, least recently used first (default: the memory available when the model loads).",
+)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -316,6 +328,17 @@ def runner() -> str:
     return _choice(RUNNER, ("auto", "process"))
 
 
+def runner_timeout() -> float:
+    """``OLLAPY_RUNNER_TIMEOUT`` in seconds (>= 1); raises SettingError."""
+    return float(_int(RUNNER_TIMEOUT, 1))
+
+
+def max_memory() -> int | None:
+    """``OLLAPY_MAX_MEMORY`` in bytes, None when unset (then the runtime measures what is available);
+    raises SettingError."""
+    return _size(MAX_MEMORY) if MAX_MEMORY.raw() else None
+
+
 ACCESSORS: dict[str, Callable[[], object]] = {}
 
 
@@ -429,6 +452,7 @@ ACCESSORS.update({
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
     ORIGINS.env: origins, MAX_BODY.env: max_body, RPC.env: rpc, RUNNER.env: runner,
+    RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
 })
 
 

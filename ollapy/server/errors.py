@@ -97,6 +97,17 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
     return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
 
 
+RETRY_AFTER_S = 1  # seconds a client is told to wait after a 503 "busy" answer
+
+
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """HTTP headers of an error response: ``Retry-After`` on a 503 (queue full, no room to load a model, a
+    runner child that does not answer), as Ollama's and llama.cpp's servers ask clients to come back."""
+    if status_for(exc) == 503:
+        return {"Retry-After": str(int(getattr(exc, "retry_after", RETRY_AFTER_S)))}
+    return {}
+
+
 def stream_error_line(exc: BaseException) -> bytes:
     """The final NDJSON line of an Ollama stream that failed after it started."""
     _, body = ollama_error(exc)
