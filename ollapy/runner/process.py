@@ -359,17 +359,17 @@ class ProcessModel:
     @property
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool definitions."""
-        return self.facts.supports_tools
+        return self._ready.supports_tools
 
     @property
     def supports_thinking(self) -> bool:
         """Whether the chat template has a reasoning section."""
-        return self.facts.supports_thinking
+        return self._ready.supports_thinking
 
     @property
     def embedding_only(self) -> bool:
         """True for an embedding model."""
-        return self.facts.embedding_only
+        return self._ready.embedding_only
 
     # ---- generation -------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,

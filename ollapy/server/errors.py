@@ -48,7 +48,8 @@ def status_for(exc: BaseException) -> int:
 
 
 # an absolute path in a message: after a space, quote, bracket or '=' (so no URL), not an API route in a hint
-_SERVER_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))~?/(?!api/|v1/)[^\s'"()<>\[\],;:]*""")
+# (a lone "/" between words, as in "A / B", is no path)
+_SERVER_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))~?/(?!api/|v1/)[^\s'"()<>\[\],;:]+""")
 
 
 def redact_paths(text: str) -> str:
