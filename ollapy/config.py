@@ -52,16 +52,18 @@ CACHE_DIR = _setting("OLLAPY_CACHE_DIR", "", "Prompt-cache directory (default: t
 DEBUG = _setting("OLLAPY_DEBUG", "0", "1 shows debug logs (slot chosen, cache hits, shifts) and tracebacks on errors.")
 NUM_PARALLEL = _setting("OLLAPY_NUM_PARALLEL", "1", "Parallel slots per loaded model (each gets num_ctx tokens of KV cache).")
 NUM_CTX = _setting("OLLAPY_CONTEXT_LENGTH", "4096", "Default context length per slot (num_ctx).")
-MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot before new ones get a 'busy' error.")
+MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot (per model), or for a model "
+                     "to load, before new ones get a 'busy' error (HTTP 503 with Retry-After).")
 EXTRA_BUFTS = _setting(
     "OLLAPY_EXTRA_BUFTS",
     "auto",
     "CPU extra buffer types (weight repacking, AMX): auto (off only on AMX CPUs with an AMX build, where ggml crashes), on, off.",
 )
 NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
-                      "CPU threads for decoding. 0 = ollapy chooses: every CPU up to 4, half of them above (about "
-                      "the physical cores), and fewer for decode steps while other processes keep the CPUs busy; "
-                      "a number is used as it is.")
+                      "CPU threads for decoding. 0 = ollapy chooses from the process's own CPUs (its affinity mask, "
+                      "capped by a cgroup CPU quota): every one up to 4, half of them above (about the physical "
+                      "cores), and fewer for decode steps while other processes keep those CPUs busy; a number is "
+                      "used as it is.")
 KEEP_ALIVE = _setting(
     "OLLAPY_KEEP_ALIVE",
     "5m",

@@ -417,7 +417,7 @@ def model_status(e: Loaded) -> dict:
         info = {}
     snap = m.snapshot()
     cache_stats = snap.cache.as_dict() if snap.cache is not None else None
-    gpu = e.options.num_gpu != 0 and _gpu_offload()
+    gpu = bool(info.get("gpu_offload"))  # the runner's own figure: the server process never loads llama.cpp for it
     size = e.size or loaded_size(m)
     return {
         "key": e.key,
@@ -444,9 +444,3 @@ def loaded_size(model, estimate: int = 0) -> int:
     except Exception:  # noqa: BLE001 - a figure only
         size = 0
     return size or estimate
-
-
-def _gpu_offload() -> bool:
-    from .engine.system import gpu_offload
-
-    return gpu_offload()

@@ -12,6 +12,7 @@ import pytest
 from conftest import HANG_GUARD_S, ROOT, cancel_after_first_chunk
 
 from ollapy import loader
+from ollapy.engine.interface import ModelRunner
 from ollapy.errors import (
     BusyError,
     ContextError,
@@ -56,6 +57,7 @@ def test_isolated_greedy_output_and_counts_equal_in_process(smollm2_path):
     results, vectors = {}, {}
     for isolated in (False, True):
         with loader.open_model(_ref(smollm2_path), opts, cache=False, isolated=isolated) as m:
+            assert isinstance(m, ModelRunner)  # the runner interface, in process and in a child alike
             chat = _run(m, m.chat_prompt(SYSTEM, opts), opts)
             raw = _run(m, m.raw_prompt("The three primary colours are"), opts)
             vectors[isolated] = m.embed(["hello world", "the sea"]).vectors

@@ -186,3 +186,19 @@ def test_requests_waiting_for_a_model_past_max_queue_get_busy():
 ])
 def test_choose_evictions(need, residents, budget, available, max_models, want):
     assert choose_evictions(need, residents, budget=budget, available=available, max_models=max_models) == want
+
+
+def test_the_load_estimate_matches_what_the_loaded_model_reports(smollm2_path, gemma_path):
+    """The admission estimate from the GGUF header alone: SmolLM2's KV bytes per token equal the loaded
+    model's own figure; Gemma 3 (head dim 256 from ``key_length``, not embedding / heads) gets 18 layers x 1 KV
+    head x (256 + 256) x 2 bytes."""
+    from ollapy.admission import estimate_load
+    from ollapy.engine.model import LoadedModel
+    from ollapy.options import Options
+
+    with LoadedModel(smollm2_path, Options(num_ctx=512, num_parallel=2)) as m:
+        info = m.info()
+    est = estimate_load(smollm2_path, 512, 2)
+    assert est.kv == info["kv_bytes_per_slot"] * 2 and est.weights == smollm2_path.stat().st_size
+    gem = estimate_load(gemma_path, 1000, 1, "q8_0")
+    assert gem.kv == int(18 * 1 * (256 + 256) * 34 / 32) * 1000

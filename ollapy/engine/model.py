@@ -334,6 +334,7 @@ class LoadedModel:
             "can_shift": b.can_shift,
             "threads": b.threads,
             "devices": b.devices,
+            "gpu_offload": b.gpu_offload,
         }
 
     def __enter__(self) -> LoadedModel:

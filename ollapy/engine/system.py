@@ -1,5 +1,5 @@
 """What this machine's llama.cpp build offers, for callers above the engine (``ollapy info``, ``ollapy
-rpc-server``, the runtime's ``ps`` figures): versions, ggml devices, GPU offload, the CPU safety choice, RPC.
+rpc-server``): versions, ggml devices, GPU offload, the CPU safety choice, RPC.
 
 The CLI and the server reach :mod:`ollapy.engine.backend` (the llama.cpp boundary) only through these
 functions. Importing this module loads nothing; each function loads llama.cpp when it is called.
@@ -27,16 +27,6 @@ def system_report(extra_bufts_setting: str) -> dict:
         "build_amx": bindings.build_has_amx(),
         "extra_bufts": reason,
     }
-
-
-def gpu_offload() -> bool:
-    """Whether the llama.cpp build offloads layers to a GPU; False when llama.cpp cannot be loaded."""
-    try:
-        from .backend.bindings import supports_gpu_offload
-
-        return supports_gpu_offload()
-    except Exception:  # noqa: BLE001 - a figure for ps, never an error
-        return False
 
 
 def rpc_report(endpoints: list[str]) -> dict:

@@ -130,6 +130,7 @@ class Backend:
         self.extra_bufts, self.extra_bufts_reason = choose_extra_bufts(cfg.extra_bufts)
         mp = C.llama_model_default_params()
         offload, self.devices, placement_arrays = _placement(mp, cfg)
+        self.gpu_offload = bool(offload and mp.n_gpu_layers > 0)  # layers go to a GPU (or an RPC device)
         mp.use_extra_bufts = self.extra_bufts
         # Ctrl-C is deferred while llama.cpp works (it would be swallowed in a ctypes callback) and raised here
         with deferred_sigint() as interrupted:
