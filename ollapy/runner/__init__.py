@@ -11,6 +11,7 @@ reloads the model.
   :class:`~ollapy.engine.interface.ModelRunner` (as :class:`ollapy.engine.model.LoadedModel` is in process;
   never imports llama_cpp).
 * :mod:`.handles`: the parent's handles on the child's objects (a pending call, a generation's Request).
+* :mod:`.childlog`: the child's output, logged again in the parent, its last line kept for errors.
 * :mod:`.launch`: how the child is started (an isolated interpreter, a neutral working directory).
 * :mod:`.child`: the child's side; it builds its model with :func:`ollapy.loader.open_local`.
 * :mod:`.wire`: what crosses the socket besides engine objects: errors, model

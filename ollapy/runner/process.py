@@ -16,8 +16,7 @@ writer thread), so an event loop that cancels a stream of a stopped child goes o
 
 Threads: one reader receives every message and settles calls, pushes
 chunks into their Request or keeps the latest status; one writer sends cancels; one more reads the child's
-stderr (logged again here: Python records at their level, anything else, such as ggml's abort line, at
-debug) and keeps a short tail.
+stderr (:class:`~.childlog.ChildLog`: logged again here, a short tail kept for error messages).
 
 Child death (end of file while it should be serving): every pending call and
 request fails with RunnerError ``model runner for NAME stopped (SIGABRT): <last
@@ -39,12 +38,10 @@ ggml's RPC client).
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import os
 import queue
-import re
 import signal
 import socket
 import subprocess
@@ -58,6 +55,7 @@ from ..engine.interface import RunnerSnapshot
 from ..engine.request import Prompt, Request
 from ..errors import DecodeError, OllapyError, OptionError, RunnerError
 from ..options import Options
+from .childlog import ChildLog
 from .handles import PendingCall, ProcessRequest, fresh_error
 from .launch import NEUTRAL_CWD, child_command, child_environment
 from .wire import EmbeddingResult, ReadyFacts, error_from_payload, load_spec
@@ -67,8 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollapy.runner")
 
-_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): (.*)$")
-_SOURCE_DIR = re.compile(r"^/\S*/(?=[\w.+-]+:\d+: )")  # the directory of a "FILE:LINE: message" line
 CLOSE_GRACE_S = 10.0  # after the answer to close (or none), how long the child may take to exit before a kill
 
 
@@ -100,13 +96,11 @@ class ProcessModel:
         self._dead: RunnerError | None = None
         self._closing = False
         self._closed = False
-        self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._reader: threading.Thread | None = None
         self._cancels: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._timeout = config.runner_timeout()
         self._proc, self._sock, self._conn = self._spawn()
-        self._stderr = threading.Thread(target=self._read_stderr, name=f"runner-stderr-{self.pid}", daemon=True)
-        self._stderr.start()
+        self._stderr = ChildLog(self._proc.stdout, self.name, self.pid)
         try:
             facts = self._load(load_spec(ref, options, cache=cache, write_back=write_back, max_queue=max_queue,
                                          log_level=logging.getLogger("ollapy").getEffectiveLevel()))
@@ -166,33 +160,6 @@ class ProcessModel:
             if kind == "failed":
                 raise error_from_payload(body)
 
-    def _read_stderr(self) -> None:
-        """Log the child's output: Python records again at their level, other lines at debug; keep a tail."""
-        stream = self._proc.stdout
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip()
-            if not line:
-                continue
-            m = _RECORD.match(line)
-            if m:
-                level = logging.getLevelName(m.group(1))
-                logging.getLogger(m.group(2)).log(level, "%s", m.group(3))
-                if level >= logging.WARNING:
-                    self._tail.append(m.group(3))
-            else:
-                log.debug("runner %s [%d]: %s", self.name, self.pid, line)
-                self._tail.append(line)
-        stream.close()
-
-    def _last_line(self) -> str:
-        """The last meaningful line the child printed (ggml's abort line, a Python error), trimmed."""
-        for line in reversed(self._tail):
-            text = line.strip()
-            if text and not text.startswith(("Traceback", "File ", "^")):
-                text = _SOURCE_DIR.sub("", text)  # ggml's "/build/.../ggml-rpc.cpp:566: ..." -> "ggml-rpc.cpp:566: ..."
-                return text if len(text) <= 300 else text[:299] + "…"
-        return ""
-
     def _death_error(self) -> RunnerError:
         """The RunnerError for a child that stopped: how it ended and its last line."""
         try:
@@ -209,7 +176,7 @@ class ProcessModel:
                 how = f"stopped (signal {-rc})"
         else:
             how = f"stopped (exit status {rc})"
-        line = self._last_line()
+        line = self._stderr.last_line()
         hint = "the next request reloads the model"
         if self.options.rpc:
             from ..rpc_endpoint import parse_endpoints, unreachable_endpoints

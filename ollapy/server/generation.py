@@ -18,7 +18,6 @@ import datetime
 import time
 from typing import Any, AsyncIterator
 
-from .. import config
 from ..errors import OptionError
 from ..options import api_options
 from ..reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
@@ -301,7 +300,7 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                             max_calls=None if parallel_tool_calls else 1)
         # off the loop: a JSON-schema grammar compiles here, a runner child answers here
         req = await rt.call(entry, model.submit, p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
-                            loop=asyncio.get_running_loop(), logprobs=logprobs, timeout=config.runner_timeout(),
+                            loop=asyncio.get_running_loop(), logprobs=logprobs,
                             late=lambda r: r.cancel())
     except BaseException:
         rt.release_nowait(entry)
