@@ -66,9 +66,18 @@ async def _until(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, GUARD_S)
 
 
+async def _until_true(cond) -> None:
+    """Let the other tasks run until ``cond()`` holds (they resolve names and estimate sizes in threads)."""
+    for _ in range(GUARD_S * 100):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition never met")
+
+
 def test_a_reload_of_one_model_never_delays_requests_for_another():
     loader = Loader()
-    rt = _runtime(loader, max_models=3, max_memory=0 + 10**12)
+    rt = _runtime(loader, max_models=3, max_memory=10**12)
 
     async def scenario():
         b, _, _ = await rt.acquire("b", {"num_ctx": 512})
@@ -100,9 +109,8 @@ def test_a_drain_of_one_model_for_its_reload_never_delays_another():
         b, _, _ = await rt.acquire("b", {"num_ctx": 512})
         rt.release_nowait(b)
         reload_a = asyncio.create_task(rt.acquire("a", {"num_ctx": 2048}))
-        for _ in range(50):
-            await asyncio.sleep(0)  # let the reload reach its drain
-        assert a.unloading and not reload_a.done()
+        await _until_true(lambda: a.unloading)  # the reload reached its drain
+        assert not reload_a.done()
         for _ in range(3):
             b2, _, load_ns = await asyncio.wait_for(rt.acquire("b", {"num_ctx": 512}), GUARD_S)
             assert b2 is b and load_ns == 0
@@ -159,9 +167,7 @@ def test_requests_waiting_for_a_model_past_max_queue_get_busy():
         first = asyncio.create_task(rt.acquire("a"))  # loads (holds A's lock)
         await _until(loader.entered.setdefault("a", threading.Event()))
         second = asyncio.create_task(rt.acquire("a"))  # waits for the load: the one place in the queue
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert rt.waiting == 1
+        await _until_true(lambda: rt.waiting == 1)
         with pytest.raises(BusyError, match="1 requests already wait"):
             await rt.acquire("a")
         loader.gates["a"].set()
