@@ -63,6 +63,9 @@ def test_a_stopped_runner_stalls_nothing_but_its_own_model(tmp_path, smollm2_pat
             assert stuck.status_code == 502 and "did not answer" in stuck.json()["error"], stuck.text
             row = _poll(lambda: (r := _ps_row(c, smollm2_path.name))["stale"] and r)
             assert row["stats_age_s"] > 5 and row["runner_pid"] == pid
+            listing = run_cli("ps", env={"OLLAPY_HOST": url.removeprefix("http://")})
+            line = next(ln for ln in listing.stdout.decode().splitlines() if ln.startswith(smollm2_path.name))
+            assert listing.returncode == 0 and "0/1 (stale " in line, listing.stdout
             assert _ps_row(c, gemma_path.name)["stale"] is False
             metrics = c.get("/metrics")
             assert metrics.status_code == 200
