@@ -140,6 +140,7 @@ class Runtime:
         self._locks: dict[str, asyncio.Lock] = {}
         self._loading: dict[str, int] = {}  # key -> estimated bytes of a load in progress
         self._closing: dict[str, asyncio.Task] = {}  # key -> unload of its previous instance
+        self._loads: dict[str, asyncio.Task] = {}  # key -> its load in progress
         self._reaper: asyncio.Task | None = None
         self.on_unload: list[Callable[[Loaded], None]] = []
 
@@ -224,6 +225,9 @@ class Runtime:
             async with lock:
                 self.waiting -= 1
                 counted = False
+                unfinished = self._loads.get(key)
+                if unfinished is not None:  # a load whose request was cancelled: let it land first
+                    await asyncio.wait([unfinished])
                 entry = self.models.get(key)
                 if entry is not None and not entry.model.alive:
                     # its runner process died (e.g. ggml aborted on a lost RPC server): its requests have failed;
@@ -251,7 +255,16 @@ class Runtime:
         return entry, replace(options, **loaded), load_ns
 
     async def _load(self, key: str, ref, options: Options, ka: float) -> tuple[Loaded, int]:
-        """Make room for ``key`` (unloading idle models), then load it in a thread; holds only ``key``'s lock."""
+        """Load ``key`` on a task of the runtime's own (see :meth:`_load_task`) and wait for it; a request
+        cancelled meanwhile (client gone) leaves the load to finish and the model managed, never leaked."""
+        task = asyncio.get_running_loop().create_task(self._load_task(key, ref, options, ka))
+        self._loads[key] = task
+        task.add_done_callback(lambda t: self._loads.pop(key, None) if self._loads.get(key) is t else None)
+        return await asyncio.shield(task)
+
+    async def _load_task(self, key: str, ref, options: Options, ka: float) -> tuple[Loaded, int]:
+        """Make room for ``key`` (unloading idle models), load it in a thread, register it (its keep_alive
+        clock running until a request counts on it)."""
         previous = self._closing.get(key)
         if previous is not None:
             await asyncio.shield(previous)  # its last instance is still closing: wait for its memory
@@ -265,6 +278,8 @@ class Runtime:
             self._loading.pop(key, None)
         load_ns = time.perf_counter_ns() - t0
         entry = Loaded(key=key, ref=ref, model=model, options=options, keep_alive=ka, size=loaded_size(model, need))
+        entry.idle.set()
+        entry.expires_at = time.monotonic() + ka
         self.models[key] = entry
         return entry, load_ns
 

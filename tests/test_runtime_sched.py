@@ -179,6 +179,26 @@ def test_requests_waiting_for_a_model_past_max_queue_get_busy():
     assert e1 is e2 and e1.active == 2 and ns1 > 0 and ns2 == 0 and waiting == 0
 
 
+def test_a_request_cancelled_during_its_load_leaves_the_model_loaded_not_leaked():
+    loader = Loader()
+    rt = _runtime(loader)
+
+    async def scenario():
+        loader.gates["a"] = threading.Event()
+        first = asyncio.create_task(rt.acquire("a"))
+        await _until(loader.entered.setdefault("a", threading.Event()))
+        first.cancel()  # the client went away while the model loads
+        second = asyncio.create_task(rt.acquire("a"))
+        loader.gates["a"].set()
+        entry, _, _ = await asyncio.wait_for(second, GUARD_S)
+        rt.release_nowait(entry)
+        assert first.cancelled()
+        return entry
+
+    entry = asyncio.run(scenario())
+    assert len(loader.loaded) == 1 and entry.model is loader.loaded[0] and entry.active == 0
+
+
 @pytest.mark.parametrize(("need", "residents", "budget", "available", "max_models", "want"), [
     (100, [], 10, None, 1, ([], True)),  # nothing loaded: always
     (100, [Resident("a", 100, False, 1.0)], 1000, None, 3, ([], True)),  # fits beside A
