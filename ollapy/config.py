@@ -52,16 +52,18 @@ CACHE_DIR = _setting("OLLAPY_CACHE_DIR", "", "Prompt-cache directory (default: t
 DEBUG = _setting("OLLAPY_DEBUG", "0", "1 shows debug logs (slot chosen, cache hits, shifts) and tracebacks on errors.")
 NUM_PARALLEL = _setting("OLLAPY_NUM_PARALLEL", "1", "Parallel slots per loaded model (each gets num_ctx tokens of KV cache).")
 NUM_CTX = _setting("OLLAPY_CONTEXT_LENGTH", "4096", "Default context length per slot (num_ctx).")
-MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot before new ones get a 'busy' error.")
+MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot (per model), or for a model "
+                     "to load, before new ones get a 'busy' error (HTTP 503 with Retry-After).")
 EXTRA_BUFTS = _setting(
     "OLLAPY_EXTRA_BUFTS",
     "auto",
     "CPU extra buffer types (weight repacking, AMX): auto (off only on AMX CPUs with an AMX build, where ggml crashes), on, off.",
 )
 NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
-                      "CPU threads for decoding. 0 = ollapy chooses: every CPU up to 4, half of them above (about "
-                      "the physical cores), and fewer for decode steps while other processes keep the CPUs busy; "
-                      "a number is used as it is.")
+                      "CPU threads for decoding. 0 = ollapy chooses from the process's own CPUs (its affinity mask, "
+                      "capped by a cgroup CPU quota): every one up to 4, half of them above (about the physical "
+                      "cores), and fewer for decode steps while other processes keep those CPUs busy; a number is "
+                      "used as it is.")
 KEEP_ALIVE = _setting(
     "OLLAPY_KEEP_ALIVE",
     "5m",
@@ -98,6 +100,18 @@ RUNNER = _setting(
     "auto",
     "Where models run: auto (in this process; models that use RPC servers in a child runner process), "
     "or process (every model in a child runner process, so a crash in llama.cpp ends only that model).",
+)
+RUNNER_TIMEOUT = _setting(
+    "OLLAPY_RUNNER_TIMEOUT",
+    "120",
+    "Seconds a request waits for a runner child to answer a call (prompt building, accepting a generation, "
+    "embeddings) before it fails with a 502; a stopped runner never stalls other models.",
+)
+MAX_MEMORY = _setting(
+    "OLLAPY_MAX_MEMORY",
+    "",
+    "Memory the server's loaded models may take (weights + KV cache, e.g. 16GiB); loading past it unloads idle "
+    "models, least recently used first (default: the memory available when the model loads).",
 )
 
 
@@ -316,6 +330,17 @@ def runner() -> str:
     return _choice(RUNNER, ("auto", "process"))
 
 
+def runner_timeout() -> float:
+    """``OLLAPY_RUNNER_TIMEOUT`` in seconds (>= 1); raises SettingError."""
+    return float(_int(RUNNER_TIMEOUT, 1))
+
+
+def max_memory() -> int | None:
+    """``OLLAPY_MAX_MEMORY`` in bytes, None when unset (then the runtime measures what is available);
+    raises SettingError."""
+    return _size(MAX_MEMORY) if MAX_MEMORY.raw() else None
+
+
 ACCESSORS: dict[str, Callable[[], object]] = {}
 
 
@@ -429,6 +454,7 @@ ACCESSORS.update({
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
     ORIGINS.env: origins, MAX_BODY.env: max_body, RPC.env: rpc, RUNNER.env: runner,
+    RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
 })
 
 

@@ -12,9 +12,10 @@ imports llama_cpp at module level.
   only with ``serve --allow-paths``.
 * :func:`base_options`: defaults from the ``OLLAPY_*`` settings < the model's
   parameters < the caller's overrides.
-* :func:`open_model`: a :class:`~ollapy.engine.model.LoadedModel` wired to its
-  :class:`~ollapy.cache.PromptCache`. Close it (or use it as a context
-  manager): that stops the engine, drains the cache writer, frees the model.
+* :func:`open_model`: a :class:`~ollapy.engine.interface.ModelRunner`, in this process or in a runner child;
+  :func:`open_local` builds the in-process one (a :class:`~ollapy.engine.model.LoadedModel` wired to its
+  prompt cache). Close it (or use it as a context manager): that stops the engine, drains the cache writer,
+  frees the model.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import config
+from .engine.interface import ModelRunner
 from .errors import ModelNotFound, PathNotAllowed
 from .options import Options
 
@@ -97,17 +99,18 @@ def base_options(ref, overrides: dict | None = None, *, defaults: dict | None = 
 
 
 def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int | None = None,
-               isolated: bool | None = None):
-    """Load ``ref`` with ``options`` and its prompt cache; returns an open LoadedModel.
+               isolated: bool | None = None) -> ModelRunner:
+    """Load ``ref`` with ``options`` and its prompt cache; returns an open :class:`ModelRunner`.
 
-    ``isolated`` True loads it in a child runner process instead (:class:`ollapy.runner.process.ProcessModel`,
-    the same surface); None means: when ``OLLAPY_RUNNER=process``, or when ``options.rpc`` is set (llama.cpp's
-    RPC client aborts the process that loses a server).
+    The factory only chooses where the model runs. ``isolated`` True: in a runner child process
+    (:class:`ollapy.runner.process.ProcessModel`, which builds it there with :func:`open_local`); False: in this
+    process (:func:`open_local`); None: isolated when ``OLLAPY_RUNNER=process``, or when ``options.rpc`` is set
+    (llama.cpp's RPC client aborts the process that loses a server).
 
     ``cache`` False loads without a prompt cache; ``write_back`` True (one CLI
     process per answer) writes RAM-only cache entries to disk when the model
-    is closed. A cache that cannot be opened is logged and skipped: serving
-    never depends on it. Raises ModelLoadError for files llama.cpp rejects.
+    is closed. Raises ModelLoadError for files llama.cpp rejects, RunnerError
+    when a runner child dies while loading.
     """
     max_queue = config.max_queue() if max_queue is None else max_queue
     if isolated is None:
@@ -116,6 +119,15 @@ def open_model(ref, options: Options, *, cache: bool = True, write_back: bool = 
         from .runner.process import ProcessModel
 
         return ProcessModel(ref, options, cache=cache, write_back=write_back, max_queue=max_queue)
+    return open_local(ref, options, cache=cache, write_back=write_back, max_queue=max_queue)
+
+
+def open_local(ref, options: Options, *, cache: bool = True, write_back: bool = False, max_queue: int = 512):
+    """Build the model in THIS process: its prompt cache, then a :class:`~ollapy.engine.model.LoadedModel` bound
+    to it. Used by :func:`open_model` and by a runner child (never the other way round).
+
+    A cache that cannot be opened is logged and skipped: serving never depends on it. Raises ModelLoadError.
+    """
     from .engine.model import LoadedModel
 
     prompt_cache = None

@@ -8,7 +8,15 @@ import time
 
 import pytest
 
-from ollapy.engine.cpuload import SMALL_BATCH, ThreadBudget, read_others_runnable
+from ollapy.engine.cpuload import (
+    SMALL_BATCH,
+    CpuLoad,
+    ThreadBudget,
+    cgroup_cpu_quota,
+    default_threads,
+    read_cpu_ticks,
+    usable_cpus,
+)
 
 
 class _Clock:
@@ -78,20 +86,104 @@ def test_explicit_thread_count_and_unreadable_proc_keep_the_configured_count():
     assert b2.threads() == 4 and b2.threads() == 4 and b2.changes == []
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="Linux /proc only")
-def test_busy_loops_of_other_processes_are_counted_and_own_threads_are_not():
-    n = os.cpu_count() or 2
-    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
+def test_busy_loops_of_other_processes_on_our_cpus_are_counted():
+    cpus = frozenset(os.sched_getaffinity(0))
+    load = CpuLoad(cpus)
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(len(cpus))]
     try:
-        seen = []
-        for _ in range(50):  # each sample is instantaneous: the loops are runnable in (nearly) every one
-            seen.append(read_others_runnable())
-            time.sleep(0.02)
-        assert max(seen) >= n
+        time.sleep(0.5)  # the loops are running
+        load()  # first window
+        time.sleep(1.0)
+        seen = load()
     finally:
         for p in loops:
             p.kill()
             p.wait()
+    # every allowed CPU was taken by a loop of another process (this one slept): other helpers' load only adds
+    assert seen == len(cpus)
+
+
+def test_the_lowered_count_never_exceeds_the_cgroup_limit():
+    b = ThreadBudget(8, True, interval=1.0, n_cpu=16, limit=3, read_others=lambda: 0, clock=_Clock())
+    assert [b.wanted(n) for n in (0, 13, 14, 15, 40)] == [3, 3, 2, 1, 1]
+
+
+# ---- fake /proc and cgroup files -------------------------------------------------------------------------
+def _write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _proc_stat(root, busy: dict[int, int], idle: dict[int, int], own: int):
+    """/proc/stat with cpuN lines (user = busy ticks, idle) and /proc/self/stat with utime = own ticks."""
+    lines = ["cpu  9999 0 9999 9999 0 0 0 0 0 0"]
+    lines += [f"cpu{n} {busy[n]} 0 0 {idle[n]} 0 0 0 0 0 0" for n in sorted(busy)]
+    _write(root, "stat", "\n".join(lines) + "\nintr 1 2 3\nprocs_running 9\n")
+    fields = ["S"] + ["0"] * 10 + [str(own), "0"] + ["0"] * 30  # state, then utime (14) and stime (15)
+    _write(root, "self/stat", "1234 (python (odd) name) " + " ".join(fields) + "\n")
+
+
+def test_cpu_ticks_read_only_the_allowed_cpus_lines(tmp_path):
+    _proc_stat(tmp_path, busy={0: 10, 1: 20, 2: 400, 3: 800}, idle={0: 90, 1: 80, 2: 0, 3: 0}, own=0)
+    assert read_cpu_ticks(frozenset({0, 1}), tmp_path) == (30, 200)
+    assert read_cpu_ticks(frozenset({2, 3}), tmp_path) == (1200, 1200)
+
+
+def test_load_is_other_processes_work_on_the_allowed_cpus_only(tmp_path):
+    """CPUs 0-1 are ours; 2-3 (another container's) are saturated and never count; our own ticks are
+    subtracted."""
+    t = {"now": 0.0}
+    load = CpuLoad(frozenset({0, 1}), tmp_path, clock=lambda: t["now"], sleep=lambda s: t.update(now=t["now"] + s))
+    _proc_stat(tmp_path, busy={0: 0, 1: 0, 2: 0, 3: 0}, idle={0: 0, 1: 0, 2: 0, 3: 0}, own=0)
+
+    def step(busy0, busy1, idle0, idle1, own):
+        _proc_stat(tmp_path, busy={0: busy0, 1: busy1, 2: 10**6, 3: 10**6}, idle={0: idle0, 1: idle1, 2: 0, 3: 0},
+                   own=own)
+        t["now"] += 1.0
+        return load()
+
+    assert load() is None  # the first call takes two samples: no tick elapsed between them (fake files)
+    assert step(100, 0, 0, 100, own=0) == 1  # CPU 0 fully busy with someone else's work
+    assert step(200, 100, 0, 100, own=200) == 0  # both busy, all of it ours
+    assert step(300, 200, 0, 100, own=300) == 1  # both busy, half of it ours
+    assert step(350, 250, 50, 150, own=300) == 1  # half of each: one CPU's worth of others
+    t["now"] += 0.01
+    assert load() is None  # too short a window: no answer, the reference sample is kept
+
+
+def test_cgroup_v2_quota_of_the_process_and_its_ancestors(tmp_path):
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    _write(proc, "self/cgroup", "0::/user.slice/app.scope\n")
+    assert cgroup_cpu_quota(proc, cg) is None  # no cpu.max files
+    _write(cg, "user.slice/app.scope/cpu.max", "max 100000\n")
+    assert cgroup_cpu_quota(proc, cg) is None
+    _write(cg, "user.slice/cpu.max", "250000 100000\n")  # the parent limits to 2.5 CPUs
+    assert cgroup_cpu_quota(proc, cg) == 2.5
+    _write(cg, "user.slice/app.scope/cpu.max", "150000 100000\n")
+    assert cgroup_cpu_quota(proc, cg) == 1.5
+    n = len(os.sched_getaffinity(0))
+    assert usable_cpus(proc, cg) == min(n, 2)  # 1.5 CPUs: two threads can use them
+    _write(cg, "user.slice/app.scope/cpu.max", "50000 100000\n")
+    assert usable_cpus(proc, cg) == 1 and default_threads(proc, cg) == 1
+
+
+def test_cgroup_v2_inside_a_container_reads_the_namespace_root(tmp_path):
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    _write(proc, "self/cgroup", "0::/\n")
+    _write(cg, "cpu.max", "100000 100000\n")
+    assert cgroup_cpu_quota(proc, cg) == 1.0
+
+
+def test_cgroup_v1_cfs_quota(tmp_path):
+    proc, cg = tmp_path / "proc", tmp_path / "cgroup"
+    _write(proc, "self/cgroup", "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n")
+    _write(cg, "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "-1\n")
+    _write(cg, "cpu,cpuacct/docker/abc/cpu.cfs_period_us", "100000\n")
+    assert cgroup_cpu_quota(proc, cg) is None  # -1: no limit
+    _write(cg, "cpu,cpuacct/docker/abc/cpu.cfs_quota_us", "300000\n")
+    assert cgroup_cpu_quota(proc, cg) == 3.0
 
 
 def test_engine_switches_threads_before_the_decode_that_uses_them():
@@ -117,7 +209,7 @@ def test_engine_switches_threads_before_the_decode_that_uses_them():
     assert "decode" in names[i:] and names[:i].count("decode") == 1  # one decode on 2 threads, then on 1
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/loadavg"), reason="Linux /proc only")
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
 def test_real_model_decodes_on_fewer_threads_under_load_with_the_same_output(smollm2_path):
     from ollapy.engine.model import LoadedModel
     from ollapy.options import Options

@@ -114,3 +114,101 @@ def test_layering_rule_catches_a_core_to_cli_import():
         assert "cli" in _relative_targets(fake)
     finally:
         fake.unlink()
+
+
+# ---- the runner interface (shared/DESIGN.md): callers hold a ModelRunner and never reach inside it ----------
+RUNNER_INSIDES = ("engine", "cache", "backend")
+# `.cache` of these is not a runner's: a RunnerSnapshot's prompt-cache figures, a request body's or the CLI
+# settings' `cache` flag
+NOT_A_RUNNER = frozenset({"snap", "body", "settings"})
+
+
+def _runner_insides(path: Path) -> list[str]:
+    """``X.engine``, ``X.backend``, ``X.cache`` (and ``getattr(X, "engine")``...) in a module, as ``LINE: code``."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in RUNNER_INSIDES:
+            receiver = node.value
+            name = receiver.id if isinstance(receiver, ast.Name) else getattr(receiver, "attr", "")
+            if node.attr == "cache" and (name in NOT_A_RUNNER or name.endswith("snapshot")):
+                continue
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in RUNNER_INSIDES
+              and not (isinstance(node.args[0], ast.Name) and node.args[0].id in NOT_A_RUNNER)):
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def test_callers_outside_the_engine_never_reach_into_a_runner():
+    """CLI, server, runtime, loader and runner/ use the ModelRunner Protocol only: no ``.engine``, ``.cache`` or
+    ``.backend`` of a model (the prompt cache binds to the model below the interface, so cache/ is exempt)."""
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        if path.relative_to(PKG).parts[0] in ("engine", "cache"):
+            continue
+        offenders += [f"{path.relative_to(ROOT)}:{hit}" for hit in _runner_insides(path)]
+    assert offenders == []
+
+
+def test_runner_insides_rule_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(model, entry, body, snap):\n    model.engine.stats()\n    entry.model.cache.snapshot()\n"
+                     "    n = model.backend.num_ctx\n    getattr(model, 'cache', None)\n"
+                     "    return body.cache, snap.cache\n")
+    assert sorted(int(h.split(":")[0]) for h in _runner_insides(probe)) == [2, 3, 4, 5]
+
+
+def test_both_runners_have_every_member_of_the_protocol_with_the_same_parameters():
+    """A static check of the runner interface: LoadedModel and ProcessModel define each ModelRunner member (the
+    data attributes are set in ``__init__``), and each method takes the Protocol's parameters, in order."""
+    import inspect
+
+    from ollapy.engine.interface import ModelRunner
+    from ollapy.engine.model import LoadedModel
+    from ollapy.runner.process import ProcessModel
+
+    members = {n for n in vars(ModelRunner) if not n.startswith("_") or n in ("__enter__", "__exit__")}
+    members |= set(ModelRunner.__annotations__)
+    for cls in (LoadedModel, ProcessModel):
+        init = inspect.getsource(cls.__init__)
+        for name in sorted(members):
+            if name in ModelRunner.__annotations__:
+                assert f"self.{name} =" in init or hasattr(cls, name), (cls.__name__, name)
+                continue
+            proto, impl = getattr(ModelRunner, name), getattr(cls, name)
+            if isinstance(proto, property):
+                assert isinstance(impl, property), (cls.__name__, name)
+                continue
+            want = [p.name for p in inspect.signature(proto).parameters.values()]
+            have = [p.name for p in inspect.signature(impl).parameters.values()]
+            assert have[:len(want)] == want or want[-1:] == ["kw"] and have[:len(want) - 1] == want[:-1], \
+                (cls.__name__, name, have, want)
+
+
+def _absolute_imports(path: Path) -> set[str]:
+    """Every module a file imports, relative imports resolved to ``ollapy.…`` names (``from . import x`` gives
+    ``ollapy.pkg.x``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    pkg = ["ollapy", *path.relative_to(PKG).parts[:-1]]
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = pkg[: len(pkg) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def test_cli_server_and_runtime_reach_the_backend_only_through_the_core():
+    """``info``, ``rpc-server``, ``ps`` figures...: ``ollapy.engine.system`` and the runner interface, never
+    ``ollapy.engine.backend`` (the llama.cpp boundary) itself."""
+    callers = [*(PKG / "cli").rglob("*.py"), *(PKG / "server").rglob("*.py"), PKG / "runtime.py", PKG / "loader.py",
+               *(PKG / "runner").rglob("*.py")]
+    offenders = [f"{p.relative_to(ROOT)} -> {m}" for p in callers for m in sorted(_absolute_imports(p))
+                 if m == "ollapy.engine.backend" or m.startswith("ollapy.engine.backend.")]
+    assert offenders == []

@@ -12,6 +12,7 @@ import pytest
 from conftest import HANG_GUARD_S, ROOT, cancel_after_first_chunk
 
 from ollapy import loader
+from ollapy.engine.interface import ModelRunner
 from ollapy.errors import (
     BusyError,
     ContextError,
@@ -56,10 +57,11 @@ def test_isolated_greedy_output_and_counts_equal_in_process(smollm2_path):
     results, vectors = {}, {}
     for isolated in (False, True):
         with loader.open_model(_ref(smollm2_path), opts, cache=False, isolated=isolated) as m:
+            assert isinstance(m, ModelRunner)  # the runner interface, in process and in a child alike
             chat = _run(m, m.chat_prompt(SYSTEM, opts), opts)
             raw = _run(m, m.raw_prompt("The three primary colours are"), opts)
             vectors[isolated] = m.embed(["hello world", "the sea"]).vectors
-            results[isolated] = (chat, raw, m.backend.num_ctx, m.supports_tools, m.template.text, m.tokenize("hi"))
+            results[isolated] = (chat, raw, m.facts, m.supports_tools, m.template.text, m.tokenize("hi"))
         if isolated:
             assert not m.alive
     assert results[True] == results[False]
@@ -98,7 +100,8 @@ def test_child_killed_mid_generation_fails_the_request_with_runner_error(smollm2
         assert not m.alive
         with pytest.raises(RunnerError, match="SIGABRT"):
             m.submit(m.raw_prompt(COUNT), opts)  # calls on a dead runner fail the same way, at once
-        assert m.engine.stats()["slots_busy"] == 0 and m.info()["runner_pid"] == m.pid  # ps never crashes
+        assert m.stats()["slots_busy"] == 0 and m.snapshot().stats["slots_busy"] == 0  # ps never crashes
+        assert m.info()["runner_pid"] == m.pid
     finally:
         assert m.close() == 0
         m.close()  # idempotent
@@ -142,7 +145,7 @@ def test_cancel_frees_the_slot_in_the_child(smollm2_path):
         short = opts.merged({"num_predict": 6})
         text, last = m.submit(m.raw_prompt("Hello"), short).result()
         assert last.metrics.eval_count == 6
-        stats = m.engine.stats()
+        stats = m.stats()
         # the cancelled request stopped in the child within a few steps: far fewer than its 300 tokens
         assert stats["requests_done"] >= 1 and stats["steps"] < 150 and stats["slots_busy"] == 0, stats
 
@@ -187,6 +190,11 @@ def test_runtime_drops_a_model_whose_runner_died_and_loads_it_again(tmp_path):
 
         def info(self) -> dict:
             return {"num_ctx": 512}
+
+        def snapshot(self):
+            from ollapy.engine.interface import RunnerSnapshot
+
+            return RunnerSnapshot({"slots": 1, "slots_busy": 0, "queue_depth": 0})
 
         def close(self) -> int:
             self.closed += 1

@@ -199,10 +199,10 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
     options = loader.base_options(ref, parse_options(option or []))
     t0 = time.perf_counter()
     with loader.open_model(ref, options) as loaded:
-        if loaded.cache is None:
+        block = loaded.cache_block
+        if block is None:
             raise UsageError("the prompt cache could not be opened", hint="set OLLAPY_DEBUG=1 to see why")
         prompt = loaded.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": ""}])
-        block = loaded.cache.block
         if len(prompt.tokens) < block:
             raise UsageError(f"the prompt is only {len(prompt.tokens)} tokens; the cache saves prefixes of at least "
                              f"{block} tokens", hint="a prompt this short is prefilled in milliseconds: no need to warm it")

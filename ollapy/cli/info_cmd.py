@@ -13,45 +13,32 @@ from .. import __version__, config
 def collect_rpc(endpoints: str) -> dict:
     """``{"supported": bool, "servers": [{"endpoint", "devices": [...]}, ...]}`` for ``info``.
 
-    ``endpoints``: the ``rpc`` setting (``host:port,…``). Each is checked with the handshake first
-    (:func:`ollapy.rpc_endpoint.probe_endpoint`), so an unreachable one is an entry with ``error``, never an abort.
+    ``endpoints``: the ``rpc`` setting (``host:port,…``); see :func:`ollapy.engine.system.rpc_report` (an
+    unreachable server is an entry with ``error``, never an abort).
     """
-    from ..engine.backend import rpc
-    from ..errors import RpcUnavailable
-    from ..rpc_endpoint import parse_endpoints, probe_endpoint
+    from ..engine.system import rpc_report
+    from ..rpc_endpoint import parse_endpoints
 
-    out: dict = {"supported": rpc.supports_rpc(), "servers": []}
-    for ep in parse_endpoints(endpoints):
-        entry: dict = {"endpoint": ep}
-        if not out["supported"]:
-            entry["error"] = "this build has no RPC backend"
-        else:
-            try:
-                entry["protocol"] = ".".join(map(str, probe_endpoint(ep)))
-                entry["devices"] = [rpc.describe_device(d) for d in rpc.remote_devices([ep])]
-            except RpcUnavailable as exc:
-                entry["error"] = str(exc)
-        out["servers"].append(entry)
-    return out
+    return rpc_report(list(parse_endpoints(endpoints)))
 
 
 def collect_info(rpc_endpoints: str = "") -> dict:
     """Everything ``info`` prints, as a dict (loads llama.cpp, not a model); ``rpc_endpoints`` as in
     :func:`collect_rpc`."""
-    from ..engine.backend import bindings as backend
+    from ..engine.system import system_report
 
-    use, reason = backend.choose_extra_bufts(config.extra_bufts())
+    report = system_report(config.extra_bufts())
     return {
         "ollapy": __version__,
-        "llama_cpp_python": backend.library_version(),
+        "llama_cpp_python": report["llama_cpp_python"],
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "system_info": backend.system_info(),
-        "gpu_offload": backend.supports_gpu_offload(),
-        "devices": backend.devices(),
-        "cpu_amx": backend.cpu_has_amx(),
-        "build_amx": backend.build_has_amx(),
-        "extra_bufts": reason,
+        "system_info": report["system_info"],
+        "gpu_offload": report["gpu_offload"],
+        "devices": report["devices"],
+        "cpu_amx": report["cpu_amx"],
+        "build_amx": report["build_amx"],
+        "extra_bufts": report["extra_bufts"],
         "paths": {
             "models": str(config.models_dir()),
             "prompt_cache": str(config.cache_dir()),

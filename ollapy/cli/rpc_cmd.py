@@ -1,6 +1,6 @@
 """``ollapy rpc-server``: serve this machine's ggml backend (CPU or GPUs) to other hosts over llama.cpp's RPC.
 
-The server is ggml's own (``ggml_backend_rpc_start_server``, see :mod:`ollapy.engine.backend.rpc`); clients are
+The server is ggml's own (``ggml_backend_rpc_start_server``, reached through :mod:`ollapy.engine.system`); clients are
 ``ollapy run/serve -o rpc=HOST:PORT`` (or llama.cpp's ``--rpc``) of the same llama.cpp version. ggml serves one
 client connection at a time. The protocol has no authentication or encryption: it binds loopback by
 default, and any other address gets a one-line warning.
@@ -56,26 +56,24 @@ def rpc_server(
 ) -> None:
     """Serve this machine's CPU or GPUs to other hosts over llama.cpp's RPC backend (no authentication:
     trusted networks only)."""
-    from ..engine.backend import rpc
-    from ..errors import RpcUnavailable
+    from ..engine import system
+    from ..engine.cpuload import default_threads
 
-    if not rpc.supports_rpc():
-        raise RpcUnavailable("this build of llama.cpp has no RPC backend", rpc._REBUILD)
     names = [n.strip() for d in device for n in d.split(",") if n.strip()]
-    devs = rpc.serving_devices(names)
+    devs = system.rpc_serving_devices(names)
     if not _is_loopback(host):
         print(f"warning: the RPC protocol has no authentication or encryption; anyone who reaches {host}:{port} "
               "can use this machine's devices: trusted networks only", file=sys.stderr)
     _check_port(host, port)
     if cache:
         os.makedirs(cache, exist_ok=True)
-    n_threads = threads or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
+    n_threads = threads or default_threads()  # this process's own CPUs (affinity, cgroup quota)
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     done = threading.Event()
 
     def serve() -> None:
         try:
-            rpc.start_server(endpoint, devs, n_threads, cache or None)
+            system.serve_rpc(endpoint, devs, n_threads, cache or None)
         finally:
             done.set()
 

@@ -55,7 +55,7 @@ class EmbeddedRunner:
     @property
     def num_ctx(self) -> int:
         """Context length per slot."""
-        return self.model.backend.num_ctx
+        return self.model.facts.num_ctx
 
     @property
     def capabilities(self) -> list[str]:

@@ -135,6 +135,8 @@ def ps() -> None:
         else:
             proc = "100% CPU"
         slots = f"{m.get('slots_busy', 0)}/{m.get('num_parallel', '?')}"
+        if m.get("stale"):  # its runner has not refreshed its figures lately (stopped or hung): they are old
+            slots += f" (stale {float(m.get('stats_age_s') or 0):.0f}s)"
         kv = int(m.get("kv_bytes_per_slot") or 0)
         kv_text = f"{human_size(kv)} {m.get('kv_cache_type') or ''}".strip() if kv else "-"
         rows.append((m.get("name", ""), (m.get("digest") or "")[:12] or "-", human_size(size), proc,

@@ -1,6 +1,7 @@
 """A loaded model: backend + engine + chat template, with prompt building.
 
-:class:`LoadedModel` is what the CLI and the server hold. It renders chat
+:class:`LoadedModel` is the in-process :class:`~ollapy.engine.interface.ModelRunner` (what the CLI, the
+runtime and the server hold when the model runs in this process). It renders chat
 messages with the model's template, tokenizes without duplicating BOS, works
 out ``num_keep`` (BOS + system prompt) and the cache save points (end of the
 system prompt, end of the previous turn), and submits to the :class:`Engine`.
@@ -28,6 +29,7 @@ from ..options import Options, tensor_split_values
 from .backend.context import Backend, ContextConfig
 from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
 from .engine import Engine
+from .interface import ContextFacts, RunnerSnapshot
 from .planner import common_prefix
 from .request import Prompt, Request
 
@@ -68,6 +70,9 @@ class LoadedModel:
         if cache is not None and hasattr(cache, "bind"):
             cache = cache.bind(self)
         self.cache = cache
+        b = self.backend
+        self.facts = ContextFacts(num_ctx=b.num_ctx, n_ctx_train=b.n_ctx_train, n_parallel=b.n_parallel,
+                                  n_vocab=b.n_vocab, bos=b.bos, eos=b.eos, add_bos=bool(b.add_bos))
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
         self.unsaved_states = 0
@@ -233,8 +238,12 @@ class LoadedModel:
 
     # ---- generation ---------------------------------------------------------------------------
     def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,
-               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1) -> Request:
+               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1,
+               timeout: float | None = None) -> Request:
         """Queue a generation for ``prompt``; returns the Request to stream chunks from.
+
+        Compiles ``fmt``'s grammar on the caller's thread (a server calls this off its event loop);
+        ``timeout`` is accepted for the runner interface and unused here (nothing to wait for).
 
         ``pin`` marks the prompt-cache entries this request saves as pinned
         (never evicted); ``cache=False`` bypasses the prompt cache;
@@ -281,6 +290,29 @@ class LoadedModel:
 
         return is_embedding_model(self.backend)
 
+    # ---- figures ------------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        """True until :meth:`close`."""
+        return not self._closed
+
+    @property
+    def cache_block(self) -> int | None:
+        """Tokens per prompt-cache block; None without a prompt cache."""
+        return getattr(self.cache, "block", None) if self.cache is not None else None
+
+    def stats(self) -> dict:
+        """The engine's figures (:meth:`ollapy.engine.engine.Engine.stats`)."""
+        return self.engine.stats()
+
+    def cache_stats(self):
+        """The prompt cache's :class:`ollapy.cache.stats.CacheStats`; None without a prompt cache."""
+        return self.cache.snapshot() if self.cache is not None else None
+
+    def snapshot(self) -> RunnerSnapshot:
+        """The figures now: in this process they are read directly (two short locks, no I/O)."""
+        return RunnerSnapshot(stats=self.stats(), cache=self.cache_stats())
+
     def info(self) -> dict:
         """Model facts for ``show``/``ps``/``--verbose``: architecture, sizes, template source, KV bytes."""
         b = self.backend
@@ -302,6 +334,7 @@ class LoadedModel:
             "can_shift": b.can_shift,
             "threads": b.threads,
             "devices": b.devices,
+            "gpu_offload": b.gpu_offload,
         }
 
     def __enter__(self) -> LoadedModel:

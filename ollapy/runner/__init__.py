@@ -7,11 +7,13 @@ every model in a runner subprocess), so an abort kills only that child: its
 requests fail with :class:`~ollapy.errors.RunnerError` and the next request
 reloads the model.
 
-* :mod:`.process`: :class:`~.process.ProcessModel`, the parent's drop-in for
-  :class:`ollapy.engine.model.LoadedModel` (never imports llama_cpp).
-* :mod:`.handles`: the parent's handles on the child's objects (a pending call, a generation's
-  Request, engine figures, prompt cache).
-* :mod:`.child`: the child's entry point, ``python -m ollapy.runner.child FD``.
+* :mod:`.process`: :class:`~.process.ProcessModel`, the parent's
+  :class:`~ollapy.engine.interface.ModelRunner` (as :class:`ollapy.engine.model.LoadedModel` is in process;
+  never imports llama_cpp).
+* :mod:`.handles`: the parent's handles on the child's objects (a pending call, a generation's Request).
+* :mod:`.childlog`: the child's output, logged again in the parent, its last line kept for errors.
+* :mod:`.launch`: how the child is started (an isolated interpreter, a neutral working directory).
+* :mod:`.child`: the child's side; it builds its model with :func:`ollapy.loader.open_local`.
 * :mod:`.wire`: what crosses the socket besides engine objects: errors, model
   facts, embedding results.
 

@@ -1,12 +1,13 @@
 """The runner child: one model loaded in its own process, served to its parent over a socket.
 
-Started by :class:`ollapy.runner.process.ProcessModel` as
-``python -m ollapy.runner.child FD [NAME]`` (NAME only labels the process in ``ps``) where ``FD`` is its end of a socketpair,
+Started by :class:`ollapy.runner.process.ProcessModel` in an isolated interpreter (:mod:`.launch`:
+``python -I -c BOOTSTRAP ollapy.runner.child FD NAME``, NAME only labels the process in ``ps``) where ``FD`` is
+its end of a socketpair,
 wrapped in a :class:`multiprocessing.connection.Connection` (pickled tuples,
 see :mod:`ollapy.runner.wire`). The first message is ``load``; the model is
-opened with the in-process path (:func:`ollapy.loader.open_model` with
-``isolated=False``) and the child answers ``ready`` with its
-:class:`~ollapy.runner.wire.ModelFacts`, or ``failed`` with the load error.
+opened with the in-process path below the factory (:func:`ollapy.loader.open_local`) and the child answers
+``ready`` with its :class:`~ollapy.runner.wire.ReadyFacts`, or ``failed`` with the load error. From then on a
+status thread sends the model's :class:`~ollapy.engine.interface.RunnerSnapshot` every second.
 
 Then the main thread reads messages in order: ``call`` runs on a small
 worker pool (prompt building, embeddings, figures); ``submit`` queues a
@@ -31,7 +32,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
-from .wire import CALLS, BackendFacts, EmbeddingResult, ModelFacts, error_payload
+from .wire import CALLS, STATUS_INTERVAL_S, EmbeddingResult, ReadyFacts, error_payload
 
 log = logging.getLogger("ollapy.runner")
 
@@ -47,6 +48,7 @@ class RunnerChild:
         self.requests: dict[int, object] = {}  # id -> engine Request still streaming
         self._send_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="runner-call")
+        self._stopped = threading.Event()
 
     def send(self, msg: tuple) -> bool:
         """Send one message; False when the parent is gone (or the value cannot be pickled, logged)."""
@@ -65,26 +67,40 @@ class RunnerChild:
     # ---- load ---------------------------------------------------------------------------------
     def load(self, spec: dict) -> bool:
         """Open the model of a ``load`` spec; answers ``ready`` or ``failed``. True when loaded."""
-        from ..loader import PathRef, open_model
+        from ..loader import PathRef, open_local
 
         r = spec["ref"]
         ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"))
         try:
-            model = open_model(ref, spec["options"], cache=spec["cache"], write_back=spec["write_back"],
-                               max_queue=spec["max_queue"], isolated=False)
+            model = open_local(ref, spec["options"], cache=spec["cache"], write_back=spec["write_back"],
+                               max_queue=spec["max_queue"])
         except BaseException as exc:  # noqa: BLE001 - every load failure goes to the parent as its error
             self.send(("failed", error_payload(exc)))
             return False
         self.model = model
-        cache = model.cache
-        facts = ModelFacts(
-            pid=os.getpid(), architecture=model.architecture, template=model.template,
-            backend=BackendFacts.of(model.backend), bos_text=model.bos_text, eos_text=model.eos_text,
+        facts = ReadyFacts(
+            pid=os.getpid(), architecture=model.architecture, template=model.template, facts=model.facts,
             supports_tools=model.supports_tools, supports_thinking=model.supports_thinking,
             embedding_only=model.embedding_only, load_duration_ns=model.load_duration_ns, info=model.info(),
-            stats=model.engine.stats(), cache_block=getattr(cache, "block", None) if cache is not None else None,
-            cache_stats=cache.snapshot() if cache is not None else None)
-        return self.send(("ready", facts))
+            snapshot=model.snapshot(), cache_block=model.cache_block)
+        if not self.send(("ready", facts)):
+            return False
+        threading.Thread(target=self._send_status, name="runner-status", daemon=True).start()
+        return True
+
+    def _send_status(self) -> None:
+        """The status thread: the model's snapshot every :data:`STATUS_INTERVAL_S` s until it is closed."""
+        while not self._stopped.wait(STATUS_INTERVAL_S):
+            model = self.model
+            if model is None:
+                return
+            try:
+                snap = model.snapshot()
+            except Exception:  # noqa: BLE001 - figures only; the next round tries again
+                log.debug("runner: snapshot failed", exc_info=True)
+                continue
+            if not self.send(("status", 0, snap)):
+                return
 
     # ---- serving ------------------------------------------------------------------------------
     def serve(self) -> int:
@@ -119,11 +135,7 @@ class RunnerChild:
         try:
             if op not in CALLS or model is None:
                 raise ValueError(f"unknown runner call {op!r}")
-            if op == "stats":
-                value = model.engine.stats()
-            elif op == "cache_snapshot":
-                value = model.cache.snapshot() if model.cache is not None else None
-            elif op == "embed":
+            if op == "embed":
                 value = EmbeddingResult.of(model.embed(*args, **kwargs))
             else:
                 value = getattr(model, op)(*args, **kwargs)
@@ -161,6 +173,7 @@ class RunnerChild:
         """Close the model (engine stopped, prompt cache drained within ``timeout`` s); returns states not
         saved. A SIGINT from the parent during the drain stops it early (counted as not saved)."""
         model, self.model = self.model, None
+        self._stopped.set()
         if model is None:
             return 0
         try:
@@ -235,7 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     return child.serve()
 
 
-if __name__ == "__main__":
-    code = main()
+def run(argv: list[str]) -> None:
+    """The child's entry point (see :mod:`ollapy.runner.launch`): :func:`main`, then exit without interpreter
+    shutdown (the model is closed and its cache drained: nothing is left for it to join)."""
+    code = main(argv)
     sys.stderr.flush()
-    os._exit(code)  # the model is closed and its cache drained: nothing left for interpreter shutdown to join
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])

@@ -1,17 +1,14 @@
-"""The parent's handles on things that live in a runner child: a pending call, a generation's Request, the
-child's engine figures and prompt cache (see :mod:`ollapy.runner.process`). Nothing here imports llama_cpp."""
+"""The parent's handles on things that live in a runner child: a pending call and a generation's Request (see
+:mod:`ollapy.runner.process`). Nothing here imports llama_cpp."""
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..engine.request import Request
 from ..errors import RunnerError
-
-if TYPE_CHECKING:
-    from .process import ProcessModel
 
 
 def fresh_error(err: RunnerError) -> RunnerError:
@@ -54,40 +51,3 @@ class ProcessRequest(Request):
         super().cancel()
         if first and self.runner is not None:
             self.runner._send_cancel(self.id)
-
-
-class RunnerEngine:
-    """``model.engine`` of a ProcessModel: :meth:`stats` only."""
-
-    def __init__(self, model: ProcessModel, stats: dict) -> None:
-        self._model = model
-        self._last = dict(stats)
-
-    def stats(self) -> dict:
-        """Slots, busy slots, queue depth, steps, requests done (as ``Engine.stats``); never raises: a dead or
-        silent runner gives the last figures with nothing busy or queued."""
-        if self._model.alive:
-            try:
-                self._last = self._model._call("stats", timeout=5.0)
-                return dict(self._last)
-            except (RunnerError, TimeoutError):
-                pass
-        return {**self._last, "slots_busy": 0, "queue_depth": 0}
-
-
-class RunnerCache:
-    """``model.cache`` of a ProcessModel whose child has a prompt cache: ``block`` and :meth:`snapshot`."""
-
-    def __init__(self, model: ProcessModel, block: int, stats) -> None:
-        self._model = model
-        self.block = block
-        self._last = stats
-
-    def snapshot(self):
-        """The child's :class:`ollapy.cache.stats.CacheStats`; the last one known when it is gone."""
-        if self._model.alive:
-            try:
-                self._last = self._model._call("cache_snapshot", timeout=5.0)
-            except (RunnerError, TimeoutError):
-                pass
-        return self._last

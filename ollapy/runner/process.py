@@ -1,20 +1,22 @@
 """The parent's side of a runner child: :class:`ProcessModel`, a drop-in for ``LoadedModel``.
 
-A :class:`ProcessModel` starts ``python -m ollapy.runner.child FD`` (its own
-session, no core dumps, GGML_NO_BACKTRACE=1), sends it the model to load and
-waits for ``ready``. It then offers what the CLI, the server, the runtime and
-the loader use on a loaded model: ``chat_prompt``, ``raw_prompt``, ``render``,
-``tokenize``, ``grammar_for``, ``submit``/``chat`` (a real
-:class:`~ollapy.engine.request.Request`: iterate it, ``async for`` it with
-``loop=``, ``result()``, ``cancel()``), ``embed``, ``info``, ``engine.stats()``,
-``cache.snapshot()``/``cache.block``, ``backend`` figures (:class:`BackendFacts`),
-``template``, capabilities, ``close``. Errors raised in the child come back as
-the same :class:`~ollapy.errors.OllapyError` subclass with the same words.
+A :class:`ProcessModel` starts a runner child (an isolated interpreter in a neutral working directory, see
+:mod:`.launch`; its own session, no core dumps, GGML_NO_BACKTRACE=1), sends it the model to load and
+waits for ``ready``. It then implements the runner interface
+(:class:`~ollapy.engine.interface.ModelRunner`) over the socket: prompt building, ``submit``/``chat`` (a real
+:class:`~ollapy.engine.request.Request`: iterate it, ``async for`` it with ``loop=``, ``result()``,
+``cancel()``), ``embed``, ``info``, ``stats``, ``cache_stats``, ``snapshot``, the model facts, ``close``.
+Errors raised in the child come back as the same :class:`~ollapy.errors.OllapyError` subclass with the same
+words.
 
-Threads: one reader receives every message and settles calls or pushes
-chunks into their Request; one more reads the child's stderr (logged again
-here: Python records at their level, anything else, such as ggml's abort
-line, at debug) and keeps a short tail.
+Waiting: every call waits at most ``OLLAPY_RUNNER_TIMEOUT`` seconds for the child (RunnerError past it, the
+call cancelled there); ``info`` and ``snapshot`` never wait (the facts come with ``ready``, the figures with
+the status message the child sends every second); ``cancel`` never blocks its caller (it is queued to a
+writer thread), so an event loop that cancels a stream of a stopped child goes on.
+
+Threads: one reader receives every message and settles calls, pushes
+chunks into their Request or keeps the latest status; one writer sends cancels; one more reads the child's
+stderr (:class:`~.childlog.ChildLog`: logged again here, a short tail kept for error messages).
 
 Child death (end of file while it should be serving): every pending call and
 request fails with RunnerError ``model runner for NAME stopped (SIGABRT): <last
@@ -22,7 +24,8 @@ stderr line>``; :attr:`ProcessModel.alive` turns false and later calls fail the
 same way. The runtime then drops the model and reloads it on the next request.
 
 Close order (:meth:`ProcessModel.close`, idempotent, also the context
-manager's exit): 1. send ``close`` and wait (bounded) for the child's answer,
+manager's exit): 1. send ``close`` and wait (bounded) for the child's answer (skipped for a child whose status
+stopped coming: stopped or hung, it is killed at once),
 the number of prompt-cache states it could not save (the child stops its
 engine, drains its cache, frees the model); a Ctrl-C here is passed on as
 SIGINT (the drain stops early) and re-raised afterwards; 2. wait for the child
@@ -35,38 +38,38 @@ ggml's RPC client).
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import os
-import re
+import queue
 import signal
 import socket
 import subprocess
-import sys
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import config
+from ..engine.interface import RunnerSnapshot
 from ..engine.request import Prompt, Request
 from ..errors import DecodeError, OllapyError, OptionError, RunnerError
 from ..options import Options
-from .handles import PendingCall, ProcessRequest, RunnerCache, RunnerEngine, fresh_error
-from .wire import EmbeddingResult, ModelFacts, error_from_payload, load_spec
+from .childlog import ChildLog
+from .handles import PendingCall, ProcessRequest, fresh_error
+from .launch import NEUTRAL_CWD, child_command, child_environment
+from .wire import EmbeddingResult, ReadyFacts, error_from_payload, load_spec
 
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger("ollapy.runner")
 
-_RECORD = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL) ([\w.]+): (.*)$")
-_SOURCE_DIR = re.compile(r"^/\S*/(?=[\w.+-]+:\d+: )")  # the directory of a "FILE:LINE: message" line
 CLOSE_GRACE_S = 10.0  # after the answer to close (or none), how long the child may take to exit before a kill
 
 
 class ProcessModel:
-    """One model loaded in a runner child. Same surface as ``LoadedModel`` for its callers; see the module doc.
+    """One model loaded in a runner child: a :class:`~ollapy.engine.interface.ModelRunner`; see the module doc.
 
     Raises, from the constructor: RpcUnavailable (``options.rpc`` set and an
     endpoint fails the handshake: no child is started), the child's load error
@@ -93,11 +96,11 @@ class ProcessModel:
         self._dead: RunnerError | None = None
         self._closing = False
         self._closed = False
-        self._tail: collections.deque[str] = collections.deque(maxlen=40)
         self._reader: threading.Thread | None = None
+        self._cancels: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._timeout = config.runner_timeout()
         self._proc, self._sock, self._conn = self._spawn()
-        self._stderr = threading.Thread(target=self._read_stderr, name=f"runner-stderr-{self.pid}", daemon=True)
-        self._stderr.start()
+        self._stderr = ChildLog(self._proc.stdout, self.name, self.pid)
         try:
             facts = self._load(load_spec(ref, options, cache=cache, write_back=write_back, max_queue=max_queue,
                                          log_level=logging.getLogger("ollapy").getEffectiveLevel()))
@@ -105,29 +108,25 @@ class ProcessModel:
             self._closed = True  # a load error: the child exits by itself; anything else (Ctrl-C): kill it now
             self._stop_process(grace=CLOSE_GRACE_S if isinstance(exc, OllapyError) else 0.0, quiet=True)
             raise
-        self.facts = facts
+        self._ready = facts
+        self.facts = facts.facts
         self.architecture = facts.architecture
         self.template = facts.template
-        self.backend = facts.backend
-        self.bos_text, self.eos_text = facts.bos_text, facts.eos_text
         self.load_duration_ns = facts.load_duration_ns
-        self.engine = RunnerEngine(self, facts.stats)
-        self.cache = RunnerCache(self, facts.cache_block, facts.cache_stats) if facts.cache_block else None
         self._info = dict(facts.info)
+        self._snapshot = RunnerSnapshot(facts.snapshot.stats, facts.snapshot.cache)  # taken now, in this process
         self._reader = threading.Thread(target=self._read, name=f"runner-reader-{self.pid}", daemon=True)
         self._reader.start()
+        self._writer = threading.Thread(target=self._write_cancels, name=f"runner-writer-{self.pid}", daemon=True)
+        self._writer.start()
 
     # ---- process --------------------------------------------------------------------------------
     def _spawn(self) -> tuple[subprocess.Popen, socket.socket, Connection]:
         parent_sock, child_sock = socket.socketpair()
-        root = str(Path(__file__).resolve().parent.parent.parent)  # so the child imports this very ollapy
-        env = dict(os.environ, GGML_NO_BACKTRACE="1")
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "ollapy.runner.child", str(child_sock.fileno()), self.name],
-                                    pass_fds=(child_sock.fileno(),), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)
+            proc = subprocess.Popen(child_command(self.name, child_sock.fileno()), pass_fds=(child_sock.fileno(),),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    env=child_environment(), cwd=NEUTRAL_CWD, start_new_session=True)
         except BaseException:
             parent_sock.close()
             raise
@@ -145,7 +144,7 @@ class ProcessModel:
         """True while the child serves this model (false once it died or the model was closed)."""
         return self._dead is None and not self._closed and self._proc.poll() is None
 
-    def _load(self, spec: dict) -> ModelFacts:
+    def _load(self, spec: dict) -> ReadyFacts:
         self._send(("load", spec))
         while True:
             try:
@@ -160,33 +159,6 @@ class ProcessModel:
                 return body
             if kind == "failed":
                 raise error_from_payload(body)
-
-    def _read_stderr(self) -> None:
-        """Log the child's output: Python records again at their level, other lines at debug; keep a tail."""
-        stream = self._proc.stdout
-        for raw in iter(stream.readline, b""):
-            line = raw.decode("utf-8", "replace").rstrip()
-            if not line:
-                continue
-            m = _RECORD.match(line)
-            if m:
-                level = logging.getLevelName(m.group(1))
-                logging.getLogger(m.group(2)).log(level, "%s", m.group(3))
-                if level >= logging.WARNING:
-                    self._tail.append(m.group(3))
-            else:
-                log.debug("runner %s [%d]: %s", self.name, self.pid, line)
-                self._tail.append(line)
-        stream.close()
-
-    def _last_line(self) -> str:
-        """The last meaningful line the child printed (ggml's abort line, a Python error), trimmed."""
-        for line in reversed(self._tail):
-            text = line.strip()
-            if text and not text.startswith(("Traceback", "File ", "^")):
-                text = _SOURCE_DIR.sub("", text)  # ggml's "/build/.../ggml-rpc.cpp:566: ..." -> "ggml-rpc.cpp:566: ..."
-                return text if len(text) <= 300 else text[:299] + "…"
-        return ""
 
     def _death_error(self) -> RunnerError:
         """The RunnerError for a child that stopped: how it ended and its last line."""
@@ -204,7 +176,7 @@ class ProcessModel:
                 how = f"stopped (signal {-rc})"
         else:
             how = f"stopped (exit status {rc})"
-        line = self._last_line()
+        line = self._stderr.last_line()
         hint = "the next request reloads the model"
         if self.options.rpc:
             from ..rpc_endpoint import parse_endpoints, unreachable_endpoints
@@ -231,7 +203,9 @@ class ProcessModel:
                 log.exception("runner %s: unreadable message", self.name)
                 break
             kind, mid, body = msg[0], msg[1], msg[2]
-            if kind in ("result", "error"):
+            if kind == "status":
+                self._snapshot = RunnerSnapshot(body.stats, body.cache)  # stamped with this process's clock
+            elif kind in ("result", "error"):
                 with self._lock:
                     call = self._calls.pop(mid, None)
                 if call is not None and kind == "result":
@@ -284,7 +258,9 @@ class ProcessModel:
         return call
 
     def _call(self, op: str, *args, timeout: float | None = None, **kwargs) -> Any:
-        """Run ``op`` (a :data:`ollapy.runner.wire.CALLS` name) in the child and return its value."""
+        """Run ``op`` (a :data:`ollapy.runner.wire.CALLS` name) in the child and return its value.
+
+        Waits at most ``timeout`` s (default ``OLLAPY_RUNNER_TIMEOUT``); raises RunnerError past it."""
         mid = next(self._ids)
         call = self._register(mid)
         try:
@@ -292,19 +268,37 @@ class ProcessModel:
         except OSError:
             pass  # the child is gone: the reader fails the call
         try:
-            return call.wait(timeout)
+            return self._wait(call, op, timeout)
         finally:
             with self._lock:
                 self._calls.pop(mid, None)
 
+    def _wait(self, call: PendingCall, op: str, timeout: float | None) -> Any:
+        limit = self._timeout if timeout is None else timeout
+        try:
+            return call.wait(limit)
+        except TimeoutError:
+            raise RunnerError(f"model runner for {self.name} did not answer {op} within {limit:g}s",
+                              hint="it may be stopped or overloaded; raise OLLAPY_RUNNER_TIMEOUT, or unload the "
+                                   "model (keep_alive 0) to restart it") from None
+
     def _send_cancel(self, rid: int) -> None:
+        """Queue a cancel for the writer thread: never blocks (called on a server's event loop)."""
         with self._lock:
             pending = rid in self._requests
         if pending and self._dead is None:
+            self._cancels.put(rid)
+
+    def _write_cancels(self) -> None:
+        """The writer thread: send each queued cancel (a stopped child may block this thread, nobody else)."""
+        while True:
+            rid = self._cancels.get()
+            if rid is None:
+                return
             try:
                 self._send(("cancel", rid))
             except OSError:
-                pass
+                return
 
     # ---- prompts (built in the child, which holds the tokenizer and template) -----------------
     def tokenize(self, text: str) -> list[int]:
@@ -332,25 +326,27 @@ class ProcessModel:
     @property
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool definitions."""
-        return self.facts.supports_tools
+        return self._ready.supports_tools
 
     @property
     def supports_thinking(self) -> bool:
         """Whether the chat template has a reasoning section."""
-        return self.facts.supports_thinking
+        return self._ready.supports_thinking
 
     @property
     def embedding_only(self) -> bool:
         """True for an embedding model."""
-        return self.facts.embedding_only
+        return self._ready.embedding_only
 
     # ---- generation -------------------------------------------------------------------------------
     def submit(self, prompt: Prompt, options: Options, *, fmt=None, cache: bool = True,
-               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1) -> Request:
+               loop: asyncio.AbstractEventLoop | None = None, pin: bool = False, logprobs: int = -1,
+               timeout: float | None = None) -> Request:
         """As ``LoadedModel.submit``; returns a :class:`ProcessRequest` fed by the reader thread.
 
         Raises here what the child's engine raises on submit (BusyError, OptionError for a bad ``format``),
-        RunnerError when the child is gone.
+        RunnerError when the child is gone or does not accept it within ``timeout`` s (default
+        ``OLLAPY_RUNNER_TIMEOUT``; the request is cancelled there).
         """
         mid = next(self._ids)
         req = ProcessRequest(tokens=list(prompt.tokens), options=options, keep=prompt.keep, cache=cache,
@@ -363,11 +359,13 @@ class ProcessModel:
         except OSError:
             pass  # the reader fails it
         try:
-            call.wait()
+            self._wait(call, "submit", timeout)
         except BaseException:
             with self._lock:
                 self._calls.pop(mid, None)
-                self._requests.pop(mid, None)
+                late = self._requests.pop(mid, None) is not None
+            if late and self._dead is None:
+                self._cancels.put(mid)  # accepted after we gave up: end it in the child
             raise
         return req
 
@@ -390,6 +388,32 @@ class ProcessModel:
         waits on a busy or dead runner), plus ``runner`` and ``runner_pid``."""
         return {**self._info, "runner": "process", "runner_pid": self.pid}
 
+    @property
+    def cache_block(self) -> int | None:
+        """Tokens per prompt-cache block in the child; None without a prompt cache."""
+        return self._ready.cache_block
+
+    def stats(self) -> dict:
+        """The child's engine figures now (a round trip, bounded by ``OLLAPY_RUNNER_TIMEOUT``); a dead runner
+        gives its last figures with nothing busy or queued. Raises RunnerError past the timeout."""
+        if not self.alive:
+            return {**self._snapshot.stats, "slots_busy": 0, "queue_depth": 0}
+        return self._call("stats")
+
+    def cache_stats(self):
+        """The child's :class:`ollapy.cache.stats.CacheStats` now (a round trip); the last known once it is gone."""
+        if not self.alive:
+            return self._snapshot.cache
+        return self._call("cache_stats")
+
+    def snapshot(self) -> RunnerSnapshot:
+        """The figures the child last sent (every second); never waits. Its ``taken_at`` is when this process
+        received them: a stopped child's snapshot grows old (``stale()``), a dead one's shows nothing busy."""
+        snap = self._snapshot
+        if self._dead is not None or self._closed:
+            return RunnerSnapshot({**snap.stats, "slots_busy": 0, "queue_depth": 0}, snap.cache, snap.taken_at)
+        return snap
+
     # ---- close -------------------------------------------------------------------------------------
     def __enter__(self) -> ProcessModel:
         return self
@@ -409,11 +433,15 @@ class ProcessModel:
                 return self.unsaved_states
             self._closed = True
         interrupted = False
+        hung = self._dead is None and self._snapshot.stale()
+        if hung:  # its status thread stopped too (SIGSTOP, a hang): it would not answer close either
+            log.warning("model runner for %s stopped answering %.0fs ago; killing it", self.name,
+                        self._snapshot.age_s())
         try:
-            if self._dead is None and self._proc.poll() is None:
+            if self._dead is None and self._proc.poll() is None and not hung:
                 interrupted = self._close_child(timeout)
         finally:
-            self._stop_process(grace=CLOSE_GRACE_S)
+            self._stop_process(grace=0.0 if hung else CLOSE_GRACE_S, quiet=hung)
         if interrupted:
             raise KeyboardInterrupt
         return self.unsaved_states
@@ -459,6 +487,7 @@ class ProcessModel:
             pass
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout=10)
+        self._cancels.put(None)  # ends the writer thread
         self._stderr.join(timeout=10)
         self._conn.close()
         self._sock.close()

@@ -12,7 +12,10 @@ on an inherited socketpair. Parent to child:
 
 Child to parent:
 
-* ``("ready", facts)`` (:class:`ModelFacts`) or ``("failed", error)``;
+* ``("ready", facts)`` (:class:`ReadyFacts`) or ``("failed", error)``;
+* ``("status", 0, snapshot)`` every :data:`STATUS_INTERVAL_S` seconds: the child's
+  :class:`~ollapy.engine.interface.RunnerSnapshot` (engine and prompt-cache figures), which the parent's
+  ``/api/ps`` and ``/metrics`` read without a round trip;
 * ``("result", id, value)`` / ``("error", id, error)`` for calls, a submit's
   acceptance and close (its value: states not saved);
 * ``("chunk", id, Chunk)`` / ``("fail", id, error)`` for a generation's stream.
@@ -23,22 +26,25 @@ llama_cpp: the parent unpickles every message without it.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from .. import errors
+from ..engine.interface import ContextFacts, RunnerSnapshot
 from ..errors import OllapyError, RunnerError, describe
 
-# calls the child serves on a worker thread (LoadedModel methods, plus engine and cache figures)
+# calls the child serves on a worker thread (runner interface methods of its LoadedModel)
 CALLS = frozenset({"tokenize", "render", "chat_prompt", "raw_prompt", "grammar_for", "embed", "info", "stats",
-                   "cache_snapshot"})
+                   "cache_stats"})
+STATUS_INTERVAL_S = 1.0  # how often the child sends its figures
 
 
 def load_spec(ref, options, *, cache: bool, write_back: bool, max_queue: int, log_level: int) -> dict:
     """The ``load`` message's body: the model reference's fields (those ``open_model`` and the prompt cache
     read: name, path, digest, template), the load ``options`` and the parent's flags and log level."""
     return {
-        "ref": {"name": ref.name, "path": str(ref.path), "digest": getattr(ref, "digest", None),
+        "ref": {"name": ref.name, "path": os.path.abspath(ref.path), "digest": getattr(ref, "digest", None),
                 "template": getattr(ref, "template", None)},
         "options": options, "cache": cache, "write_back": write_back, "max_queue": max_queue,
         "log_level": log_level,
@@ -71,44 +77,22 @@ def error_from_payload(data: dict) -> OllapyError:
     return exc
 
 
-@dataclass(frozen=True)
-class BackendFacts:
-    """The backend figures callers read from ``model.backend``: context per slot (tokens), trained context,
-    slots, vocabulary size, BOS/EOS ids (-1: none) and whether the model adds BOS."""
-
-    num_ctx: int
-    n_ctx_train: int
-    n_parallel: int
-    n_vocab: int
-    bos: int
-    eos: int
-    add_bos: bool
-
-    @classmethod
-    def of(cls, backend) -> BackendFacts:
-        """The facts of a live :class:`ollapy.engine.backend.context.Backend`."""
-        return cls(num_ctx=backend.num_ctx, n_ctx_train=backend.n_ctx_train, n_parallel=backend.n_parallel,
-                   n_vocab=backend.n_vocab, bos=backend.bos, eos=backend.eos, add_bos=bool(backend.add_bos))
-
-
 @dataclass
-class ModelFacts:
-    """What the child tells the parent once the model is loaded (the ``ready`` message)."""
+class ReadyFacts:
+    """What the child tells the parent once the model is loaded (the ``ready`` message): the model facts of
+    the runner interface and its first :class:`~ollapy.engine.interface.RunnerSnapshot`."""
 
     pid: int
     architecture: str
     template: Any  # ollapy.chat.Template
-    backend: BackendFacts
-    bos_text: str
-    eos_text: str
+    facts: ContextFacts
     supports_tools: bool
     supports_thinking: bool
     embedding_only: bool
     load_duration_ns: int
     info: dict
-    stats: dict
+    snapshot: RunnerSnapshot
     cache_block: int | None = None  # None: the model has no prompt cache
-    cache_stats: Any = None  # ollapy.cache.stats.CacheStats
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__, config
 from ..runtime import Runtime
-from .errors import RouteError, ollama_error, openai_error
+from .errors import RouteError, error_headers, ollama_error, openai_error
 from .metrics import Metrics
 
 log = logging.getLogger("ollapy.server")
@@ -170,4 +170,4 @@ def error_response(request: Request, exc: BaseException) -> JSONResponse:
         status, body = openai_error(exc)
     else:
         status, body = ollama_error(exc)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=error_headers(exc))

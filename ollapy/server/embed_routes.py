@@ -25,7 +25,6 @@ object under /v1 (:mod:`ollapy.server.errors`).
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import time
 from typing import Any
@@ -132,9 +131,8 @@ async def _embed(request: Request, body: _EmbedBase, inputs: list, *, normalized
     try:
         if not inputs:
             return None, load_ns
-        result = await asyncio.to_thread(entry.model.embed, inputs, normalized=normalized,
-                                         truncate=body.truncate if truncate is None else truncate,
-                                         dimensions=body.dimensions)
+        result = await rt.call(entry, entry.model.embed, inputs, normalized=normalized,
+                               truncate=body.truncate if truncate is None else truncate, dimensions=body.dimensions)
         return result, load_ns
     finally:
         await rt.release(entry)

@@ -48,7 +48,8 @@ def status_for(exc: BaseException) -> int:
 
 
 # an absolute path in a message: after a space, quote, bracket or '=' (so no URL), not an API route in a hint
-_SERVER_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))~?/(?!api/|v1/)[^\s'"()<>\[\],;:]*""")
+# (a lone "/" between words, as in "A / B", is no path)
+_SERVER_PATH = re.compile(r"""(?:(?<=^)|(?<=[\s'"(\[=]))~?/(?!api/|v1/)[^\s'"()<>\[\],;:]+""")
 
 
 def redact_paths(text: str) -> str:
@@ -95,6 +96,17 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
             413: "invalid_request_error", 503: "server_busy", 499: "client_closed"}.get(status, "api_error")
     code = "model_not_found" if isinstance(exc, ModelNotFound) else None
     return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
+
+
+RETRY_AFTER_S = 1  # seconds a client is told to wait after a 503 "busy" answer
+
+
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """HTTP headers of an error response: ``Retry-After`` on a 503 (queue full, no room to load a model, a
+    runner child that does not answer), as Ollama's and llama.cpp's servers ask clients to come back."""
+    if status_for(exc) == 503:
+        return {"Retry-After": str(int(getattr(exc, "retry_after", RETRY_AFTER_S)))}
+    return {}
 
 
 def stream_error_line(exc: BaseException) -> bytes:

@@ -1,9 +1,10 @@
 """Shared by the Ollama and OpenAI routes: start a generation on the runtime and stream its chunks.
 
-:func:`start` resolves and loads the model, builds the prompt (in a worker
-thread: template rendering and tokenizing take time on long prompts) and
-submits it with ``loop=`` so chunks arrive on the event loop without
-blocking. Errors before the first byte (unknown model, bad options, busy)
+:func:`start` resolves and loads the model, builds the prompt and submits it
+with ``loop=`` so chunks arrive on the event loop without blocking. Both run
+on the model's own executor with a timeout (:meth:`ollapy.runtime.Runtime.call`):
+template rendering, tokenizing and JSON-schema grammar compilation take time on
+long inputs, and a runner child may be stopped. Errors before the first byte (unknown model, bad options, busy)
 propagate as exceptions and become status codes; :class:`Generation` always
 cancels its request and releases the model in ``close()``, which every
 response calls in a ``finally`` (client gone mid-stream or mid-prefill:
@@ -277,9 +278,9 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
         extra = {"tools": plan.tools, "think": plan.think}
         if messages is not None:
             msgs = model_messages(ref, messages)
-            p = await asyncio.to_thread(lambda: model.chat_prompt(msgs, opts, **extra))
+            p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
         elif raw:
-            p = await asyncio.to_thread(model.raw_prompt, prompt or "")
+            p = await rt.call(entry, model.raw_prompt, prompt or "")
         else:
             msgs = []
             sys_text = system if system is not None else getattr(ref, "system", None)
@@ -287,18 +288,20 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 msgs.append({"role": "system", "content": sys_text})
             msgs.append({"role": "user", "content": prompt or ""})
             msgs = model_messages(_NoSystem(ref), msgs)
-            p = await asyncio.to_thread(lambda: model.chat_prompt(msgs, opts, **extra))
+            p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
             if context:
-                b = model.backend
-                p = with_context(p, context, b.n_vocab, b.bos if b.add_bos else None)
+                f = model.facts
+                p = with_context(p, context, f.n_vocab, f.bos if f.add_bos else None)
         # a raw prompt is split only when thinking was asked for (its text is the caller's, not a template's)
         opened = not plan.forced and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
         reply = ReplyParser(think=think_enabled(plan.think), opened=opened,
                             family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
                             seed=opts.seed if opts.seed >= 0 else None,
                             max_calls=None if parallel_tool_calls else 1)
-        req = model.submit(p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
-                           loop=asyncio.get_running_loop(), logprobs=logprobs)
+        # off the loop: a JSON-schema grammar compiles here, a runner child answers here
+        req = await rt.call(entry, model.submit, p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
+                            loop=asyncio.get_running_loop(), logprobs=logprobs,
+                            late=lambda r: r.cancel())
     except BaseException:
         rt.release_nowait(entry)
         raise

@@ -21,7 +21,7 @@ from starlette.responses import StreamingResponse
 
 from ..errors import UsageError
 from . import generation
-from .errors import ollama_error, openai_error, sse_error_event, stream_error_line
+from .errors import error_headers, ollama_error, openai_error, sse_error_event, stream_error_line
 
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
@@ -51,13 +51,13 @@ async def read_body(request: Request) -> dict:
 def err(exc: BaseException) -> JSONResponse:
     """Ollama-style JSON error response: ``{"error": "..."}`` with the exception's status."""
     status, body = ollama_error(exc)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=error_headers(exc))
 
 
 def openai_err(exc: BaseException) -> JSONResponse:
     """OpenAI-style JSON error response: ``{"error": {"message", "type", "param", "code"}}``."""
     status, body = openai_error(exc)
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=error_headers(exc))
 
 
 def errors_as_json(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:

@@ -1,7 +1,9 @@
 """Prometheus metrics of the server, in its own CollectorRegistry (``GET /metrics``).
 
 Counters and histograms are updated by the routes; slot, queue and prompt-cache
-figures are read from the runtime at scrape time by a custom collector.
+figures are read at scrape time by a custom collector from each runner's
+snapshot (:meth:`~ollapy.engine.interface.ModelRunner.snapshot`: never a round trip to a runner child; a stale
+one is reported by ``ollapy_runner_stale``).
 """
 from __future__ import annotations
 
@@ -62,6 +64,8 @@ class _RuntimeCollector:
         rt = self.metrics.runtime
         loaded = GaugeMetricFamily("ollapy_models_loaded", "Models currently loaded.")
         busy = GaugeMetricFamily("ollapy_slots_busy", "Slots serving a request.", labels=["model"])
+        stale = GaugeMetricFamily("ollapy_runner_stale", "1 when a model's figures were not refreshed lately (its "
+                                  "runner is stopped or hung): the figures shown are its last ones.", labels=["model"])
         slots = GaugeMetricFamily("ollapy_slots", "Slots of a loaded model.", labels=["model"])
         queue = GaugeMetricFamily("ollapy_queue_depth", "Requests waiting for a slot.", labels=["model"])
         hits = CounterMetricFamily("ollapy_prompt_cache_hits", "Prompt-cache hits by tier.", labels=["model", "tier"])
@@ -77,14 +81,15 @@ class _RuntimeCollector:
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
-            st = e.model.engine.stats()
-            busy.add_metric([e.key], st["slots_busy"])
-            slots.add_metric([e.key], st["slots"])
-            queue.add_metric([e.key], st["queue_depth"])
-            cache = getattr(e.model, "cache", None)
-            if cache is None:
+            snap = e.model.snapshot()  # what the runner last refreshed: never a round trip to a runner child
+            st = snap.stats
+            stale.add_metric([e.key], 1 if snap.stale() else 0)
+            busy.add_metric([e.key], st.get("slots_busy", 0))
+            slots.add_metric([e.key], st.get("slots", 0))
+            queue.add_metric([e.key], st.get("queue_depth", 0))
+            cs = snap.cache
+            if cs is None:
                 continue
-            cs = cache.snapshot()
             hits.add_metric([e.key, "ram"], cs.hits_ram)
             hits.add_metric([e.key, "disk"], cs.hits_disk)
             misses.add_metric([e.key], cs.misses)
@@ -92,4 +97,4 @@ class _RuntimeCollector:
             written.add_metric([e.key], cs.bytes_written)
             files.add_metric([e.key], cs.files_written)
             nbytes.add_metric([e.key, "ram"], cs.ram_bytes)
-        yield from (loaded, busy, slots, queue, hits, misses, reused, written, files, nbytes)
+        yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes)

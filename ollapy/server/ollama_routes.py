@@ -178,8 +178,9 @@ async def _load_or_unload(st, body: OllamaGenBody, answer: dict):
 async def api_ps(request: Request):
     st = state_of(request)
     out = []
-    ids = await asyncio.to_thread(manifest_ids) if st.runtime.ps() else {}
-    for s in st.runtime.ps():
+    rows = st.runtime.ps()  # from each runner's snapshot: never waits on a runner
+    ids = await asyncio.to_thread(manifest_ids) if rows else {}
+    for s in rows:
         e = st.runtime.models.get(s["key"])
         ref = e.ref if e is not None else None
         gguf = await asyncio.to_thread(gguf_info, getattr(ref, "path", None))
@@ -193,6 +194,8 @@ async def api_ps(request: Request):
             # ollapy extras
             "num_parallel": s["num_parallel"], "slots_busy": stats.get("slots_busy", 0),
             "queue_depth": stats.get("queue_depth", 0), "active_requests": s["active"],
+            # the runner did not refresh its figures lately (stopped or hung): they are its last ones, this old
+            "stale": s["stale"], "stats_age_s": s["age_s"],
             "prompt_cache": s["cache"],
             "kv_bytes_per_token": (s["info"] or {}).get("kv_bytes_per_token", 0),
             "kv_bytes_per_slot": (s["info"] or {}).get("kv_bytes_per_slot", 0),

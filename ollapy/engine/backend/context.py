@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 import threading
 import time
 from array import array
@@ -25,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import DecodeError, ModelLoadError
 from .. import seqstate
+from ..cpuload import default_threads
 from ..hardware import choose_flash_attn
 from ..interrupt import deferred_sigint
 from . import bindings
@@ -130,6 +130,7 @@ class Backend:
         self.extra_bufts, self.extra_bufts_reason = choose_extra_bufts(cfg.extra_bufts)
         mp = C.llama_model_default_params()
         offload, self.devices, placement_arrays = _placement(mp, cfg)
+        self.gpu_offload = bool(offload and mp.n_gpu_layers > 0)  # layers go to a GPU (or an RPC device)
         mp.use_extra_bufts = self.extra_bufts
         # Ctrl-C is deferred while llama.cpp works (it would be swallowed in a ctypes callback) and raised here
         with deferred_sigint() as interrupted:
@@ -152,7 +153,7 @@ class Backend:
             cp.n_batch = self.n_batch
             cp.n_ubatch = self.n_ubatch = min(self.n_batch, 512)
             cp.n_seq_max = self.n_parallel
-            threads = cfg.num_thread or max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2))
+            threads = cfg.num_thread or default_threads()  # the process's own CPUs (affinity, cgroup quota)
             cp.n_threads = threads
             cp.n_threads_batch = threads
             cp.type_k = cp.type_v = _KV_TYPES[cfg.kv_cache_type]

@@ -1,0 +1,76 @@
+"""What this machine's llama.cpp build offers, for callers above the engine (``ollapy info``, ``ollapy
+rpc-server``): versions, ggml devices, GPU offload, the CPU safety choice, RPC.
+
+The CLI and the server reach :mod:`ollapy.engine.backend` (the llama.cpp boundary) only through these
+functions. Importing this module loads nothing; each function loads llama.cpp when it is called.
+"""
+from __future__ import annotations
+
+
+def system_report(extra_bufts_setting: str) -> dict:
+    """Versions and devices of the loaded llama.cpp build (loads llama.cpp, not a model).
+
+    Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "free",
+    "total"}], "cpu_amx", "build_amx", "extra_bufts"}`` where ``extra_bufts`` is the reason for the choice
+    :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
+    (``auto``/``on``/``off``).
+    """
+    from .backend import bindings
+
+    _use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
+    return {
+        "llama_cpp_python": bindings.library_version(),
+        "system_info": bindings.system_info(),
+        "gpu_offload": bindings.supports_gpu_offload(),
+        "devices": bindings.devices(),
+        "cpu_amx": bindings.cpu_has_amx(),
+        "build_amx": bindings.build_has_amx(),
+        "extra_bufts": reason,
+    }
+
+
+def rpc_report(endpoints: list[str]) -> dict:
+    """``{"supported": bool, "servers": [{"endpoint", "protocol", "devices": [...]} or {"endpoint", "error"}]}``.
+
+    Each endpoint (``host:port``) is checked with the handshake first
+    (:func:`ollapy.rpc_endpoint.probe_endpoint`), so an unreachable one is an entry with ``error``, never an
+    abort of this process.
+    """
+    from ..errors import RpcUnavailable
+    from ..rpc_endpoint import probe_endpoint
+    from .backend import rpc
+
+    out: dict = {"supported": rpc.supports_rpc(), "servers": []}
+    for ep in endpoints:
+        entry: dict = {"endpoint": ep}
+        if not out["supported"]:
+            entry["error"] = "this build has no RPC backend"
+        else:
+            try:
+                entry["protocol"] = ".".join(map(str, probe_endpoint(ep)))
+                entry["devices"] = [rpc.describe_device(d) for d in rpc.remote_devices([ep])]
+            except RpcUnavailable as exc:
+                entry["error"] = str(exc)
+        out["servers"].append(entry)
+    return out
+
+
+def rpc_serving_devices(names: list[str]) -> list[int]:
+    """The ggml devices an RPC server would serve: those ``names`` (default: every GPU, else the CPU).
+
+    Raises RpcUnavailable when the build has no RPC backend, OllapyError for an unknown device name.
+    """
+    from ..errors import RpcUnavailable
+    from .backend import rpc
+
+    if not rpc.supports_rpc():
+        raise RpcUnavailable("this build of llama.cpp has no RPC backend", rpc._REBUILD)
+    return rpc.serving_devices(names or None)
+
+
+def serve_rpc(endpoint: str, devices: list[int], n_threads: int, cache_dir: str | None) -> None:
+    """Run ggml's RPC server on ``endpoint`` (``host:port``) for ``devices`` (from
+    :func:`rpc_serving_devices`); returns only when ggml's server stops (it has no stop call)."""
+    from .backend import rpc
+
+    rpc.start_server(endpoint, devices, n_threads, cache_dir)
