@@ -101,7 +101,10 @@ class OpenAIBody(Body):
         return opts
 
 
-REASONING_EFFORTS = {"high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
+REASONING_EFFORTS = {"max": "high", "xhigh": "high", "high": "high", "medium": "medium", "low": "low", "minimal": "low",
+                     "none": False}
+"""OpenAI's (and Ollama's ``max``) reasoning efforts as ``think`` values: the levels above high are high, minimal
+is low, none is off."""
 
 
 class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):
