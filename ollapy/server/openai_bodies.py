@@ -101,10 +101,8 @@ class OpenAIBody(Body):
         return opts
 
 
-REASONING_EFFORTS = {"max": "high", "xhigh": "high", "high": "high", "medium": "medium", "low": "low", "minimal": "low",
-                     "none": False}
-"""OpenAI's (and Ollama's ``max``) reasoning efforts as ``think`` values: the levels above high are high, minimal
-is low, none is off."""
+REASONING_EFFORTS = {"xhigh": "high", "high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
+"""OpenAI's reasoning efforts as ``think`` values: xhigh is high, minimal is low, none is off."""
 
 
 class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):
