@@ -146,6 +146,16 @@ def test_responses_input_items_become_chat_messages():
         {"role": "tool", "content": "-3 C", "tool_call_id": "call_1", "tool_name": "get_weather"},
         {"role": "assistant", "content": "It is -3 C."}]
     assert body.instructions == "Be brief." and body.choice == ("auto", None)
+    custom = ResponsesBody.from_dict({"model": "m", "tools": [{"type": "custom", "name": "shell"}],
+                                      "tool_choice": {"type": "custom", "name": "shell"}, "input": [
+        {"type": "custom_tool_call", "call_id": "c2", "name": "shell", "input": "ls"},
+        {"type": "custom_tool_call_output", "call_id": "c2", "output": "a.txt"}]})
+    assert custom.messages == [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c2", "type": "function", "function": {"name": "shell", "arguments": {"input": "ls"}}}]},
+        {"role": "tool", "content": "a.txt", "tool_call_id": "c2", "tool_name": "shell"}]
+    assert custom.tools[0]["function"]["parameters"]["properties"] == {"input": {"type": "string"}}
+    assert custom.choice == ("required", "shell")
     for bad, words in (({"input": [{"type": "web_search_call"}]}, "input.0: unsupported input item type"),
                        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0: unsupported tool type"),
                        ({"input": "hi", "tool_choice": "required"}, "tool_choice requires tools"),

@@ -131,6 +131,25 @@ def test_forced_function_call_and_its_output_round_trip(api, model):
     assert next(e for e in events if e.type == "response.function_call_arguments.done").arguments == call.arguments
 
 
+def test_custom_tool_call_and_its_output(api):
+    """A custom (freeform) tool, as Codex's apply_patch: called with its text as the one string ``input``
+    (as Ollama maps it), answered as a ``custom_tool_call`` item, and its output read back."""
+    shell = {"type": "custom", "name": "shell", "description": "Run a shell command"}
+    ask = [{"role": "user", "content": "List the files in this directory."}]
+    r = _create(api, input=ask, tools=[shell], tool_choice={"type": "custom", "name": "shell"}, max_output_tokens=48)
+    (call,) = r.output
+    assert call.type == "custom_tool_call" and call.name == "shell" and call.input and call.call_id.startswith("call_")
+    kinds, events, final = _stream(api, input=ask, tools=[shell], tool_choice="required", max_output_tokens=48)
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.custom_tool_call_input.delta", "response.custom_tool_call_input.done",
+                     "response.output_item.done", "response.completed"]
+    assert final.output[0].input == call.input
+    after = _create(api, tools=[shell], max_output_tokens=16, input=[
+        *ask, call.model_dump(exclude_none=True),
+        {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "README.md setup.py"}])
+    assert after.usage.input_tokens > r.usage.input_tokens and after.output
+
+
 def test_json_schema_output(api):
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
               "required": ["city", "country"], "additionalProperties": False}

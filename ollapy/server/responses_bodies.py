@@ -56,9 +56,10 @@ def _reasoning_text(item: dict) -> str:
 
 def input_messages(value: Any) -> list[dict]:
     """``input`` as chat messages: a string is one user message; items (``message`` — also without ``type``
-    when it has a ``role`` —, ``function_call``, ``function_call_output``, ``reasoning``) become system
-    (``developer`` too), user, assistant (calls merged into the assistant turn before them, reasoning kept as
-    its ``thinking``) and tool messages, checked by :func:`ollapy.server.bodies.read_history`.
+    when it has a ``role`` —, ``function_call``, ``function_call_output``, ``custom_tool_call`` (its ``input``
+    is the argument ``input``, see :func:`read_response_tools`), ``custom_tool_call_output``, ``reasoning``)
+    become system (``developer`` too), user, assistant (calls merged into the assistant turn before them,
+    reasoning kept as its ``thinking``) and tool messages, checked by :func:`ollapy.server.bodies.read_history`.
 
     Raises OptionError (400) naming the item for anything else."""
     if isinstance(value, str):
@@ -81,11 +82,14 @@ def input_messages(value: Any) -> list[dict]:
             if role == "assistant" and thinking:
                 msg["thinking"], thinking = thinking, ""
             msgs.append(msg)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             name, call_id = item.get("name"), item.get("call_id")
             if not isinstance(name, str) or not name:
                 raise OptionError(f"{where}.name is required")
-            call = {"type": "function", "function": {"name": name, "arguments": item.get("arguments") or "{}"}}
+            if kind == "custom_tool_call" and not isinstance(item.get("input"), str):
+                raise OptionError(f"{where}.input must be a string")
+            args = {"input": item["input"]} if kind == "custom_tool_call" else item.get("arguments") or "{}"
+            call = {"type": "function", "function": {"name": name, "arguments": args}}
             if isinstance(call_id, str) and call_id:
                 call["id"] = call_id
             if msgs and msgs[-1]["role"] == "assistant":
@@ -94,7 +98,7 @@ def input_messages(value: Any) -> list[dict]:
                 msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
             if thinking:
                 msgs[-1]["thinking"], thinking = thinking, ""
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             msg = {"role": "tool", "content": _text(item.get("output"), f"{where}.output")}
             if isinstance(item.get("call_id"), str) and item["call_id"]:
                 msg["tool_call_id"] = item["call_id"]
@@ -105,40 +109,59 @@ def input_messages(value: Any) -> list[dict]:
             thinking += _reasoning_text(item)
         else:
             raise OptionError(f"{where}: unsupported input item type {reprlib.repr(kind)}",
-                              hint="use message, function_call, function_call_output or reasoning items")
+                              hint="use message, function_call(_output), custom_tool_call(_output) or reasoning items")
     try:
         return read_history(msgs)
     except OptionError as exc:  # read_history names "messages.N"; the client sent "input"
         raise OptionError(exc.message.replace("messages.", "input message ", 1), exc.hint) from None
 
 
+CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+"""The parameters a custom (freeform) tool is called with: its text as the one string ``input``, as Ollama does."""
+
+
 def read_response_tools(value: Any) -> list[dict] | None:
-    """Responses ``tools`` (flat: ``{"type": "function", "name", "description", "parameters", "strict"}``) as
-    chat tools (``{"type": "function", "function": {...}}``, checked by :func:`read_tools`). Other tool types
-    (web_search, file_search, mcp...) are refused: ollapy runs the client's functions only."""
+    """Responses ``tools`` as chat tools (``{"type": "function", "function": {...}}``, checked by
+    :func:`read_tools`): flat function tools (``{"type": "function", "name", "description", "parameters"}``),
+    and custom (freeform) tools as functions taking :data:`CUSTOM_INPUT` (their ``format`` grammar is not
+    applied). Built-in tool types (web_search, file_search, mcp...) are refused: ollapy runs the client's tools
+    only."""
     if not value:
         return None
     if not isinstance(value, list):
         raise OptionError("tools must be a list of function tools")
     out = []
     for i, t in enumerate(value):
-        if not isinstance(t, dict) or t.get("type") != "function":
-            kind = t.get("type") if isinstance(t, dict) else t
+        kind = t.get("type") if isinstance(t, dict) else t
+        if kind not in ("function", "custom"):
             raise OptionError(f"tools.{i}: unsupported tool type {reprlib.repr(kind)}",
-                              hint='ollapy runs function tools: {"type": "function", "name": ..., "parameters": ...}')
+                              hint='ollapy runs function and custom tools: {"type": "function", "name": ..., '
+                                   '"parameters": ...}')
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
+        if kind == "custom":
+            fn["parameters"] = CUSTOM_INPUT
         out.append({"type": "function", "function": fn})
     return read_tools(out)
 
 
+def custom_tool_names(value: Any) -> frozenset[str]:
+    """The names of the custom (freeform) tools in a request's raw ``tools``: their calls are answered as
+    ``custom_tool_call`` items."""
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(t["name"] for t in value if isinstance(t, dict) and t.get("type") == "custom"
+                     and isinstance(t.get("name"), str))
+
+
 def read_response_tool_choice(value: Any) -> tuple[str, str | None]:
-    """Responses ``tool_choice``: ``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function", "name"}``,
-    as ``(mode, function name or None)``."""
+    """Responses ``tool_choice``: ``"auto"``, ``"none"``, ``"required"`` or ``{"type": "function"|"custom",
+    "name"}``, as ``(mode, function name or None)``."""
     if value is None or value == "auto":
         return "auto", None
     if value in ("none", "required"):
         return value, None
-    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str) and value["name"]:
+    if (isinstance(value, dict) and value.get("type") in ("function", "custom") and isinstance(value.get("name"), str)
+            and value["name"]):
         return "required", value["name"]
     raise OptionError(f"invalid tool_choice {reprlib.repr(value)}",
                       hint='use "auto", "none", "required" or {"type": "function", "name": ...}')

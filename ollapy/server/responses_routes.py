@@ -21,7 +21,7 @@ from .errors import openai_error
 from .http import SSE, GenStream, collect, read_body, sse_event, state_of
 from .http import openai_err as err
 from .response_store import ResponseStore, StoredResponse
-from .responses_bodies import ResponsesBody
+from .responses_bodies import ResponsesBody, custom_tool_names
 from .responses_stream import ResponseBuilder, new_id
 
 router = APIRouter(prefix="/v1")
@@ -48,7 +48,7 @@ async def create_response(request: Request):
                                      parallel_tool_calls=body.parallel_tool_calls)
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return err(exc)
-    builder = ResponseBuilder(new_id("resp"), body.model, raw)
+    builder = ResponseBuilder(new_id("resp"), body.model, raw, custom_tool_names(raw.get("tools")))
 
     def keep() -> None:
         if body.store:
@@ -76,9 +76,7 @@ async def create_response(request: Request):
                         yield _sse(ev)
                     keep()
         except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
-            _, body_ = openai_error(exc)
-            yield _sse({"type": "error", "sequence_number": builder.seq, "code": body_["error"]["code"],
-                        "message": body_["error"]["message"], "param": None})
+            yield _sse(builder.error(openai_error(exc)[1]))
 
     return GenStream(events(), gen.close, SSE)
 

@@ -7,7 +7,8 @@ and sends the events it returns; a whole answer feeds it the whole reply once an
 ``response.output_item.added`` ... ``response.output_item.done`` with, in between, for a message
 ``response.content_part.added``, ``response.output_text.delta``/``done``, ``response.content_part.done``,
 for reasoning the same with ``response.reasoning_text.*`` parts, and for a function call
-``response.function_call_arguments.delta``/``done``; last ``response.completed`` (or ``response.incomplete``
+``response.function_call_arguments.delta``/``done`` (``response.custom_tool_call_input.delta``/``done`` for
+a custom tool's call); last ``response.completed`` (or ``response.incomplete``
 when ``max_output_tokens`` cut the answer short). Every event has a ``sequence_number`` counting from 0.
 """
 from __future__ import annotations
@@ -71,8 +72,9 @@ class ResponseBuilder:
     events. ``response(...)`` is the Response object at any time; :attr:`output` holds the finished items.
     """
 
-    def __init__(self, rid: str, model: str, request: dict) -> None:
+    def __init__(self, rid: str, model: str, request: dict, custom: frozenset[str] = frozenset()) -> None:
         self.rid = rid
+        self.custom = custom  # names of custom (freeform) tools: their calls are custom_tool_call items
         self.model = model
         self.request = request
         self.created = time.time()
@@ -146,6 +148,9 @@ class ResponseBuilder:
     def _calls(self, delta: ReplyDelta) -> list[dict]:
         events = self._close()
         for c in delta.calls:
+            if c.name in self.custom:
+                events += self._custom_call(c.id, c.name, str(c.arguments.get("input", "")))
+                continue
             args = json.dumps(c.arguments, ensure_ascii=False)
             item = {"id": new_id("fc"), "type": "function_call", "call_id": c.id, "name": c.name, "arguments": "",
                     "status": "in_progress"}
@@ -157,6 +162,23 @@ class ResponseBuilder:
             events.append(self._event("response.output_item.done", output_index=where["output_index"], item=done))
             self.output.append(done)
         return events
+
+    def _custom_call(self, call_id: str | None, name: str, text: str) -> list[dict]:
+        item = {"id": new_id("ctc"), "type": "custom_tool_call", "call_id": call_id, "name": name, "input": "",
+                "status": "in_progress"}
+        where = {"item_id": item["id"], "output_index": len(self.output)}
+        done = {**item, "input": text, "status": "completed"}
+        self.output.append(done)
+        return [self._event("response.output_item.added", output_index=where["output_index"], item=item),
+                self._event("response.custom_tool_call_input.delta", **where, delta=text),
+                self._event("response.custom_tool_call_input.done", **where, input=text),
+                self._event("response.output_item.done", output_index=where["output_index"], item=done)]
+
+    def error(self, body: dict) -> dict:
+        """The stream's last event when it fails after it started: ``error`` with OpenAI's error object's
+        ``code`` and ``message`` (``body``: ``{"error": {...}}``)."""
+        e = body["error"]
+        return self._event("error", code=e.get("code"), message=e["message"], param=e.get("param"))
 
     def feed(self, delta: ReplyDelta) -> list[dict]:
         """The events for one piece of the reply (none for an empty piece)."""
@@ -194,6 +216,10 @@ class ResponseBuilder:
                 msg["thinking"] = msg.get("thinking", "") + item["content"][0]["text"]
             elif item["type"] == "message":
                 msg["content"] += item["content"][0]["text"]
+            elif item["type"] == "custom_tool_call":
+                msg.setdefault("tool_calls", []).append(
+                    {"id": item["call_id"], "type": "function",
+                     "function": {"name": item["name"], "arguments": {"input": item["input"]}}})
             else:
                 msg.setdefault("tool_calls", []).append(
                     {"id": item["call_id"], "type": "function",
