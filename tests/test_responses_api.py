@@ -206,6 +206,8 @@ def test_store_previous_response_id_and_eviction(api):
     api.oai.responses.delete(second.id)
     with pytest.raises(openai.NotFoundError):
         api.oai.responses.retrieve(second.id)
+    kinds, events, streamed = _stream(api, input=FRANCE, store=True)  # a streamed response is stored too
+    assert api.oai.responses.retrieve(streamed.id).output_text == PARIS == streamed.output_text
 
 
 # ---- cached tokens on every OpenAI route ----------------------------------------------------------
