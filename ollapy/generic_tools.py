@@ -25,6 +25,7 @@ import logging
 import re
 from typing import Any, Iterable
 
+from .errors import OptionError
 from .toolcalls import ToolCall, call_id_factory
 
 log = logging.getLogger(__name__)
@@ -91,11 +92,8 @@ def answer_schema(tools: list[dict], *, forced: bool = False, name: str | None =
     answer is ``{"tool_calls": [call, ...]}`` (at least one), else ``{"tool_call": call}``. Unless ``forced``,
     ``{"response": ...}`` is the alternative: a string, or ``response`` (the request's own JSON schema, so
     structured output still holds). ``forced`` (``tool_choice`` required or a named function) always gives one
-    ``tool_call``; ``name`` limits it to that function (OptionError when ``tools`` has none of that name, from
-    :func:`ollapy.reply.forced_call_schema`'s rules).
+    ``tool_call``; ``name`` limits it to that function (OptionError when ``tools`` has none of that name).
     """
-    from .errors import OptionError
-
     fns = [_function(t) for t in tools]
     if name is not None:
         fns = [f for f in fns if f.get("name") == name]

@@ -1,7 +1,8 @@
 """Tool calling through a live ``ollapy serve`` and the official ``ollama`` and ``openai`` clients (SmolLM2).
 
-Models: ``smol`` (SmolLM2's own template, no tool support), ``smol-tools`` (a Hermes-style Jinja TEMPLATE
-with a tools section) and ``smol-json`` (the same template, ``PARAMETER tool_parser generic``).
+Models: ``smol`` (SmolLM2's own template, no tool support: llama.cpp's generic tool-call format),
+``smol-tools`` (a Hermes-style Jinja TEMPLATE with a tools section) and ``smol-json`` (the same template,
+``PARAMETER tool_parser generic``).
 Forced calls (``tool_choice`` required or a named function) are grammar-constrained, so the tiny model
 makes valid calls; ``/api/chat`` takes ``tool_choice`` as an ollapy extension (sent with the ollama
 client's request helper, which parses the answers with its own types).
