@@ -413,6 +413,11 @@ ORIGINS = _setting(
     "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.",
 )
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
+RESPONSES_STORE = _setting(
+    "OLLAPY_RESPONSES_STORE",
+    "64MiB",
+    "Memory for /v1/responses stored with `store: true` (for previous_response_id); least recently used out first.",
+)
 
 
 _ORIGIN = re.compile(r"^(\*|[A-Za-z*][A-Za-z0-9+.*-]*://[^\s/?#]*)$")
@@ -430,6 +435,11 @@ def origins() -> list[str]:
 def max_body() -> int:
     """Request body limit of the server, in bytes."""
     return _size(MAX_BODY)
+
+
+def responses_store_bytes() -> int:
+    """Bound of the server's store of ``/v1/responses`` responses, in bytes."""
+    return _size(RESPONSES_STORE)
 
 
 def host_port() -> tuple[str, int]:
@@ -453,8 +463,8 @@ ACCESSORS.update({
     NOHISTORY.env: nohistory, TEST_MODELS.env: _test_models_raw, REGISTRY.env: registry_url,
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
-    ORIGINS.env: origins, MAX_BODY.env: max_body, RPC.env: rpc, RUNNER.env: runner,
-    RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
+    ORIGINS.env: origins, MAX_BODY.env: max_body, RESPONSES_STORE.env: responses_store_bytes, RPC.env: rpc,
+    RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
 })
 
 

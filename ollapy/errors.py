@@ -9,10 +9,12 @@ from __future__ import annotations
 
 
 class OllapyError(Exception):
-    """Base error: ``message`` (one line), ``hint`` (what to do next), exit code and HTTP status."""
+    """Base error: ``message`` (one line), ``hint`` (what to do next), exit code and HTTP status; ``code`` is the
+    machine-readable ``error.code`` OpenAI's error object carries (None: none)."""
 
     exit_code = 1
     status = 500
+    code: str | None = None
 
     def __init__(self, message: str, hint: str = "", *, public: str | None = None) -> None:
         super().__init__(message)

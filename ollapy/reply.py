@@ -13,7 +13,7 @@ own tool-call format. No HTTP, terminal or llama_cpp here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from .errors import OptionError
 from .thinking import ThinkingParser, supports_thinking, think_enabled
@@ -35,6 +35,19 @@ class ReplyDelta:
         return ReplyDelta(self.thinking + other.thinking, self.content + other.content, self.calls + other.calls)
 
 
+class CallParser(Protocol):
+    """What splits answer text into content and tool calls, streaming: :class:`~ollapy.toolcalls.ToolCallParser`
+    (a model's own format) or :class:`~ollapy.generic_tools.GenericCallParser` (llama.cpp's generic format)."""
+
+    def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
+        """Add text; ``(content decided so far, calls completed)``."""
+        ...
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """End of text: what was held back, and the calls left to decide."""
+        ...
+
+
 class ReplyParser:
     """Split generated text into :class:`ReplyDelta` pieces: ``feed`` each piece, then ``finish`` once.
 
@@ -45,17 +58,21 @@ class ReplyParser:
     one grammar-forced JSON call (parsed as the ``generic`` family). ``tool_names`` limits the
     functions accepted; ``ids`` gives every call an id (``seed`` makes them reproducible);
     ``max_calls`` (OpenAI's ``parallel_tool_calls: false`` is 1) keeps only the first calls parsed,
-    later ones are dropped (neither calls nor content). Never raises on model text: what is not a
-    call stays content.
+    later ones are dropped (neither calls nor content). ``calls``: a ready :class:`CallParser` to use instead
+    of a family's (the generic format's, whose answer is grammar-constrained JSON: no reasoning is split off).
+    Never raises on model text: what is not a call stays content.
     """
 
     def __init__(self, *, think: bool = False, opened: bool = False, family: str | None = None,
                  forced: bool = False, tool_names: Iterable[str] | None = None, ids: bool = False,
-                 seed: int | None = None, max_calls: int | None = None) -> None:
+                 seed: int | None = None, max_calls: int | None = None, calls: CallParser | None = None) -> None:
         self.keep_thinking = think
-        self._thinking = ThinkingParser(opened=opened) if (think or opened) and not forced else None
+        constrained = forced or calls is not None
+        self._thinking = ThinkingParser(opened=opened) if (think or opened) and not constrained else None
         family = "generic" if forced else family
-        self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names) if family else None
+        self._tools: CallParser | None = calls
+        if calls is None and family:
+            self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names)
         self.calls = 0  # tool calls so far (kept ones)
         self.max_calls = max_calls
 
@@ -94,30 +111,24 @@ def supports_tools(template_text: str | None) -> bool:
     return "tools" in (template_text or "")
 
 
-def check_capabilities(name: str, *, can_think: bool, can_use_tools: bool, think: bool | str | None = None,
-                       tools: bool = False) -> bool | str | None:
-    """Check a request's ``think`` and ``tools`` against what the model can do, as Ollama does; return the
-    ``think`` value to render with.
+def check_capabilities(name: str, *, can_think: bool, think: bool | str | None = None) -> bool | str | None:
+    """Check a request's ``think`` against what the model can do, as Ollama does; return the ``think`` value
+    to render with.
 
-    ``can_think``/``can_use_tools``: the model's capabilities (:func:`ollapy.thinking.supports_thinking`,
-    :func:`supports_tools` of its template). ``think`` is a validated value (:func:`ollapy.thinking.parse_think`);
-    ``tools``: the request lets the model call tools freely (``tool_choice`` auto).
+    ``can_think``: the model's capability (:func:`ollapy.thinking.supports_thinking` of its template).
+    ``think`` is a validated value (:func:`ollapy.thinking.parse_think`).
 
     Returns: for a thinking model, ``think`` with unset meaning on (``True``); otherwise None (false is
-    accepted and ignored). Raises :class:`~ollapy.errors.OptionError` with Ollama's exact words:
-    ``"NAME" does not support thinking`` (``think`` true or a level, checked first) or
-    ``NAME does not support tools``.
+    accepted and ignored). Raises :class:`~ollapy.errors.OptionError` with Ollama's exact words
+    ``"NAME" does not support thinking`` for ``think`` true or a level on a model without it.
+    Tools are not checked: a template without tool support gets llama.cpp's generic tool-call format
+    (:mod:`ollapy.generic_tools`) where Ollama answers "does not support tools".
     """
-    effective: bool | str | None = None
     if can_think:
-        effective = True if think is None else think
-    elif think_enabled(think):
+        return True if think is None else think
+    if think_enabled(think):
         raise OptionError(f'"{name}" does not support thinking')  # Ollama's words, as they are
-    if tools and not can_use_tools:
-        raise OptionError(f"{name} does not support tools",  # Ollama's words, then what to do
-                          hint='use tool_choice "required" or a named function (any model), '
-                               "or a model whose chat template reads tools")
-    return effective
+    return None
 
 
 def model_capabilities(template_text: str | None, *, embedding_only: bool) -> list[str]:

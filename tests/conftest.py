@@ -104,16 +104,16 @@ def live_server(base: Path, *serve_args: str, env: dict | None = None):
 
 
 @contextlib.contextmanager
-def live_api(base: Path, gguf: Path, models: dict[str, dict]):
-    """A :func:`live_server` whose store holds ``models`` (name -> extra ``create()`` arguments such as
-    ``template``), each made from the GGUF at ``gguf`` uploaded once as a blob through the official ollama
+def live_api(base: Path, gguf: Path, models: dict[str, dict], env: dict | None = None):
+    """A :func:`live_server` (with ``env``) whose store holds ``models`` (name -> extra ``create()`` arguments such
+    as ``template``), each made from the GGUF at ``gguf`` uploaded once as a blob through the official ollama
     client. Yields ``url``, ``oc`` (``ollama.Client``) and ``oai`` (``openai.OpenAI`` on ``/v1``)."""
     from types import SimpleNamespace
 
     import ollama
     import openai
 
-    with live_server(base) as url:
+    with live_server(base, env=env) as url:
         oc = ollama.Client(host=url)
         blob = oc.create_blob(gguf)
         for name, extra in models.items():

@@ -17,19 +17,15 @@ TOOLS_TEMPLATE = THINK_TEMPLATE.replace("{%- for", "{%- if tools %}<tools>{{ too
 
 
 def test_check_capabilities_in_ollamas_words():
-    assert check_capabilities("m", can_think=True, can_use_tools=False) is True  # unset: on for a thinking model
-    assert check_capabilities("m", can_think=True, can_use_tools=False, think="low") == "low"
-    assert check_capabilities("m", can_think=False, can_use_tools=False, think=False) is None  # false: ignored
+    assert check_capabilities("m", can_think=True) is True  # unset: on for a thinking model
+    assert check_capabilities("m", can_think=True, think="low") == "low"
+    assert check_capabilities("m", can_think=False, think=False) is None  # false: ignored
     with pytest.raises(OptionError) as e:
-        check_capabilities("smol", can_think=False, can_use_tools=True, think=True)
+        check_capabilities("smol", can_think=False, think=True)
     assert e.value.message == '"smol" does not support thinking'
     with pytest.raises(OptionError) as e:
-        check_capabilities("smol", can_think=False, can_use_tools=False, think="high", tools=True)
-    assert e.value.message == '"smol" does not support thinking'  # thinking is checked first
-    with pytest.raises(OptionError) as e:
-        check_capabilities("smol", can_think=False, can_use_tools=False, tools=True)
-    assert e.value.message == "smol does not support tools"
-    assert 'tool_choice "required"' in e.value.hint  # what to do next: a forced call works on any model
+        check_capabilities("smol", can_think=False, think="high")
+    assert e.value.message == '"smol" does not support thinking'
 
 
 def test_model_capabilities_and_embedding_metadata():

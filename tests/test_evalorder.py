@@ -27,7 +27,7 @@ def test_chunks_cover_the_prompt_in_pieces_of_two_or_more_on_the_grid(n, budgets
     stop = n - 1
     cs = chunks(0, stop, budgets, points)
     assert cs[0][0] == 0 and cs[-1][1] == stop
-    for (a, b), (c, _) in zip(cs, cs[1:]):
+    for (_, b), (c, _) in zip(cs, cs[1:]):
         assert b == c
     for a, b in cs:
         assert b - a >= 2 or stop == 1

@@ -1,7 +1,8 @@
 """Tool calling through a live ``ollapy serve`` and the official ``ollama`` and ``openai`` clients (SmolLM2).
 
-Models: ``smol`` (SmolLM2's own template, no tool support), ``smol-tools`` (a Hermes-style Jinja TEMPLATE
-with a tools section) and ``smol-json`` (the same template, ``PARAMETER tool_parser generic``).
+Models: ``smol`` (SmolLM2's own template, no tool support: llama.cpp's generic tool-call format),
+``smol-tools`` (a Hermes-style Jinja TEMPLATE with a tools section) and ``smol-json`` (the same template,
+``PARAMETER tool_parser generic``).
 Forced calls (``tool_choice`` required or a named function) are grammar-constrained, so the tiny model
 makes valid calls; ``/api/chat`` takes ``tool_choice`` as an ollapy extension (sent with the ollama
 client's request helper, which parses the answers with its own types).
@@ -64,8 +65,8 @@ def api(tmp_path_factory, smollm2_path):
 
 
 def _oai_chat(api, **kw):
-    return api.oai.chat.completions.create(temperature=0, max_tokens=64, extra_body={"options": {"repeat_penalty": 1.0}},
-                                           **kw)
+    kw = {"max_tokens": 64, **kw}
+    return api.oai.chat.completions.create(temperature=0, extra_body={"options": {"repeat_penalty": 1.0}}, **kw)
 
 
 def _ollama_chat(api, stream: bool = False, **body):
@@ -163,19 +164,83 @@ def test_tool_round_trip(api):
 
 
 # ---- capabilities and malformed output ------------------------------------------------------------
-def test_auto_tools_on_a_template_without_tools_is_400(api):
-    import ollama
-    import openai
+def test_auto_tools_on_a_template_without_tools_use_the_generic_format(api):
+    """``smol``'s template has no tools: where Ollama answers 400 "does not support tools", the tools go in the
+    system prompt in llama.cpp's generic format and the answer is a call or a response (200) on every route,
+    whole and streamed alike."""
+    plain = httpx.post(api.url + "/api/chat", json={"model": "smol", "messages": ASK, "stream": False,
+                                                    "options": GREEDY}, timeout=120).json()
+    r = api.oc.chat(model="smol", messages=ASK, tools=TOOLS, options=GREEDY)
+    assert r.prompt_eval_count > plain["prompt_eval_count"] + 100  # the tools are described in the prompt
+    # SmolLM2 answers this one with {"response": "..."}, streamed as content and cut by num_predict
+    assert (r.done_reason, r.message.tool_calls) == ("length", None)
+    assert r.message.content.startswith("Paris, France, is a city known for its vibrant culture")
+    streamed = list(_ollama_chat(api, stream=True, model="smol", messages=ASK, tools=TOOLS))
+    assert "".join(p.message.content for p in streamed) == r.message.content
+    assert sum(1 for p in streamed if p.message.content) > 10 and not any(p.message.tool_calls for p in streamed)
 
-    with pytest.raises(ollama.ResponseError) as e:
-        api.oc.chat(model="smol", messages=ASK, tools=TOOLS)
-    assert e.value.status_code == 400 and "smol does not support tools" in e.value.error
-    with pytest.raises(openai.BadRequestError) as e2:
-        _oai_chat(api, model="smol", messages=ASK, tools=TOOLS)
-    assert "does not support tools" in e2.value.body["message"]
-    r = _oai_chat(api, model="smol", messages=ASK, tools=TOOLS, tool_choice="none")  # rendered without tools
-    assert r.choices[0].finish_reason in ("stop", "length") and r.choices[0].message.content
-    assert not r.choices[0].message.tool_calls
+    o = _oai_chat(api, model="smol", messages=ASK, tools=TOOLS)
+    assert (o.choices[0].finish_reason, o.choices[0].message.content) == ("length", r.message.content)
+    assert o.usage.prompt_tokens == r.prompt_eval_count
+    resp = api.oai.responses.create(model="smol", input=ASK, temperature=0, max_output_tokens=64,
+                                    extra_body={"options": {"repeat_penalty": 1.0}},
+                                    tools=[{"type": "function", "strict": True, **t["function"]} for t in TOOLS])
+    assert (resp.status, resp.output_text, resp.usage.input_tokens) == ("incomplete", r.message.content,
+                                                                        r.prompt_eval_count)
+
+    none = _oai_chat(api, model="smol", messages=ASK, tools=TOOLS, tool_choice="none")  # rendered without tools
+    assert none.choices[0].message.content and not none.choices[0].message.tool_calls
+    assert none.usage.prompt_tokens == plain["prompt_eval_count"]
+
+
+@pytest.mark.parametrize("route", ["api", "v1"])
+def test_generic_forced_call_round_trip(api, route):
+    """A forced call on ``smol`` (generic format), then its result: the history is written as text for the
+    template (no tool role) and the answer completes."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    if route == "v1":
+        r = _oai_chat(api, model="smol", messages=ASK, tools=TOOLS, tool_choice=choice)
+        (call,) = r.choices[0].message.tool_calls
+        args = _check_oai_call(call, "get_weather")
+        history = ASK + [r.choices[0].message.model_dump(exclude_none=True)]
+        tool = {"role": "tool", "tool_call_id": call.id}
+    else:
+        r = _ollama_chat(api, model="smol", messages=ASK, tools=TOOLS, tool_choice=choice)
+        (call,) = r.message.tool_calls
+        args = dict(call.function.arguments)
+        jsonschema.validate(args, WEATHER)
+        history = ASK + [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "get_weather",
+                                                                                           "arguments": args}}]}]
+        tool = {"role": "tool", "tool_name": "get_weather"}
+    sizes = []
+    for result in ("22 degrees", "22 degrees and sunny, a light wind from the west, no rain today"):
+        body = {"model": "smol", "messages": history + [{**tool, "content": result}], "tools": TOOLS, "stream": False}
+        if route == "v1":
+            a = httpx.post(api.url + "/v1/chat/completions", json={**body, "temperature": 0, "max_tokens": 64},
+                           timeout=120)
+            assert a.status_code == 200 and a.json()["choices"][0]["finish_reason"] in ("stop", "tool_calls", "length")
+            sizes.append(a.json()["usage"]["prompt_tokens"])
+        else:
+            a = httpx.post(api.url + "/api/chat", json={**body, "options": GREEDY}, timeout=120)
+            assert a.status_code == 200 and a.json()["done"]
+            sizes.append(a.json()["prompt_eval_count"])
+    assert sizes[1] > sizes[0]  # the tool's result is in the prompt
+
+
+def test_generic_answer_that_does_not_parse_stays_content(api):
+    """Cut short by the token limit, a forced generic call is not a call: its text comes back as content."""
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    o = _oai_chat(api, model="smol", messages=ASK, tools=TOOLS, tool_choice=choice, max_tokens=4)
+    msg = o.choices[0].message
+    assert (o.choices[0].finish_reason, msg.tool_calls, msg.content) == ("length", None, '{ "tool_')
+    r = httpx.post(api.url + "/api/chat", json={"model": "smol", "messages": ASK, "tools": TOOLS, "tool_choice": choice,
+                                                "stream": False, "options": {**GREEDY, "num_predict": 4}}, timeout=120)
+    assert r.json()["message"]["content"] == msg.content and "tool_calls" not in r.json()["message"]
+    resp = api.oai.responses.create(model="smol", input=ASK, max_output_tokens=4, temperature=0,
+                                    tools=[{"type": "function", "strict": True, **TOOLS[0]["function"]}],
+                                    tool_choice={"type": "function", "name": "get_weather"},
+                                    extra_body={"options": {"repeat_penalty": 1.0}})
+    assert resp.status == "incomplete" and resp.output_text == msg.content
 
 
 def test_malformed_call_comes_back_as_content(api):

@@ -91,7 +91,7 @@ class RemoteRunner:
         """
         from ..reply import check_capabilities
 
-        check_capabilities(self.name, can_think="thinking" in self.capabilities, can_use_tools=True, think=think)
+        check_capabilities(self.name, can_think="thinking" in self.capabilities, think=think)
         opts = dict(cli_options)
         # request-time options changed with /set parameter live on self.options
         base = Options()

@@ -74,7 +74,7 @@ class EmbeddedRunner:
         from ..thinking import prompt_opens_thinking, think_enabled
 
         model = self.model
-        think = check_capabilities(self.name, can_think=model.supports_thinking, can_use_tools=True, think=think)
+        think = check_capabilities(self.name, can_think=model.supports_thinking, think=think)
         prompt = model.chat_prompt(messages, self.options, think=think)
         parser = ReplyParser(think=think_enabled(think), opened=prompt_opens_thinking(prompt.text))
         return SplitStream(model.submit(prompt, self.options, fmt=fmt, cache=cache), parser)

@@ -123,8 +123,7 @@ class Conversation:
         from ..reply import check_capabilities
 
         try:
-            check_capabilities(getattr(self.runner, "name", self.name), can_think="thinking" in self.capabilities,
-                               can_use_tools=True, think=think)
+            check_capabilities(getattr(self.runner, "name", self.name), can_think="thinking" in self.capabilities, think=think)
         except OptionError as exc:
             raise CapabilityError(exc.message) from None
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-
 ALIGN = 4
 """Chunk starts are multiples of this (rule 1): ggml-cpu's repacked weights (``repack.cpp``) multiply rows in
 groups of 4 with a gemm kernel and the remainder with a gemv kernel, which round differently."""

@@ -24,6 +24,7 @@ from .. import __version__, config
 from ..runtime import Runtime
 from .errors import RouteError, error_headers, ollama_error, openai_error
 from .metrics import Metrics
+from .response_store import ResponseStore
 
 log = logging.getLogger("ollapy.server")
 
@@ -50,11 +51,13 @@ def origin_regex() -> str:
 
 
 class State:
-    """What the routes share: the runtime and the metrics."""
+    """What the routes share: the runtime, the metrics and the stored ``/v1/responses`` (bounded by
+    ``OLLAPY_RESPONSES_STORE``)."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics | None) -> None:
         self.runtime = runtime
         self.metrics = metrics
+        self.responses = ResponseStore(config.responses_store_bytes())
 
 
 class BodyLimit:
@@ -126,12 +129,13 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
                   openapi_url=None)
     app.state.ollapy = state
 
-    from . import embed_routes, model_routes, ollama_routes, openai_routes
+    from . import embed_routes, model_routes, ollama_routes, openai_routes, responses_routes
 
     app.include_router(ollama_routes.router)
     app.include_router(embed_routes.router)
     app.include_router(model_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(responses_routes.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def _metrics():

@@ -94,7 +94,7 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
     # as OpenAI: unknown models, unknown URLs and wrong methods are all invalid_request_error
     kind = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
             413: "invalid_request_error", 503: "server_busy", 499: "client_closed"}.get(status, "api_error")
-    code = "model_not_found" if isinstance(exc, ModelNotFound) else None
+    code = "model_not_found" if isinstance(exc, ModelNotFound) else exc.code if isinstance(exc, OllapyError) else None
     return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
 
 

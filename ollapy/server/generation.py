@@ -18,6 +18,7 @@ import datetime
 import time
 from typing import Any, AsyncIterator
 
+from .. import generic_tools
 from ..errors import OptionError
 from ..options import api_options
 from ..reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
@@ -217,38 +218,60 @@ def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):
 class ReplyPlan:
     """How one request uses tools and thinking: what the template gets, the grammar, and how to parse."""
 
-    tools: list[dict] | None = None  # rendered into the prompt
+    tools: list[dict] | None = None  # rendered into the prompt by the template
     think: bool | str | None = None  # the template's thinking switch (None: not set)
-    fmt: Any = None  # a forced call's JSON schema (replaces the request's format)
+    fmt: Any = None  # the grammar's JSON schema, when the plan sets one (replaces the request's format)
     family: str | None = None  # tool-call format to parse (None: none)
     forced: bool = False
     names: list[str] | None = None
+    generic: list[dict] | None = None  # tools described in the prompt in llama.cpp's generic format
+    plain_history: bool = False  # the template has no tool support: tool calls and results are written as text
 
 
 def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[str, str | None],
-               think: bool | str | None) -> ReplyPlan:
-    """Check a request's tools and ``think`` against the model's template and plan the generation, as Ollama:
+               think: bool | str | None, *, parallel: bool = True, fmt: Any = None) -> ReplyPlan:
+    """Check a request's tools and ``think`` against the model's template and plan the generation.
 
-    ``think`` true (or a level) on a template without a reasoning section is a 400 ``"NAME" does not support
-    thinking``; false there is ignored; unset on a thinking template means on. ``tools`` with ``tool_choice``
-    ``auto`` on a template without ``tools`` is a 400 ``NAME does not support tools``; ``none`` renders without
-    tools and parses no calls; ``required`` or a named function forces one call with a grammar (any template).
+    ``think`` as Ollama: true (or a level) on a template without a reasoning section is a 400 ``"NAME" does
+    not support thinking``; false there is ignored; unset on a thinking template means on. ``tools`` with
+    ``tool_choice`` ``none`` render without tools and parse no calls. On a template that reads ``tools``,
+    ``auto`` renders them and parses the template's own call format; ``required`` or a named function forces
+    one call with a grammar. On a template without tool support (where Ollama answers 400 "does not support
+    tools"), ollapy uses llama.cpp's generic format (:mod:`ollapy.generic_tools`): the tools in the system
+    prompt and a grammar for a call or a ``response`` (``fmt``, the request's format, constrains the response;
+    ``parallel`` allows several calls); its history is written as text (:attr:`ReplyPlan.plain_history`).
     """
     mode, fname = choice
-    free_tools = bool(tools) and mode not in ("none", "required")
-    plan = ReplyPlan(think=check_capabilities(name, can_think=model.supports_thinking,
-                                              can_use_tools=model.supports_tools, think=think, tools=free_tools))
+    plan = ReplyPlan(think=check_capabilities(name, can_think=model.supports_thinking, think=think),
+                     plain_history=not model.supports_tools)
     if not tools or mode == "none":
         return plan
-    plan.tools, plan.names = tools, tool_names(tools)
-    if mode == "required":
+    plan.names = tool_names(tools)
+    forced = mode == "required"
+    if plan.think is not None and (forced or plan.plain_history):
+        plan.think = False  # the grammar allows no reasoning before the answer
+    if plan.plain_history:
+        response = {"type": "object"} if fmt == "json" else fmt if isinstance(fmt, dict) else None
+        plan.generic = tools
+        plan.fmt = generic_tools.answer_schema(tools, forced=forced, name=fname, parallel=parallel, response=response)
+        return plan
+    plan.tools = tools
+    if forced:
         plan.fmt, plan.forced = forced_call_schema(tools, fname), True
-        if plan.think is not None:
-            plan.think = False  # the grammar allows no reasoning before the call
         return plan
     override = getattr(opts, "tool_parser", "auto")
     plan.family = detect_family(model.template.text, None if override == "auto" else override)
     return plan
+
+
+def chat_messages(ref, messages: list[dict], plan: ReplyPlan) -> list[dict]:
+    """The messages to render for a chat: the model's SYSTEM and MESSAGE lines applied (:func:`model_messages`),
+    then, on a template without tool support, tool calls and results written as text and the tools described
+    in llama.cpp's generic format (:func:`ollapy.generic_tools.generic_messages`)."""
+    msgs = model_messages(ref, messages)
+    if plan.generic:
+        return generic_tools.generic_messages(msgs, plan.generic)
+    return generic_tools.history_messages(msgs) if plan.plain_history else msgs
 
 
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
@@ -274,10 +297,10 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
     entry, opts, load_ns = await rt.acquire(name, options, keep_alive, ref=ref)
     try:
         model = entry.model
-        plan = reply_plan(model, name, opts, tools, tool_choice, think)
+        plan = reply_plan(model, name, opts, tools, tool_choice, think, parallel=parallel_tool_calls, fmt=fmt)
         extra = {"tools": plan.tools, "think": plan.think}
         if messages is not None:
-            msgs = model_messages(ref, messages)
+            msgs = chat_messages(ref, messages, plan)
             p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
         elif raw:
             p = await rt.call(entry, model.raw_prompt, prompt or "")
@@ -293,13 +316,15 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 f = model.facts
                 p = with_context(p, context, f.n_vocab, f.bos if f.add_bos else None)
         # a raw prompt is split only when thinking was asked for (its text is the caller's, not a template's)
-        opened = not plan.forced and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
+        constrained = plan.forced or plan.generic is not None
+        opened = not constrained and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
+        seed = opts.seed if opts.seed >= 0 else None
+        calls = generic_tools.GenericCallParser(ids=True, seed=seed, tool_names=plan.names) if plan.generic else None
         reply = ReplyParser(think=think_enabled(plan.think), opened=opened,
                             family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
-                            seed=opts.seed if opts.seed >= 0 else None,
-                            max_calls=None if parallel_tool_calls else 1)
+                            seed=seed, max_calls=None if parallel_tool_calls else 1, calls=calls)
         # off the loop: a JSON-schema grammar compiles here, a runner child answers here
-        req = await rt.call(entry, model.submit, p, opts, fmt=plan.fmt if plan.forced else fmt, cache=cache,
+        req = await rt.call(entry, model.submit, p, opts, fmt=plan.fmt if constrained else fmt, cache=cache,
                             loop=asyncio.get_running_loop(), logprobs=logprobs,
                             late=lambda r: r.cancel())
     except BaseException:

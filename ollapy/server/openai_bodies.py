@@ -101,7 +101,8 @@ class OpenAIBody(Body):
         return opts
 
 
-REASONING_EFFORTS = {"high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
+REASONING_EFFORTS = {"xhigh": "high", "high": "high", "medium": "medium", "low": "low", "minimal": "low", "none": False}
+"""OpenAI's reasoning efforts as ``think`` values: xhigh is high, minimal is low, none is off."""
 
 
 class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):

@@ -93,12 +93,16 @@ _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
+@functools.lru_cache(maxsize=64)
 def json_schema_grammar(schema_json: str | None) -> str:
     """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json`` (a JSON string).
 
     Strings admit no raw control characters (they must be escaped, as JSON
     requires). Raises whatever the schema converter raises for a schema it
-    cannot convert (the caller maps it to an OptionError).
+    cannot convert (the caller maps it to an OptionError). The last 64 grammars
+    are kept: an agent sends the same tools (so the same generic-format or
+    forced-call schema) on every turn, and the conversion runs where the
+    request is submitted.
     """
     finish_imports()
     from llama_cpp import llama_grammar
