@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DRAFT_LAYERS, _draft_module
 from gguf import GGUFReader
 
-from conftest import DRAFT_LAYERS, _draft_module
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.backend.vocab import check_draft_vocab, vocab_mismatch
 from ollapy.errors import ModelLoadError

@@ -3,12 +3,11 @@ instruction: parsing, what is load-time, and ``create``/``show --modelfile`` thr
 from __future__ import annotations
 
 import pytest
+from conftest import run_cli
 
 from ollapy.errors import OptionError, UsageError
 from ollapy.options import Options, api_options, draft_model, parse_options
 from ollapy.store.modelfile import format_modelfile, parse_modelfile
-
-from conftest import run_cli
 
 
 def test_defaults_follow_ollama():
