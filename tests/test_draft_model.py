@@ -93,3 +93,86 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, ge
     assert str(err.value) == ("draft model gemma3:270m does not share the vocabulary of smollm2:135m (tokenizer type "
                               "1 vs 2) (a draft model must come from the same model family and tokenizer as the model)")
     assert "\n" not in str(err.value)
+
+
+# ---- DraftModel: the draft context kept in step with the target's slots -------------------------------------
+def _plain_greedy(backend: Backend, tokens: list[int], n: int) -> list[int]:
+    """Reference: a fresh sequence 0, the tokens in one batch, then n greedy steps."""
+    backend.seq_clear(0)
+    k = len(tokens)
+    backend.decode(array("i", tokens), array("i", range(k)), array("i", [0] * k), array("b", [0] * (k - 1) + [1]))
+    out = [int(np.argmax(backend.logits_row(k - 1)))]
+    while len(out) < n:
+        backend.decode(array("i", [out[-1]]), array("i", [k + len(out) - 1]), array("i", [0]), array("b", [1]))
+        out.append(int(np.argmax(backend.logits_row(0))))
+    backend.seq_clear(0)
+    return out
+
+
+@pytest.fixture(scope="module")
+def draft_pair(smollm2_path, smollm2_draft_path):
+    from ollapy.engine.draft_model import DraftModel
+
+    cfg = ContextConfig(n_parallel=2, num_ctx=256, num_batch=64)
+    with Backend(smollm2_path, ContextConfig(num_ctx=256, num_batch=64, n_parallel=2)) as target, \
+            Backend(smollm2_draft_path, cfg) as draft, Backend(smollm2_draft_path, CFG) as reference:
+        yield DraftModel(draft, target, "smollm2", "smollm2-draft"), reference
+
+
+def test_drafts_are_the_draft_models_greedy_continuation(draft_pair):
+    dm, ref = draft_pair
+    prompt = ref.tokenize(PROMPT)
+    other = ref.tokenize("Water boils at")
+    got = dm.propose({0: (prompt, 4), 1: (other, 3)})
+    assert got == {0: _plain_greedy(ref, prompt, 4), 1: _plain_greedy(ref, other, 3)}
+    # each sequence holds its tokens and all but the last draft token
+    assert dm.held(0) == prompt + got[0][:3] and dm.held(1) == other + got[1][:2]
+
+
+def test_accepted_and_rejected_tokens_resync_with_only_the_new_tokens(draft_pair):
+    dm, ref = draft_pair
+    prompt = ref.tokenize(PROMPT)
+    first = dm.propose({0: (prompt, 4)})[0]
+    # the target accepted two draft tokens and then chose another token (a rejection)
+    wrong = (first[2] + 1) % ref.n_vocab
+    tokens = prompt + first[:2] + [wrong]
+    synced = dm.stats.synced
+    again = dm.propose({0: (tokens, 3)})[0]
+    assert dm.stats.synced - synced == 1  # only the corrected token was evaluated: the accepted ones were held
+    assert again == _plain_greedy(ref, tokens, 3)
+
+
+def test_a_new_prompt_sharing_a_prefix_keeps_the_prefix(draft_pair):
+    """A slot that restores a cached prefix or starts a new request: just a different token list."""
+    dm, ref = draft_pair
+    a = ref.tokenize("The capital of France is Paris. The capital of Spain is")
+    b = ref.tokenize("The capital of France is Paris. The capital of Italy is")
+    dm.reset(1)
+    dm.propose({1: (a, 2)})
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    synced = dm.stats.synced
+    assert dm.propose({1: (b, 2)})[1] == _plain_greedy(ref, b, 2)
+    assert dm.stats.synced - synced == len(b) - shared
+
+
+def test_a_mirrored_context_shift_needs_no_prefill(draft_pair):
+    dm, ref = draft_pair
+    prompt = ref.tokenize(PROMPT + " a city that has been the capital for many centuries and")
+    dm.reset(0)
+    dm.propose({0: (prompt, 2)})
+    held = dm.held(0)
+    dm.shift(0, n_keep=2, n_discard=4)
+    assert dm.held(0) == held[:2] + held[6:]
+    shifted = prompt[:2] + prompt[6:]
+    synced = dm.stats.synced
+    out = dm.propose({0: (shifted, 3)})[0]
+    assert dm.stats.synced == synced + 1 and dm.stats.cleared == 0  # only the last token, for its logits
+    assert len(out) == 3 and all(0 <= t < dm.n_vocab for t in out)
+
+
+def test_drafts_stop_at_the_end_of_the_context(draft_pair):
+    dm, ref = draft_pair
+    long = (ref.tokenize(PROMPT) * 100)[:254]
+    dm.reset(0)
+    assert len(dm.propose({0: (long, 4)})[0]) == 2  # positions 254 and 255 are the last of num_ctx=256
+    assert dm.propose({0: (long + [long[0], long[1]], 4)})[0] == []
