@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from ollapy.engine.draft_policy import (
     AcceptanceHistory,
+    ShadowVerdict,
     SlotDraft,
     StepCost,
     plan_draft_lengths,
@@ -115,3 +116,23 @@ def test_shadow_verdicts_count_what_verification_would_have_kept():
     assert shadow_accepted([5, 6], [5, 6, 7]) == 2
     assert shadow_accepted([5, 6, 7], [5]) == 1
     assert shadow_accepted([], [1]) == 0
+
+
+def test_a_shadow_verdict_is_recorded_when_it_is_decided():
+    h = AcceptanceHistory()
+    shadow = ShadowVerdict(h)
+    shadow.observe(1)  # nothing pending: nothing recorded
+    shadow.start([5, 6, 7])
+    shadow.observe(5)
+    shadow.observe(6)
+    assert shadow.pending and h.totals() == (0, 0)
+    shadow.observe(9)  # the slot generated 9 where the proposal said 7
+    assert not shadow.pending and h.totals() == (3, 2)
+    shadow.start([4, 4])
+    shadow.observe(4)
+    shadow.observe(4)
+    assert h.totals() == (5, 4) and h.rate() == pytest.approx((4 + 2) / (4 + 1 + 3))
+    shadow.start([1])
+    shadow.start([2])  # replaced: the first is never recorded
+    shadow.observe(3)
+    assert h.totals() == (6, 4)

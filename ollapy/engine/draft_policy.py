@@ -31,8 +31,8 @@ Consequences (tests/test_draft_policy.py): with the prior costs one slot at acce
 tokens, four such slots 1 each, eight none; with SmolLM2-135M's measured CPU costs (a row costs about as
 much as half a one-row step) one slot at 0.8 drafts 2, four slots draft only at 0.9 and above; a slot
 whose acceptance falls stops drafting while the others go on. A slot that
-stops drafting keeps learning from *shadow* verdicts (:func:`shadow_accepted`: a draftless proposal
-compared with the tokens the slot then generated), so it resumes when its text starts repeating again.
+stops drafting keeps learning from *shadow* verdicts (:class:`ShadowVerdict`, :func:`shadow_accepted`: a
+draftless proposal compared with the tokens the slot then generated), so it resumes when its text starts repeating again.
 """
 from __future__ import annotations
 
@@ -90,6 +90,42 @@ def shadow_accepted(proposal: Sequence[int], generated: Sequence[int]) -> int:
             break
         n += 1
     return n
+
+
+class ShadowVerdict:
+    """Learns a non-drafting slot's acceptance from proposals it did not verify (see the module docstring).
+
+    :meth:`start` with the proposal a slot would have verified (when the policy gave it 0 rows), then
+    :meth:`observe` each token the slot generates; on the first mismatch, or once the whole proposal matched,
+    the verdict goes into ``history`` as if it had been verified. A new :meth:`start` while one is pending
+    replaces it (nothing recorded).
+    """
+
+    def __init__(self, history: AcceptanceHistory) -> None:
+        self.history = history
+        self._proposal: list[int] = []
+        self._matched = 0
+
+    @property
+    def pending(self) -> bool:
+        """True while a proposal is being compared with the generated tokens."""
+        return bool(self._proposal)
+
+    def start(self, proposal: Sequence[int]) -> None:
+        """Compare ``proposal`` with the tokens generated from now on."""
+        self._proposal = list(proposal)
+        self._matched = 0
+
+    def observe(self, token: int) -> None:
+        """One generated token; records the verdict when it decides it."""
+        if not self._proposal:
+            return
+        if token == self._proposal[self._matched]:
+            self._matched += 1
+            if self._matched < len(self._proposal):
+                return
+        self.history.record(len(self._proposal), self._matched)
+        self._proposal = []
 
 
 @dataclass(frozen=True)
