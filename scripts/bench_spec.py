@@ -280,10 +280,13 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
         r.raise_for_status()
         return r.json()
 
-    modes = {"plain": [], "ngram": ["--spec-type", "ngram-simple", "--spec-draft-n-max", "4"]}
+    # ngram-simple with llama.cpp's defaults (look up the last 12 tokens, draft up to 48); the draft model with
+    # Ollama's draft_num_predict default of 4
+    modes = {"plain": [], "ngram": ["--spec-type", "ngram-simple"]}
     if draft_gguf is not None:
         modes["draft"] = ["-md", str(draft_gguf), "--spec-draft-n-max", "4"]
     out: dict[tuple[str, str], list[float]] = {}
+    drafts: dict[tuple[str, str], tuple[int, int]] = {}
     for task in ("a", "c"):
         model_key, prompt, n = TASKS[task]
         for mode, extra in modes.items():
@@ -292,14 +295,19 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
             proc, url = serve(gguf[model_key], extra)
             try:
                 complete(url, prompt, 8)
-                out[(task, mode)] = [complete(url, prompt, n)["timings"]["predicted_per_second"] for _ in range(rounds)]
+                timings = [complete(url, prompt, n)["timings"] for _ in range(rounds)]
+                out[(task, mode)] = [t["predicted_per_second"] for t in timings]
+                drafts[(task, mode)] = (sum(t.get("draft_n", 0) for t in timings),
+                                        sum(t.get("draft_n_accepted", 0) for t in timings))
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
     lines = []
     for (task, mode), rates in out.items():
+        drafted, accepted = drafts[(task, mode)]
+        acc = f", {accepted}/{drafted} draft tokens accepted" if drafted else ""
         lines.append(f"native {task} {mode:<6} {statistics.median(rates):8.1f} tok/s "
-                     f"({statistics.median(rates) / statistics.median(out[(task, 'plain')]):.2f}x native plain)")
+                     f"({statistics.median(rates) / statistics.median(out[(task, 'plain')]):.2f}x native plain{acc})")
     return lines, {k: statistics.median(v) for k, v in out.items()}
 
 
