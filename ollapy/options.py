@@ -2,9 +2,10 @@
 
 Two kinds: *load* options change how the model and context are created
 (``num_ctx``, ``num_batch``, ``num_gpu``, ``num_thread``, ``num_parallel``,
-``kv_cache_type``, ``flash_attn``, ``extra_bufts``) and so force a reload;
-*request* options only change one generation (sampling, ``num_predict``,
-``stop``...). ``parse_option`` turns ``key=value`` text (CLI ``-o``,
+``kv_cache_type``, ``flash_attn``, ``extra_bufts``, and ``draft`` when it names a
+draft model: :func:`draft_model`) and so force a reload; *request* options only
+change one generation (sampling, ``num_predict``, ``stop``, ``draft=ngram``,
+``draft_num_predict``, ``draft_min``...). ``parse_option`` turns ``key=value`` text (CLI ``-o``,
 Modelfile ``PARAMETER``) into a typed value; ``Options.from_dict`` validates a
 JSON ``options`` object. Errors are :class:`~ollapy.errors.OptionError` with
 the list of valid names.
@@ -56,6 +57,12 @@ class Options:
     rpc: str = ""
     # proportions of the offloaded layers per device ("3,1"; "" = by free memory), as llama.cpp's --tensor-split
     tensor_split: str = ""
+    # speculative decoding: "" (off), "ngram" (prompt lookup, per request), or a draft model's name or path
+    # (Modelfile DRAFT; load-time: see draft_model()); up to draft_num_predict drafted tokens per step (Ollama's
+    # name), none when fewer than draft_min can be proposed
+    draft: str = ""
+    draft_num_predict: int = 4
+    draft_min: int = 1
     # request-time
     num_keep: int = -1
     num_predict: int = -1
@@ -84,8 +91,8 @@ class Options:
         return [f.name for f in fields(cls)]
 
     def load_key(self) -> tuple:
-        """The tuple of load-time options: a change here means reloading the model."""
-        return tuple(getattr(self, n) for n in LOAD_OPTIONS)
+        """The tuple of load-time options: a change here means reloading the model (a draft model is one)."""
+        return (*(getattr(self, n) for n in LOAD_OPTIONS), draft_model(self.draft))
 
     def merged(self, values: dict[str, Any] | None) -> "Options":
         """Return a copy with ``values`` (name -> raw value) validated and applied.
@@ -109,8 +116,18 @@ _CHOICES = {
     "tool_parser": ("auto", "hermes", "llama3", "mistral", "generic"),
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
-        "mirostat": 0}
-_MAX = {"mirostat": 2}
+        "mirostat": 0, "draft_num_predict": 0, "draft_min": 1}
+_MAX = {"mirostat": 2, "draft_num_predict": 64, "draft_min": 64}
+#: ``draft`` values that mean "no drafting"
+_DRAFT_OFF = ("", "none", "off", "false", "0")
+#: the draftless n-gram drafter's name (llama.cpp's server calls its modes ngram-*)
+DRAFT_NGRAM = "ngram"
+
+
+def draft_model(draft: str) -> str:
+    """The draft model a ``draft`` option value names (a store name or a GGUF path), or ``""`` for none or
+    for ``ngram`` (which needs no model). Used in :meth:`Options.load_key`: only a draft model is load-time."""
+    return "" if draft in ("", DRAFT_NGRAM) else draft
 # OpenAI's presence/frequency penalties range over [-2, 2]; a negative one favours repeats (llama.cpp applies it so)
 _FLOAT_MIN = {"presence_penalty": -2.0, "frequency_penalty": -2.0}
 
@@ -203,6 +220,8 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
             return ",".join(parse_endpoints(str(value)))
         if name == "tensor_split":
             return _tensor_split(str(value))
+        if name == "draft":
+            return _draft(value)
         s = str(value).strip().lower()
         if name in _CHOICES and s not in _CHOICES[name]:
             raise OptionError(f"option {name} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
@@ -221,6 +240,20 @@ def _tensor_split(text: str) -> str:
         raise OptionError(f"option tensor_split must be non-negative proportions with one above 0, got {text!r}",
                           hint="e.g. -o tensor_split=3,1")
     return ",".join(f"{v:g}" for v in vals)
+
+
+def _draft(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError
+    text = value.strip()
+    if text.lower() in _DRAFT_OFF:
+        return ""
+    if text.lower() == DRAFT_NGRAM:
+        return DRAFT_NGRAM
+    if any(c in text for c in "\n\r\x00"):
+        raise OptionError(f"option draft must be ngram, a model name or a .gguf path, got {value!r}",
+                          hint="e.g. -o draft=ngram, or DRAFT smollm2:135m in a Modelfile")
+    return text  # a draft model's name or path, case kept (resolved when the model loads)
 
 
 def tensor_split_values(text: str) -> list[float]:

@@ -42,6 +42,25 @@ def gemma_path() -> Path:
     return _model_path("gemma3")
 
 
+def _draft_module():
+    spec = importlib.util.spec_from_file_location("make_draft_gguf", ROOT / "scripts" / "make_draft_gguf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+DRAFT_LAYERS = 4
+"""Blocks kept in the test draft model (SmolLM2-135M has 30)."""
+
+
+@pytest.fixture(scope="session")
+def smollm2_draft_path(smollm2_path, tmp_path_factory) -> Path:
+    """A same-vocabulary draft model: SmolLM2's first :data:`DRAFT_LAYERS` blocks, cut with
+    scripts/make_draft_gguf.py once per test session into a temporary directory."""
+    out = tmp_path_factory.mktemp("draft-models") / f"smollm2-draft-{DRAFT_LAYERS}.gguf"
+    return _draft_module().make_draft_gguf(smollm2_path, out, DRAFT_LAYERS)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_dirs(tmp_path_factory, monkeypatch):
     """Keep every test's store, prompt cache and state out of the user's real directories."""

@@ -154,7 +154,7 @@ def create_cmd(
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Modelfile path, - for stdin (default: ./Modelfile).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
-    """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE)."""
+    """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, DRAFT)."""
     from ..store import create_model
 
     path = file or Path("Modelfile")

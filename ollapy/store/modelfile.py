@@ -1,4 +1,8 @@
-"""Ollama Modelfile parser: FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE (and ADAPTER, refused).
+"""Ollama Modelfile parser: FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, DRAFT (and ADAPTER, refused).
+
+``DRAFT <model or path>`` (Ollama's instruction) names a draft model for speculative decoding; it is read
+as the option ``draft`` (``PARAMETER draft ngram`` selects draftless n-gram drafting), so a later ``DRAFT``
+or ``PARAMETER draft`` replaces an earlier one.
 
 Instructions are case-insensitive; ``#`` starts a comment line. A value is the
 rest of the line, or a quoted string that may span lines, read as Ollama's
@@ -113,8 +117,9 @@ def parse_modelfile(text: str) -> Modelfile:
             value, pos, lineno = _read_value(text, _skip_blanks(text, vstart + len(head)), lineno)
             mf.messages.append({"role": role, "content": value})
             continue
-        if cmd not in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE"):
-            hint = "ADAPTER is not supported" if cmd == "ADAPTER" else "use FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE or MESSAGE"
+        if cmd not in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE", "DRAFT"):
+            hint = ("ADAPTER is not supported" if cmd == "ADAPTER" else
+                    "use FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE or DRAFT")
             raise UsageError(f"Modelfile line {start_line}: unknown instruction {word[:30]!r}", hint=hint)
         value, pos, lineno = _read_value(text, vstart, lineno)
         if cmd == "FROM":
@@ -123,6 +128,14 @@ def parse_modelfile(text: str) -> Modelfile:
             mf.system = value
         elif cmd == "TEMPLATE":
             mf.template = value
+        elif cmd == "DRAFT":
+            if not value.strip():
+                raise UsageError(f"Modelfile line {start_line}: DRAFT needs a model name or a .gguf path",
+                                 hint="e.g. DRAFT ./draft.gguf, or PARAMETER draft ngram for n-gram drafting")
+            try:
+                mf.parameters["draft"] = coerce_option("draft", value)
+            except OptionError as exc:
+                raise UsageError(f"Modelfile line {start_line}: {exc.message}", hint=exc.hint) from None
         else:
             mf.license.append(value)
     if not mf.from_:
@@ -161,6 +174,9 @@ def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None,
     if system:
         out.append(f"SYSTEM {quote_value(system)}")
     for k, v in parameters.items():
+        if k == "draft" and v and v != "ngram":
+            out.append(f"DRAFT {v}")
+            continue
         for item in (v if isinstance(v, (list, tuple)) else [v]):
             out.append(f"PARAMETER {k} {parameter_text(item)}")
     for m in messages:

@@ -260,6 +260,9 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
         layers = [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {})) for x in entry.model_layers()]
         source = f"created from {base.name}"
     params = dict(base.parameters) | mf.parameters
+    draft = params.get("draft", "")
+    if draft and draft != "ngram" and not Path(draft).expanduser().is_absolute() and (base_dir / draft).is_file():
+        params["draft"] = str((base_dir / draft).resolve())  # DRAFT ./file.gguf: relative to the Modelfile, as FROM
     layers += extra_layers(own, template=template or base.template, system=mf.system or base.system, params=params,
                            license="\n".join(mf.license) or base.license, messages=mf.messages or base.messages)
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",

@@ -1,0 +1,70 @@
+"""Do two loaded models share a vocabulary? The load-time check before a draft model may draft for a target.
+
+A drafted token id is verified by the target as the same id, so the two tokenizers must agree id for id.
+The rule is llama.cpp's ``common_speculative_are_compatible`` (``common/speculative.cpp``), read through
+llama.cpp's vocabulary API:
+
+- the same tokenizer type (``llama_vocab_type``: SPM, BPE, WPM, ...);
+- the same BOS handling (whether BOS is added, and its id when it is), and the same for EOS;
+- vocabulary sizes within 128 of each other (padding rows some converters add);
+- the same text for every token id from 5 (llama.cpp's ``SPEC_VOCAB_CHECK_START_TOKEN_ID``: the first ids
+  are special tokens whose spelling differs between otherwise identical conversions) up to the smaller size.
+
+A mismatch raises :class:`~ollapy.errors.ModelLoadError` with one line naming both models and the first
+difference. The engine must also never let a draft token at or beyond the target's ``n_vocab`` reach a
+verification batch (only possible when the sizes differ).
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from ...errors import ModelLoadError
+from .bindings import C
+
+#: largest vocabulary-size difference allowed (llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
+MAX_SIZE_DIFFERENCE = 128
+#: first token id whose text is compared (llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID)
+CHECK_START_TOKEN_ID = 5
+
+
+class VocabHolder(Protocol):
+    """What the check needs of a loaded model: its ``llama_vocab`` pointer and its size (a
+    :class:`~.context.Backend` has both)."""
+
+    vocab: object
+    n_vocab: int
+
+
+def vocab_mismatch(target: VocabHolder, draft: VocabHolder) -> str | None:
+    """The first difference between the two vocabularies, in words, or None when a draft may serve."""
+    tv, dv = target.vocab, draft.vocab
+    t_type, d_type = C.llama_vocab_type(tv), C.llama_vocab_type(dv)
+    if t_type != d_type:
+        return f"tokenizer type {d_type} vs {t_type}"
+    for what, add, tok in (("BOS", C.llama_vocab_get_add_bos, C.llama_vocab_bos),
+                           ("EOS", C.llama_vocab_get_add_eos, C.llama_vocab_eos)):
+        t_add, d_add = bool(add(tv)), bool(add(dv))
+        if t_add != d_add or (t_add and tok(tv) != tok(dv)):
+            return f"{what} token {tok(dv) if d_add else 'not added'} vs {tok(tv) if t_add else 'not added'}"
+    if abs(target.n_vocab - draft.n_vocab) > MAX_SIZE_DIFFERENCE:
+        return f"{draft.n_vocab} tokens vs {target.n_vocab}"
+    for i in range(CHECK_START_TOKEN_ID, min(target.n_vocab, draft.n_vocab)):
+        t_text, d_text = C.llama_vocab_get_text(tv, i), C.llama_vocab_get_text(dv, i)
+        if t_text != d_text:
+            return f"token {i} is {_show(d_text)} vs {_show(t_text)}"
+    return None
+
+
+def check_draft_vocab(target: VocabHolder, draft: VocabHolder, target_name: str, draft_name: str) -> None:
+    """Raise ModelLoadError (one line naming both models) unless ``draft`` may draft for ``target``.
+
+    Cost: one ctypes call per token id (about 50,000 for SmolLM2), tens of milliseconds, once per load.
+    """
+    why = vocab_mismatch(target, draft)
+    if why is not None:
+        raise ModelLoadError(f"draft model {draft_name} does not share the vocabulary of {target_name} ({why})",
+                             hint="a draft model must come from the same model family and tokenizer as the model")
+
+
+def _show(text: bytes | None) -> str:
+    return repr((text or b"").decode("utf-8", "replace"))

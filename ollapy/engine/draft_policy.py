@@ -1,0 +1,227 @@
+"""Batch-aware drafting policy: how many drafted tokens each decoding slot verifies in this step (0 = none).
+
+Why. Verifying ``k`` drafted tokens adds ``k`` rows to the step's single ``llama_decode``. With one slot
+decoding, the step is bound by reading the weights and extra rows are nearly free; with several slots the
+rows compete for the same compute and every slot's step gets longer. llama.cpp measured exactly this for
+its server's lookup decoding (PR #6828): 1.10x with 1 slot, 0.86x with 4 busy slots, 0.77x with 8.
+
+Model. Two measurements:
+
+- **Acceptance** per slot, ``a``: the probability that a drafted token is accepted given the previous one
+  was, estimated from the slot's recent verifications (:class:`AcceptanceHistory`: accepted tokens count
+  as successes, a verification that ended in a rejection as one failure; a Beta(2, 1) prior so that a new
+  slot tries drafting). Under the geometric model of Leviathan et al. 2023 (Section 3.1) a slot that
+  verifies ``k`` drafted tokens emits ``1 + a + ... + a^k`` tokens in expectation, so its ``j``-th drafted
+  token adds ``a^j``.
+- **Step time** as a function of the rows in the batch, ``t(rows)``, a least-squares line fitted to the
+  engine's measured steps (:class:`StepCost`; before two distinct batch sizes were measured, a prior of
+  ``t(rows) = 1 + 0.3 * (rows - 1)`` in units of a one-row step, between what SmolLM2-135M (0.5) and
+  Gemma-3-270M (0.2) show on a 2-core CPU: shared/ENVIRONMENT.md).
+
+Rule. Start from no drafts: ``rows = n_decoding + n_other_rows`` (prefill rows in the same step),
+``tokens = n_decoding`` (one per decoding slot), throughput ``tokens / t(rows)``. Repeatedly add the draft
+block with the largest expected tokens per row among all slots: a slot's first block is ``n_min`` tokens
+(``draft_min``; shorter drafts are not worth a verification) with gain ``a + ... + a^n_min``, each later
+block one token with gain ``a^(k+1)``, never past the slot's ``available`` tokens. Gains per row only
+fall, so after each addition the plan is the best one of its size; keep the plan with the highest
+throughput ``tokens / t(rows)``, and draft at all only when it beats no drafting by ``min_gain`` (3% by
+default: drafting must not cost when it does not help, and the estimates are noisy).
+
+Consequences (tests/test_draft_policy.py): with the prior costs one slot at acceptance 0.8 drafts 3
+tokens, four such slots 1 each, eight none; with SmolLM2-135M's measured CPU costs (a row costs about as
+much as half a one-row step) one slot at 0.8 drafts 2, four slots draft only at 0.9 and above; a slot
+whose acceptance falls stops drafting while the others go on. A slot that
+stops drafting keeps learning from *shadow* verdicts (:class:`ShadowVerdict`, :func:`shadow_accepted`: a
+draftless proposal compared with the tokens the slot then generated), so it resumes when its text starts repeating again.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+#: Beta prior of the acceptance estimate: pseudo-successes, pseudo-failures (a new slot starts at 2/3).
+PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0
+#: Slope of the prior step-time line, in one-row steps per extra row.
+PRIOR_ROW_COST = 0.3
+
+
+class AcceptanceHistory:
+    """A slot's recent verifications, for its per-token acceptance rate.
+
+    ``window``: how many verifications (or shadow verdicts) are kept; older ones are forgotten, so the
+    estimate follows the text (a copied passage ends, free text begins). Raises ValueError for window < 1.
+    """
+
+    def __init__(self, window: int = 16) -> None:
+        if window < 1:
+            raise ValueError(f"window must be at least 1, got {window}")
+        self._events: deque[tuple[int, int]] = deque(maxlen=window)
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """One verification: ``n_accepted`` of ``n_drafted`` tokens kept (0 <= n_accepted <= n_drafted).
+        A verification of 0 tokens is ignored. Raises ValueError for counts out of range."""
+        if not 0 <= n_accepted <= n_drafted:
+            raise ValueError(f"need 0 <= n_accepted <= n_drafted, got {n_accepted} of {n_drafted}")
+        if n_drafted:
+            self._events.append((n_drafted, n_accepted))
+
+    def clear(self) -> None:
+        """Forget everything (a new request in the slot)."""
+        self._events.clear()
+
+    def rate(self) -> float:
+        """Estimated probability in (0, 1) that a drafted token is accepted, given its predecessor was."""
+        accepted = sum(a for _, a in self._events)
+        rejected = sum(1 for d, a in self._events if a < d)
+        return (accepted + PRIOR_ACCEPTED) / (accepted + rejected + PRIOR_ACCEPTED + PRIOR_REJECTED)
+
+    def totals(self) -> tuple[int, int]:
+        """(drafted, accepted) tokens over the window."""
+        return sum(d for d, _ in self._events), sum(a for _, a in self._events)
+
+
+def shadow_accepted(proposal: Sequence[int], generated: Sequence[int]) -> int:
+    """How many tokens of a proposal that was not verified the slot then generated anyway: the length of
+    the common prefix of ``proposal`` and ``generated`` (what verification would have accepted)."""
+    n = 0
+    for p, g in zip(proposal, generated):
+        if p != g:
+            break
+        n += 1
+    return n
+
+
+class ShadowVerdict:
+    """Learns a non-drafting slot's acceptance from proposals it did not verify (see the module docstring).
+
+    :meth:`start` with the proposal a slot would have verified (when the policy gave it 0 rows), then
+    :meth:`observe` each token the slot generates; on the first mismatch, or once the whole proposal matched,
+    the verdict goes into ``history`` as if it had been verified. A new :meth:`start` while one is pending
+    replaces it (nothing recorded).
+    """
+
+    def __init__(self, history: AcceptanceHistory) -> None:
+        self.history = history
+        self._proposal: list[int] = []
+        self._matched = 0
+
+    @property
+    def pending(self) -> bool:
+        """True while a proposal is being compared with the generated tokens."""
+        return bool(self._proposal)
+
+    def start(self, proposal: Sequence[int]) -> None:
+        """Compare ``proposal`` with the tokens generated from now on."""
+        self._proposal = list(proposal)
+        self._matched = 0
+
+    def observe(self, token: int) -> None:
+        """One generated token; records the verdict when it decides it."""
+        if not self._proposal:
+            return
+        if token == self._proposal[self._matched]:
+            self._matched += 1
+            if self._matched < len(self._proposal):
+                return
+        self.history.record(len(self._proposal), self._matched)
+        self._proposal = []
+
+
+@dataclass(frozen=True)
+class StepCost:
+    """Step time as a line in the batch's rows: ``t(rows) = base + per_row * rows`` seconds (or any unit)."""
+
+    base: float
+    per_row: float
+
+    @classmethod
+    def prior(cls) -> StepCost:
+        """The prior line, in units of a one-row step (see the module docstring)."""
+        return cls(1.0 - PRIOR_ROW_COST, PRIOR_ROW_COST)
+
+    @classmethod
+    def fit(cls, samples: Iterable[tuple[int, float]]) -> StepCost:
+        """Least-squares line through measured ``(rows, seconds)`` steps.
+
+        Falls back to :meth:`prior` scaled to the measured mean when fewer than two distinct row counts were
+        measured; clamps the slope at 0 (noise can make it negative) and the intercept at a small positive
+        value. Rows must be >= 1; non-positive durations are skipped.
+        """
+        pts = [(float(r), float(s)) for r, s in samples if r >= 1 and s > 0]
+        if len({r for r, _ in pts}) < 2:
+            if not pts:
+                return cls.prior()
+            one = sum(s / (1 + PRIOR_ROW_COST * (r - 1)) for r, s in pts) / len(pts)  # implied one-row time
+            return cls(one * (1 - PRIOR_ROW_COST), one * PRIOR_ROW_COST)
+        n = len(pts)
+        mr = sum(r for r, _ in pts) / n
+        ms = sum(s for _, s in pts) / n
+        var = sum((r - mr) ** 2 for r, _ in pts)
+        slope = max(0.0, sum((r - mr) * (s - ms) for r, s in pts) / var)
+        base = max(ms - slope * mr, 1e-3 * ms)
+        return cls(base, slope)
+
+    def time(self, rows: int) -> float:
+        """Predicted duration of a step of ``rows`` rows."""
+        return self.base + self.per_row * rows
+
+
+@dataclass(frozen=True)
+class SlotDraft:
+    """One decoding slot's input to :func:`plan_draft_lengths`.
+
+    ``available``: drafted tokens it could verify now (its proposal's length, already capped by
+    ``draft_num_predict``, the context left and ``num_predict``; 0 = none). ``acceptance``: its
+    :meth:`AcceptanceHistory.rate`.
+    """
+
+    available: int
+    acceptance: float
+
+
+def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 1, n_other_rows: int = 0,
+                       min_gain: float = 0.03) -> list[int]:
+    """Draft length for every decoding slot in this step (the rule in the module docstring).
+
+    ``slots``: every slot that decodes in this step, drafting or not. ``n_other_rows``: rows of other work in
+    the same batch (prefill chunks). ``n_min``: ``draft_min`` (>= 1). Returns one length per slot, each 0 or
+    in ``[n_min, available]``. Raises ValueError for n_min < 1 or an acceptance outside [0, 1].
+    """
+    if n_min < 1:
+        raise ValueError(f"n_min must be at least 1, got {n_min}")
+    for s in slots:
+        if not 0.0 <= s.acceptance <= 1.0:
+            raise ValueError(f"acceptance must be in [0, 1], got {s.acceptance}")
+    lengths = [0] * len(slots)
+    rows = len(slots) + n_other_rows
+    if not slots or rows == 0:
+        return lengths
+    tokens = float(len(slots))
+    base_tput = tokens / cost.time(rows)
+    best_tput, best = base_tput, list(lengths)
+    while True:
+        pick, pick_rows, pick_gain, pick_ratio = -1, 0, 0.0, 0.0
+        for i, s in enumerate(slots):
+            k, a = lengths[i], s.acceptance
+            if k == 0:
+                if s.available < n_min:
+                    continue
+                add = n_min
+                gain = sum(a ** j for j in range(1, n_min + 1))
+            elif k < s.available:
+                add = 1
+                gain = a ** (k + 1)
+            else:
+                continue
+            if gain / add > pick_ratio:
+                pick, pick_rows, pick_gain, pick_ratio = i, add, gain, gain / add
+        if pick < 0:
+            break
+        lengths[pick] += pick_rows
+        rows += pick_rows
+        tokens += pick_gain
+        tput = tokens / cost.time(rows)
+        if tput > best_tput:
+            best_tput, best = tput, list(lengths)
+    return best if best_tput >= base_tput * (1.0 + min_gain) else [0] * len(slots)

@@ -1,0 +1,136 @@
+"""Draftless n-gram drafting ("prompt lookup"): guess the next tokens by copying from the slot's own history.
+
+Algorithm. The history is the slot's prompt plus the tokens it has accepted so far. To draft, take the
+longest suffix of the history of length ``n`` in ``[min_ngram, max_ngram]`` that also occurred earlier,
+pick its MOST RECENT earlier occurrence, and propose the tokens that followed it, up to ``n_max`` of them.
+When the continuation runs into the end of the history the copy goes on from its own output, as an LZ77
+match with overlap does (source ``start + k`` beyond the history is the proposal's own token
+``k - (len(history) - start)``), so a periodic history (a log whose lines share one template) drafts a full
+``n_max`` tokens. A proposal shorter than ``n_min`` is dropped (``[]``): verifying one or two likely-wrong
+tokens costs more than it gives.
+
+Index. For every ``n`` one dict maps an n-gram (a tuple of token ids) to the position of the token that
+followed its most recent occurrence. An n-gram enters the index only once its following token is known
+(when that token is appended), so the history's current suffix, whose continuation is what we are
+guessing, never matches itself. Appending a token costs ``max_ngram - min_ngram + 1`` dict writes; a
+proposal costs at most as many dict reads plus ``n_max`` list reads: O(1) per token, independent of the
+history's length. Memory: one dict entry per distinct n-gram per ``n``.
+
+Sources (semantics read, no code copied):
+
+- llama.cpp ``common/ngram-map.cpp``, ``common_ngram_simple_draft`` (llama-server ``--spec-type
+  ngram-simple``): search the history backwards for the last ``size_n`` tokens, draft the ``size_m`` that
+  followed the most recent match. Here: a hashed index instead of a backwards scan, and the longest of
+  several n-gram sizes instead of one.
+- llama.cpp ``common/ngram-cache.cpp`` and ``examples/lookup`` (``llama-lookup``): n-gram sizes 1..4 over
+  the context, longest match preferred (there chosen by counts; here by recency).
+- llama-cpp-python ``LlamaPromptLookupDecoding`` (after apoorvumang/prompt-lookup-decoding): try n-gram
+  sizes from ``max_ngram_size`` down to 1 and copy ``num_pred_tokens`` after a match (there the first
+  match in the text; here the most recent one, which follows the current topic of a long context).
+- Ollama's option names: ``draft_num_predict`` is ``n_max``; ``draft_min`` is ``n_min``.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+
+class Drafter(Protocol):
+    """What the engine's step loop needs from a per-slot drafter (n-gram lookup or a draft model).
+
+    The history a drafter sees is the slot's prompt plus its ACCEPTED tokens only: the loop calls
+    :meth:`extend` with what verification kept, never with rejected draft tokens.
+    """
+
+    def reset(self, tokens: Sequence[int]) -> None:
+        """Start over with ``tokens`` (a new request's prompt) as the whole history."""
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append accepted tokens to the history."""
+
+    def propose(self, n_max: int, n_min: int = 1) -> list[int]:
+        """Up to ``n_max`` guessed next tokens; ``[]`` when fewer than ``n_min`` can be guessed."""
+
+
+class NgramDrafter:
+    """Prompt-lookup drafter over one slot's history (see the module docstring for the algorithm).
+
+    ``max_ngram`` >= ``min_ngram`` >= 1: the n-gram sizes tried, longest first. Raises ValueError otherwise.
+    Not thread-safe: one drafter per slot, used from the engine's loop thread.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._tokens: list[int] = []
+        # _index[n - min_ngram]: n-gram -> position of the token that followed its most recent occurrence
+        self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram - min_ngram + 1)]
+
+    @property
+    def tokens(self) -> list[int]:
+        """The history (a copy): prompt plus accepted tokens."""
+        return list(self._tokens)
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def reset(self, tokens: Sequence[int] = ()) -> None:
+        """Forget everything, then take ``tokens`` as the history. O(len(tokens))."""
+        self._tokens = []
+        for d in self._index:
+            d.clear()
+        self.extend(tokens)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` tokens of the history (a slot reusing a prefix for a new request).
+
+        Rebuilds the index from the kept tokens: O(length). ValueError when ``length`` is negative.
+        """
+        if length < 0:
+            raise ValueError(f"length must not be negative, got {length}")
+        if length < len(self._tokens):
+            self.reset(self._tokens[:length])
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Append accepted tokens; each registers the n-grams that end just before it. O(max_ngram) each."""
+        toks = self._tokens
+        lo, hi = self.min_ngram, self.max_ngram
+        index = self._index
+        for t in tokens:
+            pos = len(toks)  # t's position: the n-grams ending at pos - 1 now have a known continuation
+            for n in range(lo, min(hi, pos) + 1):
+                index[n - lo][tuple(toks[pos - n:pos])] = pos
+            toks.append(int(t))
+
+    def match(self) -> tuple[int, int] | None:
+        """``(n, start)`` of the longest suffix n-gram with an earlier occurrence; ``start`` is the position of
+        the token that followed that occurrence (the copy's source). None when no suffix recurs."""
+        toks = self._tokens
+        size = len(toks)
+        for n in range(min(self.max_ngram, size), self.min_ngram - 1, -1):
+            start = self._index[n - self.min_ngram].get(tuple(toks[size - n:]))
+            if start is not None:
+                return n, start
+        return None
+
+    def propose(self, n_max: int, n_min: int = 1) -> list[int]:
+        """Up to ``n_max`` tokens copied from after the most recent earlier occurrence of the longest
+        recurring suffix (overlapping copy past the end of the history, as in LZ77).
+
+        Returns ``[]`` when ``n_max`` < 1, no suffix of ``min_ngram``..``max_ngram`` tokens recurs, or
+        fewer than ``n_min`` tokens would be proposed.
+        """
+        if n_max < 1:
+            return []
+        found = self.match()
+        if found is None:
+            return []
+        _, start = found
+        toks = self._tokens
+        avail = len(toks) - start  # >= 1: the index only holds occurrences with a known next token
+        out = toks[start:start + min(avail, n_max)]
+        while len(out) < n_max:  # the copy reaches its own output: repeat with period `avail`
+            out.append(out[len(out) - avail])
+        return out if len(out) >= n_min else []

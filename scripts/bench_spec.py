@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Speculative decoding benchmark (issue 22): drafted vs plain decode speed through the CLI users run.
+
+Every row runs ``ollapy run MODEL --verbose --no-cache -o temperature=0 -o num_predict=N PROMPT`` twice per
+round, once plain and once with drafting (``-o draft=ngram`` or ``-o draft=DRAFT.gguf``), in alternating
+order, and takes the median over rounds of the paired ratio of ``eval rate`` (tokens/s of decoding). Greedy
+output must be token-identical, so each row also compares the two texts. It prints the draft line of
+``--verbose`` ("draft: N proposed, M accepted (rate)") when the engine prints one.
+
+| row | task | target |
+|---|---|---|
+| a  | Gemma 3 continues a 20-line log whose lines share one template (160 tokens) | n-gram >= 1.6x, same text |
+| a2 | SmolLM2: "repeat this paragraph exactly", and a code edit that renames one variable | >= 1.2x |
+| b  | SmolLM2: RAG extraction quoting a passage from a ~1,500-token context | >= 1.2x |
+| c  | SmolLM2: a free-form story (drafting must not cost when it does not help) | >= 0.97x |
+| d  | 4 concurrent streams of (a) through ``ollapy serve`` (num_parallel 4), aggregate tokens/s | >= 1.0x |
+| dm | draft model on (a): Gemma's first layers cut by scripts/make_draft_gguf.py | >= 1.3x |
+
+``--native`` adds the vendored llama.cpp's ``llama-server`` (scripts/build_native_baselines.sh builds it; this
+llama.cpp's server drafts with ``--spec-type ngram-simple`` and with ``-md DRAFT``): plain and drafted on (a)
+and (c), measured in the same run, and the target "ollapy with n-gram drafting >= 1.1x llama-server with
+n-gram drafting on (a)". Each row prints ok or MISSED; the exit status is 1 when any row missed.
+
+Run it on a quiet machine: ``flock /tmp/ollapy-cpu.lock python scripts/bench_spec.py [--native] [--rounds 5]``.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-m", "ollapy.cli.main"]
+DRAFT_LINE = re.compile(r"draft:\s+(\d+) proposed, (\d+) accepted")
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, mod)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ---- prompts --------------------------------------------------------------------------------------------
+def log_prompt(lines: int = 20, seed: int = 22) -> str:
+    """(a): a log whose lines share one template; Gemma 3 (base) continues it at temperature 0."""
+    rng = random.Random(seed)
+    return "".join(f"Line {i}: the keeper logged wind speed {rng.randint(3, 40)} knots and wave height "
+                   f"{rng.randint(1, 9)}.{rng.randint(0, 9)} metres at the north light.\n" for i in range(1, lines + 1))
+
+
+PARAGRAPH = ("The lighthouse at Skerry Point was built in 1851 from granite quarried on the island itself. Its lamp "
+             "burned colza oil until 1904, when a paraffin vapour burner replaced it, and the light was automated in "
+             "1988. The last keeper, Margaret Innes, kept a daily log of the weather for thirty-one years.")
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+'''
+
+
+def rag_prompt(target_tokens: int = 1500) -> str:
+    """(b): a ~1,500-token context of short passages and a question whose answer quotes one of them."""
+    rng = random.Random(7)
+    towns = ["Arden", "Bellmouth", "Carrow", "Dunmore", "Eskdale", "Fenwick", "Glenarm", "Harlow", "Inver", "Kelso"]
+    passages = []
+    for i in range(60):
+        town = towns[i % len(towns)]
+        passages.append(f"[{i + 1}] The harbour of {town} handled {rng.randint(100, 900)} ships in {1900 + i}; its "
+                        f"pier was extended by {rng.randint(5, 60)} metres and the tide gauge read "
+                        f"{rng.randint(2, 7)}.{rng.randint(0, 9)} metres at spring tide.")
+    context = "\n".join(passages)  # about 25 tokens per passage
+    return (f"Context:\n{context}\n\nQuestion: Quote passage [42] exactly, word for word, then say which town it "
+            f"is about.")
+
+
+TASKS = {
+    "a": ("gemma-raw", log_prompt(), 160),
+    "a2-repeat": ("smol", f"Repeat this paragraph exactly, word for word:\n\n{PARAGRAPH}", 120),
+    "a2-rename": ("smol", f"Rename the variable subtotal to net_total in this code. Reply with the whole code only."
+                          f"\n\n{CODE}", 120),
+    "b": ("smol", rag_prompt(), 120),
+    "c": ("smol", "Write a short story about a lighthouse keeper who finds a message in a bottle.", 200),
+}
+
+
+# ---- measuring ollapy -----------------------------------------------------------------------------------
+@dataclass
+class Run:
+    text: str
+    eval_rate: float
+    eval_count: int
+    drafted: int | None = None
+    accepted: int | None = None
+
+
+@dataclass
+class Row:
+    name: str
+    target: float
+    ratios: list[float] = field(default_factory=list)
+    same_text: bool = True
+    drafted: int = 0
+    accepted: int = 0
+    draft_line: bool = False
+    note: str = ""
+
+    def ratio(self) -> float:
+        return statistics.median(self.ratios) if self.ratios else 0.0
+
+    def ok(self) -> bool:
+        return bool(self.ratios) and self.ratio() >= self.target and self.same_text and self.draft_line
+
+    def line(self) -> str:
+        acc = f"{self.accepted}/{self.drafted} accepted ({self.accepted / self.drafted:.0%})" if self.drafted else \
+            "no draft line in --verbose"
+        why = "" if self.same_text else "; TEXT DIFFERS"
+        return (f"{self.name:<12}{self.ratio():>7.2f}x  >= {self.target:<5}{'ok' if self.ok() else 'MISSED':<8}"
+                f"{acc}{why}{'; ' + self.note if self.note else ''}")
+
+
+def parse_verbose(stderr: str) -> tuple[float, int, int | None, int | None]:
+    rate = re.search(r"^eval rate:\s+([\d.]+) tokens/s", stderr, re.M)
+    count = re.search(r"^eval count:\s+(\d+)", stderr, re.M)
+    draft = DRAFT_LINE.search(stderr)
+    if not rate or not count:
+        raise RuntimeError(f"no eval rate in --verbose output:\n{stderr[-2000:]}")
+    return float(rate.group(1)), int(count.group(1)), *(map(int, draft.groups()) if draft else (None, None))
+
+
+def run_cli(env: dict, model: str, prompt: str, num_predict: int, extra: list[str]) -> Run:
+    cmd = [*CLI, "run", model, "--verbose", "--no-cache", "-o", "temperature=0", "-o", f"num_predict={num_predict}",
+           *extra, prompt]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, cwd=str(ROOT))
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:6])}... failed ({p.returncode}): {p.stderr.strip()[-500:]}")
+    rate, count, drafted, accepted = parse_verbose(p.stderr)
+    return Run(p.stdout, rate, count, drafted, accepted)
+
+
+def paired(row: Row, env: dict, model: str, prompt: str, num_predict: int, draft_opts: list[str], rounds: int) -> Row:
+    """``rounds`` pairs of plain and drafted runs, the order alternating per round; ratio = drafted/plain."""
+    for r in range(rounds):
+        order = [False, True] if r % 2 == 0 else [True, False]
+        got = {d: run_cli(env, model, prompt, num_predict, draft_opts if d else []) for d in order}
+        row.ratios.append(got[True].eval_rate / got[False].eval_rate)
+        row.same_text &= got[True].text == got[False].text
+        if got[True].drafted is not None:
+            row.draft_line = True
+            row.drafted += got[True].drafted
+            row.accepted += got[True].accepted or 0
+    return row
+
+
+# ---- (d): concurrent streams through ollapy serve -------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _streams(url: str, model: str, prompt: str, num_predict: int, n: int, options: dict) -> tuple[float, list]:
+    import httpx
+
+    body = {"model": model, "prompt": prompt, "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": num_predict, **options}}
+    async with httpx.AsyncClient(timeout=900) as client:
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(client.post(url + "/api/generate", json=body) for _ in range(n)))
+        wall = time.perf_counter() - t0
+    for r in replies:
+        r.raise_for_status()
+    data = [r.json() for r in replies]
+    return sum(d["eval_count"] for d in data) / wall, data
+
+
+def concurrent_row(env: dict, gguf: Path, rounds: int, n: int = 4) -> Row:
+    import httpx
+
+    row = Row("d (4x a)", 1.0)
+    port = free_port()
+    senv = dict(env, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL=str(n))
+    proc = subprocess.Popen([*CLI, "serve", "--allow-paths"], env=senv, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=str(ROOT))
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError("ollapy serve did not start") from None
+                time.sleep(0.2)
+        _, prompt, num_predict = TASKS["a"]
+        asyncio.run(_streams(url, str(gguf), prompt, 8, n, {}))  # load the model once
+        for r in range(rounds):
+            order = [False, True] if r % 2 == 0 else [True, False]
+            got = {d: asyncio.run(_streams(url, str(gguf), prompt, num_predict, n, {"draft": "ngram"} if d else {}))
+                   for d in order}
+            row.ratios.append(got[True][0] / got[False][0])
+            row.same_text &= [d["response"] for d in got[True][1]] == [d["response"] for d in got[False][1]]
+        counts = draft_counters(httpx.get(url + "/metrics", timeout=10).text)
+        if counts is not None:
+            row.draft_line = True
+            row.drafted, row.accepted = counts
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    if not row.draft_line:
+        row.note = "no drafted/draft_accepted token counters in /metrics"
+    return row
+
+
+def draft_counters(metrics: str) -> tuple[int, int] | None:
+    """(drafted, accepted) tokens over all models from ``ollapy_tokens_total{kind="drafted"|"draft_accepted"}``
+    in the server's /metrics, or None when the server does not count them."""
+    got: dict[str, float] = {}
+    for m in re.finditer(r'^ollapy_tokens_total\{([^}]*)\}\s+([\d.e+]+)$', metrics, re.M):
+        kind = re.search(r'kind="([^"]+)"', m.group(1))
+        if kind and kind.group(1) in ("drafted", "draft_accepted"):
+            got[kind.group(1)] = got.get(kind.group(1), 0.0) + float(m.group(2))
+    if "drafted" not in got:
+        return None
+    return int(got["drafted"]), int(got.get("draft_accepted", 0))
+
+
+# ---- native llama-server --------------------------------------------------------------------------------
+def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds: int,
+                tmp: Path) -> tuple[list[str], dict[tuple[str, str], float]]:
+    """llama-server plain vs ``--spec-type ngram-simple`` (and ``-md``) on (a) and (c), /completion timings."""
+    import httpx
+
+    sys.path.insert(0, str(ROOT))
+    from ollapy.engine.backend.bindings import choose_extra_bufts
+
+    threads = str(max(1, (os.cpu_count() or 2) // (1 if (os.cpu_count() or 2) <= 4 else 2)))
+
+    def serve(model: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
+        port = free_port()
+        cmd = [exe, "-m", str(model), "--port", str(port), "--host", "127.0.0.1", "-np", "1", "-c", "4096",
+               "-t", threads, "-fa", "off", *extra]
+        if not choose_extra_bufts("auto")[0]:
+            cmd.append("--no-repack")
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(tmp / "llama-server.log", "ab"))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 180
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {proc.returncode}; see {tmp / 'llama-server.log'}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    return proc, url
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        proc.kill()
+        raise RuntimeError("llama-server did not start")
+
+    def complete(url: str, prompt: str, n: int) -> dict:
+        r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": n, "temperature": 0, "top_k": 1,
+                                                  "cache_prompt": False, "seed": 1}, timeout=900)
+        r.raise_for_status()
+        return r.json()
+
+    # ngram-simple with llama.cpp's defaults (look up the last 12 tokens, draft up to 48); the draft model with
+    # Ollama's draft_num_predict default of 4
+    modes = {"plain": [], "ngram": ["--spec-type", "ngram-simple"]}
+    if draft_gguf is not None:
+        modes["draft"] = ["-md", str(draft_gguf), "--spec-draft-n-max", "4"]
+    out: dict[tuple[str, str], list[float]] = {}
+    drafts: dict[tuple[str, str], tuple[int, int]] = {}
+    for task in ("a", "c"):
+        model_key, prompt, n = TASKS[task]
+        for mode, extra in modes.items():
+            if mode == "draft" and task != "a":
+                continue
+            proc, url = serve(gguf[model_key], extra)
+            try:
+                complete(url, prompt, 8)
+                timings = [complete(url, prompt, n)["timings"] for _ in range(rounds)]
+                out[(task, mode)] = [t["predicted_per_second"] for t in timings]
+                drafts[(task, mode)] = (sum(t.get("draft_n", 0) for t in timings),
+                                        sum(t.get("draft_n_accepted", 0) for t in timings))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+    lines = []
+    for (task, mode), rates in out.items():
+        drafted, accepted = drafts[(task, mode)]
+        acc = f", {accepted}/{drafted} draft tokens accepted" if drafted else ""
+        lines.append(f"native {task} {mode:<6} {statistics.median(rates):8.1f} tok/s "
+                     f"({statistics.median(rates) / statistics.median(out[(task, 'plain')]):.2f}x native plain{acc})")
+    return lines, {k: statistics.median(v) for k, v in out.items()}
+
+
+# ---- main -----------------------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=5, help="paired, interleaved rounds per row (default 5)")
+    ap.add_argument("--rows", default="a,a2,b,c,d,dm", help="rows to run (default all: a,a2,b,c,d,dm)")
+    ap.add_argument("--draft-layers", type=int, default=4, help="blocks of Gemma kept in the draft model (default 4)")
+    ap.add_argument("--native", action="store_true", help="also measure llama-server (from PATH or --llama-server)")
+    ap.add_argument("--llama-server", help="llama-server executable (default: from PATH)")
+    args = ap.parse_args()
+    fetch = _script("fetch_test_models")
+    paths = {m.name: fetch.fetch_model(m, fetch.default_dir()) for m in fetch.MODELS}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-spec-"))
+    env = dict(os.environ, OLLAPY_MODELS=str(tmp / "models"), OLLAPY_CACHE_DIR=str(tmp / "cache"),
+               XDG_STATE_HOME=str(tmp / "state"), OLLAPY_HOST="127.0.0.1:9")
+    env.pop("OLLAPY_DEBUG", None)
+    # Gemma 3 base has no chat template: a raw-prompt model, so (a) is a plain continuation
+    (tmp / "Modelfile").write_text(f'FROM {paths["gemma3"]}\nTEMPLATE "{{{{ .Prompt }}}}"\n')
+    made = subprocess.run([*CLI, "create", "gemma-raw", "-f", str(tmp / "Modelfile")], env=env, capture_output=True,
+                          text=True, cwd=str(ROOT))
+    if made.returncode != 0:
+        raise SystemExit(f"ollapy create failed: {made.stderr}")
+    models = {"gemma-raw": "gemma-raw", "smol": str(paths["smollm2"])}
+    wanted = set(args.rows.split(","))
+    rows: list[Row] = []
+    draft_gguf = None
+    if "dm" in wanted or args.native:
+        draft_gguf = _script("make_draft_gguf").make_draft_gguf(paths["gemma3"], tmp / "gemma-draft.gguf",
+                                                               args.draft_layers)
+    ngram = ["-o", "draft=ngram"]
+    if "a" in wanted:
+        model, prompt, n = TASKS["a"]
+        rows.append(paired(Row("a", 1.6), env, models[model], prompt, n, ngram, args.rounds))
+    if "a2" in wanted:
+        for key in ("a2-repeat", "a2-rename"):
+            model, prompt, n = TASKS[key]
+            rows.append(paired(Row(key, 1.2), env, models[model], prompt, n, ngram, args.rounds))
+    if "b" in wanted:
+        model, prompt, n = TASKS["b"]
+        rows.append(paired(Row("b", 1.2), env, models[model], prompt, n, ngram, args.rounds))
+    if "c" in wanted:
+        model, prompt, n = TASKS["c"]
+        rows.append(paired(Row("c", 0.97), env, models[model], prompt, n, ngram, args.rounds))
+    if "d" in wanted:
+        rows.append(concurrent_row(env, paths["gemma3"], args.rounds))
+    if "dm" in wanted:
+        model, prompt, n = TASKS["a"]
+        rows.append(paired(Row("dm (a)", 1.3), env, models[model], prompt, n, ["-o", f"draft={draft_gguf}"],
+                           args.rounds))
+    print(f"ollapy, greedy, median of {args.rounds} paired interleaved runs (drafted / plain eval rate):")
+    for row in rows:
+        print(row.line())
+    missed = [r.name for r in rows if not r.ok()]
+    if args.native:
+        exe = args.llama_server or shutil.which("llama-server")
+        if not exe:
+            print("native: llama-server not found (scripts/build_native_baselines.sh builds it; put it on PATH)")
+            missed.append("native")
+        else:
+            lines, native = native_rows(exe, {"gemma-raw": paths["gemma3"], "smol": paths["smollm2"]}, draft_gguf,
+                                        args.rounds, tmp)
+            print("\n".join(lines))
+            ours = run_cli(env, models["gemma-raw"], TASKS["a"][1], TASKS["a"][2], ngram)
+            vs = ours.eval_rate / native[("a", "ngram")]
+            verdict = "ok" if vs >= 1.1 and ours.drafted is not None else "MISSED"
+            print(f"{'a vs native':<12}{vs:>7.2f}x  >= 1.1  {verdict:<8}ollapy n-gram {ours.eval_rate:.1f} tok/s vs "
+                  f"llama-server ngram-simple {native[('a', 'ngram')]:.1f} tok/s")
+            if verdict != "ok":
+                missed.append("a vs native")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if missed:
+        print(f"MISSED: {', '.join(missed)}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Speculative-decoding options (``draft``, ``draft_num_predict``, ``draft_min``) and the Modelfile ``DRAFT``
+instruction: parsing, what is load-time, and ``create``/``show --modelfile`` through the CLI."""
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+
+from ollapy.errors import OptionError, UsageError
+from ollapy.options import Options, api_options, draft_model, parse_options
+from ollapy.store.modelfile import format_modelfile, parse_modelfile
+
+
+def test_defaults_follow_ollama():
+    o = Options()
+    assert (o.draft, o.draft_num_predict, o.draft_min) == ("", 4, 1)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("ngram", "ngram"), (" NGRAM ", "ngram"), ("", ""), ("none", ""), ("off", ""),
+    ("./Draft-Q8.gguf", "./Draft-Q8.gguf"), ("hf.co/Org/SmolLM2:Q8_0", "hf.co/Org/SmolLM2:Q8_0"),
+])
+def test_cli_reads_draft_as_off_ngram_or_a_model_keeping_its_case(text, value):
+    assert parse_options([f"draft={text}"]) == {"draft": value}
+
+
+def test_draft_lengths_are_bounded_counts():
+    assert parse_options(["draft_num_predict=8", "draft_min=2"]) == {"draft_num_predict": 8, "draft_min": 2}
+    assert parse_options(["draft_num_predict=0"]) == {"draft_num_predict": 0}  # 0 drafts nothing
+    for bad, match in [("draft_min=0", "draft_min must be at least 1"),
+                       ("draft_num_predict=65", "draft_num_predict must be at most 64"),
+                       ("draft_num_predict=two", "draft_num_predict expects int")]:
+        with pytest.raises(OptionError, match=match):
+            parse_options([bad])
+
+
+def test_the_api_takes_draft_options_and_refuses_wrong_types():
+    assert api_options({"draft": "ngram", "draft_num_predict": 6, "draft_min": None}) == \
+        {"draft": "ngram", "draft_num_predict": 6}
+    with pytest.raises(OptionError, match="option draft expects str"):
+        api_options({"draft": 3})
+
+
+def test_only_a_draft_model_is_load_time():
+    base = Options()
+    assert draft_model("") == "" and draft_model("ngram") == "" and draft_model("d.gguf") == "d.gguf"
+    assert base.merged({"draft": "ngram", "draft_num_predict": 8}).load_key() == base.load_key()
+    assert base.merged({"draft": "/m/draft.gguf"}).load_key() != base.load_key()
+    assert base.merged({"draft": "/m/a.gguf"}).load_key() != base.merged({"draft": "/m/b.gguf"}).load_key()
+
+
+def test_modelfile_draft_instruction_is_the_draft_option():
+    mf = parse_modelfile("FROM ./target.gguf\nDRAFT ./draft.gguf\nPARAMETER draft_num_predict 6\n")
+    assert mf.parameters == {"draft": "./draft.gguf", "draft_num_predict": 6}
+    assert parse_modelfile("FROM x\nPARAMETER draft ngram\n").parameters == {"draft": "ngram"}
+    assert parse_modelfile("FROM x\ndraft m1\nPARAMETER draft ngram\n").parameters == {"draft": "ngram"}  # last wins
+    text = format_modelfile("x.gguf", {"draft": "/m/draft.gguf", "draft_min": 2}, None, None, None, [])
+    assert text == "FROM x.gguf\nDRAFT /m/draft.gguf\nPARAMETER draft_min 2\n"
+    assert parse_modelfile(text).parameters == {"draft": "/m/draft.gguf", "draft_min": 2}
+    assert format_modelfile("x", {"draft": "ngram"}, None, None, None, []) == 'FROM x\nPARAMETER draft "ngram"\n'
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("FROM x\nDRAFT", "line 2: DRAFT needs a model name"),
+    ("FROM x\nPARAMETER draft_min 0", "line 2: option draft_min must be at least 1"),
+    ("FROM x\nDRAFTS y", "unknown instruction 'DRAFTS'"),
+])
+def test_modelfile_draft_errors_name_the_line(text, match):
+    with pytest.raises(UsageError, match=match):
+        parse_modelfile(text)
+
+
+def test_create_resolves_a_relative_draft_path_and_show_prints_it(smollm2_path, tmp_path):
+    (tmp_path / "draft.gguf").symlink_to(smollm2_path)
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\nDRAFT ./draft.gguf\nPARAMETER draft_num_predict 6\n")
+    made = run_cli("create", "spec", "-f", str(tmp_path / "Modelfile"))
+    assert made.returncode == 0, made.stderr.decode()
+    shown = run_cli("show", "spec", "--modelfile")
+    assert shown.returncode == 0, shown.stderr.decode()
+    lines = shown.stdout.decode().splitlines()
+    assert f"DRAFT {(tmp_path / 'draft.gguf').resolve()}" in lines and "PARAMETER draft_num_predict 6" in lines
+
+
+def test_the_cli_refuses_a_bad_draft_option_in_one_line(smollm2_path):
+    r = run_cli("run", str(smollm2_path), "-o", "draft_min=0", "hi")
+    assert r.returncode == 2 and r.stdout == b""
+    assert r.stderr.decode().splitlines()[0] == "Error: option draft_min must be at least 1, got 0"

@@ -1,0 +1,138 @@
+"""The batch-aware drafting policy (ollapy.engine.draft_policy): exact plans for measured step costs."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ollapy.engine.draft_policy import (
+    AcceptanceHistory,
+    ShadowVerdict,
+    SlotDraft,
+    StepCost,
+    plan_draft_lengths,
+    shadow_accepted,
+)
+
+# SmolLM2-135M Q4_1 on 2 CPU cores (shared/ENVIRONMENT.md): 1/2/4/8 sequences decode at 96/129/162/179 tok/s,
+# i.e. steps of 10.4/15.5/24.7/44.7 ms
+SMOL = StepCost.fit([(1, 1 / 96), (2, 2 / 129), (4, 4 / 162), (8, 8 / 179)])
+# a step bound by reading the weights (a GPU, a large model): extra rows nearly free
+FLAT = StepCost(base=1.0, per_row=0.01)
+
+
+def test_fit_recovers_a_line_and_falls_back_to_the_prior():
+    line = StepCost.fit([(1, 3.0), (2, 5.0), (4, 9.0), (4, 9.0)])
+    assert line.base == pytest.approx(1.0) and line.per_row == pytest.approx(2.0)
+    assert StepCost.fit([]) == StepCost.prior()
+    one = StepCost.fit([(1, 0.02), (1, 0.02)])  # one batch size only: the prior's shape at the measured scale
+    assert one.time(1) == pytest.approx(0.02) and one.time(2) == pytest.approx(0.026)
+    assert StepCost.fit([(1, 2.0), (2, 1.0)]).per_row == 0.0  # noise never makes rows free of charge... or negative
+    assert SMOL.base == pytest.approx(0.00565, abs=2e-4) and SMOL.per_row == pytest.approx(0.00488, abs=2e-4)
+
+
+def test_one_slot_drafts_as_long_as_extra_rows_pay():
+    assert plan_draft_lengths([SlotDraft(8, 0.9)], FLAT) == [8]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior()) == [3]
+    # SmolLM2 on the CPU: a row costs almost as much as a step, so only a near-certain draft pays
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], SMOL) == [2]
+    assert plan_draft_lengths([SlotDraft(4, 0.5)], SMOL) == [0]
+
+
+def test_busy_batches_draft_less_or_not_at_all():
+    """llama.cpp PR #6828's trap: what pays for one slot costs with four or eight busy ones."""
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], SMOL) == [2]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 4, SMOL) == [0, 0, 0, 0]
+    assert plan_draft_lengths([SlotDraft(4, 0.95)] * 4, SMOL) == [2, 2, 2, 2]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior()) == [3]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 4, StepCost.prior()) == [1, 1, 1, 1]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 8, StepCost.prior()) == [0] * 8
+    assert plan_draft_lengths([SlotDraft(4, 0.95)] * 4, FLAT) == [4, 4, 4, 4]
+
+
+def test_the_slot_that_repeats_drafts_and_the_others_do_not():
+    plan = plan_draft_lengths([SlotDraft(4, 0.95), SlotDraft(4, 0.3), SlotDraft(0, 0.9)], StepCost.prior())
+    assert plan == [4, 0, 0]
+
+
+def test_prefill_rows_in_the_same_step_make_drafting_cheaper_relative_to_the_step():
+    """A step that prefills 64 rows anyway is long: a few more rows add little to it."""
+    assert plan_draft_lengths([SlotDraft(4, 0.5)], SMOL) == [0]
+    assert plan_draft_lengths([SlotDraft(4, 0.5)], SMOL, n_other_rows=64) == [4]
+
+
+def test_draft_min_is_a_block():
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior(), n_min=2) == [3]
+    assert plan_draft_lengths([SlotDraft(1, 0.99)], FLAT, n_min=2) == [0]
+    assert plan_draft_lengths([SlotDraft(4, 0.3)], StepCost.prior(), n_min=3) == [0]
+
+
+def test_nothing_to_plan_and_bad_input():
+    assert plan_draft_lengths([], FLAT) == []
+    with pytest.raises(ValueError, match="n_min"):
+        plan_draft_lengths([SlotDraft(1, 0.5)], FLAT, n_min=0)
+    with pytest.raises(ValueError, match="acceptance"):
+        plan_draft_lengths([SlotDraft(1, 1.5)], FLAT)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.floats(0, 1)), max_size=8), st.integers(1, 3),
+       st.floats(0.01, 2.0), st.integers(0, 64))
+def test_a_plan_respects_the_limits_and_never_predicts_a_loss(slots, n_min, per_row, other):
+    cost = StepCost(1.0, per_row)
+    drafts = [SlotDraft(n, a) for n, a in slots]
+    plan = plan_draft_lengths(drafts, cost, n_min=n_min, n_other_rows=other)
+    assert len(plan) == len(drafts)
+    assert all(k == 0 or n_min <= k <= d.available for k, d in zip(plan, drafts))
+    rows = len(drafts) + other
+    if any(plan) and rows:
+        gained = sum(sum(d.acceptance ** j for j in range(1, k + 1)) for k, d in zip(plan, drafts))
+        before = len(drafts) / cost.time(rows)
+        after = (len(drafts) + gained) / cost.time(rows + sum(plan))
+        assert after >= before * 1.03
+
+
+def test_acceptance_history_follows_recent_verifications():
+    h = AcceptanceHistory(window=4)
+    assert h.rate() == pytest.approx(2 / 3)  # the prior: a new slot tries
+    h.record(4, 4)
+    h.record(4, 4)
+    assert h.rate() == pytest.approx(10 / 11) and h.totals() == (8, 8)
+    for _ in range(4):
+        h.record(4, 0)
+    assert h.rate() == pytest.approx(2 / 7) and h.totals() == (16, 0)  # the window forgot the good ones
+    h.record(0, 0)
+    assert h.totals() == (16, 0)
+    h.clear()
+    assert h.rate() == pytest.approx(2 / 3)
+    with pytest.raises(ValueError):
+        h.record(2, 3)
+    with pytest.raises(ValueError):
+        AcceptanceHistory(window=0)
+
+
+def test_shadow_verdicts_count_what_verification_would_have_kept():
+    assert shadow_accepted([5, 6, 7], [5, 6, 9, 7]) == 2
+    assert shadow_accepted([5, 6], [5, 6, 7]) == 2
+    assert shadow_accepted([5, 6, 7], [5]) == 1
+    assert shadow_accepted([], [1]) == 0
+
+
+def test_a_shadow_verdict_is_recorded_when_it_is_decided():
+    h = AcceptanceHistory()
+    shadow = ShadowVerdict(h)
+    shadow.observe(1)  # nothing pending: nothing recorded
+    shadow.start([5, 6, 7])
+    shadow.observe(5)
+    shadow.observe(6)
+    assert shadow.pending and h.totals() == (0, 0)
+    shadow.observe(9)  # the slot generated 9 where the proposal said 7
+    assert not shadow.pending and h.totals() == (3, 2)
+    shadow.start([4, 4])
+    shadow.observe(4)
+    shadow.observe(4)
+    assert h.totals() == (5, 4) and h.rate() == pytest.approx((4 + 2) / (4 + 1 + 3))
+    shadow.start([1])
+    shadow.start([2])  # replaced: the first is never recorded
+    shadow.observe(3)
+    assert h.totals() == (6, 4)

@@ -1,0 +1,132 @@
+"""Draftless n-gram drafting (ollapy.engine.ngram_draft): exact proposals, and properties against a brute-force
+reference over random histories (hypothesis)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ollapy.engine.ngram_draft import Drafter, NgramDrafter
+
+
+def reference_propose(history: list[int], max_ngram: int, min_ngram: int, n_max: int, n_min: int) -> list[int]:
+    """The algorithm of the module docstring, by brute force: scan backwards for the longest recurring suffix."""
+    size = len(history)
+    if n_max < 1:
+        return []
+    for n in range(min(max_ngram, size), min_ngram - 1, -1):
+        suffix = history[size - n:]
+        for end in range(size - 1, n - 1, -1):  # an occurrence ending at end-1 with a next token at `end`
+            if history[end - n:end] == suffix:
+                ext = list(history)
+                for k in range(n_max):
+                    ext.append(ext[end + k])
+                out = ext[size:]
+                return out if len(out) >= n_min else []
+    return []
+
+
+def test_copies_what_followed_the_most_recent_match():
+    d = NgramDrafter(max_ngram=3, min_ngram=1)
+    # "1 2 3 9 | 1 2 3 7 8 | 5 1 2 3": suffix (1, 2, 3) last followed by 7 8 5 1
+    d.extend([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 1, 2, 3])
+    assert d.match() == (3, 7)
+    assert d.propose(4) == [7, 8, 5, 1]
+    assert d.propose(2) == [7, 8]
+
+
+def test_prefers_the_longest_ngram_over_a_more_recent_shorter_one():
+    d = NgramDrafter(max_ngram=2, min_ngram=1)
+    d.extend([4, 5, 6, 7, 5, 8, 4, 5])  # (4, 5) followed by 6 at position 2; 5 alone most recently by 8
+    assert d.propose(2) == [6, 7]
+    one = NgramDrafter(max_ngram=1, min_ngram=1)
+    one.extend([4, 5, 6, 7, 5, 8, 4, 5])
+    assert one.propose(2) == [8, 4]
+
+
+def test_a_periodic_history_drafts_past_its_end():
+    d = NgramDrafter(max_ngram=3)
+    d.extend([10, 11, 12, 10, 11])  # (10, 11) was followed by 12 10 11, then the copy repeats its own output
+    assert d.propose(7) == [12, 10, 11, 12, 10, 11, 12]
+    run = NgramDrafter(max_ngram=2)
+    run.extend([3, 3])
+    assert run.propose(4) == [3, 3, 3, 3]
+
+
+def test_no_match_or_too_short_proposes_nothing():
+    d = NgramDrafter(max_ngram=3, min_ngram=2)
+    d.extend([1, 2, 3, 4, 5, 3])  # only the 1-gram (3) recurs, below min_ngram
+    assert d.match() is None and d.propose(4) == []
+    d.extend([4])  # (3, 4) recurs
+    assert d.propose(4) == [5, 3, 4, 5]
+    assert d.propose(1, n_min=2) == [] and d.propose(0) == []
+    assert NgramDrafter().propose(4) == []
+
+
+def test_reset_and_truncate_forget_what_is_gone():
+    d = NgramDrafter(max_ngram=2)
+    d.extend([1, 2, 3, 1, 2])
+    assert d.propose(1) == [3]
+    d.truncate(3)
+    assert d.tokens == [1, 2, 3] and d.propose(2) == []
+    d.extend([1, 2])
+    assert d.propose(1) == [3]
+    d.reset([7, 8, 7])
+    assert len(d) == 3 and d.propose(3) == [8, 7, 8]
+    with pytest.raises(ValueError):
+        d.truncate(-1)
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_is_a_drafter():
+    d: Drafter = NgramDrafter()
+    d.reset([1, 2, 1])
+    assert d.propose(1) == [2]
+
+
+histories = st.lists(st.integers(0, 4), max_size=60)  # a tiny alphabet: many repeats, many overlaps
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories, st.integers(1, 4), st.integers(0, 3), st.integers(0, 8), st.integers(1, 4))
+def test_matches_the_brute_force_reference(history, max_ngram, extra, n_max, n_min):
+    min_ngram = max(1, max_ngram - extra)
+    d = NgramDrafter(max_ngram=max_ngram, min_ngram=min_ngram)
+    d.extend(history)
+    assert d.propose(n_max, n_min) == reference_propose(history, max_ngram, min_ngram, n_max, n_min)
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories, st.integers(1, 8))
+def test_a_proposal_continues_an_earlier_occurrence_of_the_suffix(history, n_max):
+    d = NgramDrafter(max_ngram=3)
+    d.extend(history)
+    out = d.propose(n_max)
+    if not out:
+        return
+    assert len(out) == n_max
+    n, start = d.match()
+    ext = history + out
+    # the n tokens before `start` are the history's suffix, and the proposal copies on from `start`
+    assert history[start - n:start] == history[len(history) - n:] and start < len(history)
+    assert all(ext[start + k] == out[k] for k in range(n_max))
+    # its first token followed the same n-gram somewhere in the history
+    assert out[0] == history[start]
+
+
+@settings(max_examples=200, deadline=None)
+@given(histories, st.lists(st.integers(0, 4), max_size=20))
+def test_extending_in_pieces_equals_extending_at_once(a, b):
+    whole, pieces = NgramDrafter(), NgramDrafter()
+    whole.extend(a + b)
+    pieces.extend(a)
+    pieces.propose(4)
+    for t in b:
+        pieces.extend([t])
+    assert pieces.tokens == whole.tokens
+    assert pieces.propose(5) == whole.propose(5)
+    pieces.truncate(len(a))
+    fresh = NgramDrafter()
+    fresh.extend(a)
+    assert pieces.propose(5) == fresh.propose(5)
