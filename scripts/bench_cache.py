@@ -22,6 +22,14 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
   process binds a new cache on that directory and asks one new question per system prompt: all 40 must
   be disk hits ("cache disk") reusing at least the whole system prompt.
 
+* cached == cold (``--exactness`` prompts per model, default 20; SmolLM2 and Gemma 3): each prompt (a seeded
+  random system prompt of 10-100 sentences plus a question, 40 greedy tokens) is answered three times
+  through one LoadedModel with its slots emptied in between: cache off, cache on and cold (it fills the
+  cache), cache on again (a hit); target: all three identical for every prompt, and every third run a hit;
+* canonical order cost: cold TTFT of the ~2,200-token prompt with the last prompt token evaluated alone
+  (ollapy/engine/evalorder.py) against the same prefill with it inside the last chunk (the order before it),
+  driven on the backend in alternating pairs; target < 5% slower.
+
 The script exits 1 when any target row is MISSED. ``--busy N`` runs everything while N
 ``python -c "while True: pass"`` processes compete for the CPU (always stopped at the end, also on
 SIGTERM). The header prints the load average before and after: timings from a busy machine are noisy.
@@ -61,6 +69,8 @@ PROCESS_SPEEDUP = 25.0
 OVERHEAD_MAX = 0.02
 RESTORE_GBPS = 1.0
 ADMISSION_MAX_RATIO = 0.10
+ORDER_COST_MAX = 0.05
+GEMMA_MODEL = Path.home() / ".cache/ollapy/test-models/gemma-3-270m-q4_k_m.gguf"
 
 # admission workload
 ADMISSION_PROMPTS = 40
@@ -419,6 +429,90 @@ def process_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
                     f">= {PROCESS_SPEEDUP:.0f}x, > 0 tok", min_reused > 0 and speed >= PROCESS_SPEEDUP))
 
 
+def exact_prompt(rng: random.Random) -> str:
+    """A seeded random fact list of 10-100 sentences (the kind of system prompt a script sends)."""
+    subjects = ["The courier", "The keeper", "A clerk", "The pilot", "The baker", "A guard", "The mayor"]
+    things = ["street", "house", "ship", "bridge", "kettle", "book", "tower", "garden"]
+    return " ".join(f"{rng.choice(subjects)} with badge {rng.randrange(100)} visits {rng.choice(things)} "
+                    f"{rng.randrange(300)}." for _ in range(rng.randrange(10, 101)))
+
+
+def exactness_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """cached == cold over many prompts per model, and the cost of the canonical evaluation order."""
+    from ollapy.engine.evalorder import next_chunk_end
+    from ollapy.loader import PathRef, open_model
+    from ollapy.options import Options
+
+    opts = Options(num_ctx=4096, temperature=0, num_predict=40, num_thread=args.threads)
+    for label, path in (("SmolLM2", args.model), ("Gemma 3", GEMMA_MODEL)):
+        if not path.exists():
+            rows.append(Row(f"cached == cold ({label})", "skipped", f"{path} not found", f"{args.exactness}/"
+                            f"{args.exactness}", False))
+            continue
+        os.environ["OLLAPY_CACHE_DIR"] = str(tmp / f"exact-{label.split()[0]}")
+        rng = random.Random(7)
+        same = hits = 0
+        with open_model(PathRef(name=label.split()[0].lower(), path=path), opts, isolated=False) as m:
+            for _ in range(args.exactness):
+                system = exact_prompt(rng)
+                p = m.chat_prompt([{"role": "system", "content": system},
+                                   {"role": "user", "content": "Which badge visits the tower? Answer in one sentence."}],
+                                  opts)
+                texts, reused = [], []
+                for cache in (False, True, True):
+                    clear(m)
+                    req = m.submit(p, opts, cache=cache)
+                    texts.append("".join(c.text for c in req))
+                    reused.append(req.metrics.prompt_cache_tokens)
+                same += texts[0] == texts[1] == texts[2]
+                hits += reused[2] > 0 and reused[1] == 0
+        rows.append(Row(f"cached == cold ({label})", f"{same}/{args.exactness}",
+                        f"identical answers (cache off, cold, hit); {hits}/{args.exactness} third runs were hits",
+                        f"{args.exactness}/{args.exactness}", same == args.exactness and hits == args.exactness))
+    # the canonical order's TTFT cost, on the backend: last prompt token alone vs inside the last chunk
+    from array import array
+
+    from ollapy.engine.backend.context import Backend, ContextConfig
+
+    b = Backend(args.model, ContextConfig(num_ctx=4096, flash_attn="off"))
+    try:
+        toks = b.tokenize(facts.get("sysp") or system_prompt("order"))
+        n = len(toks)
+
+        def decode(start: int, end: int, last: bool) -> None:
+            k = end - start
+            b.decode(array("i", toks[start:end]), array("i", range(start, end)), array("i", [0] * k),
+                     array("b", [0] * (k - 1) + [1 if last else 0]))
+
+        def canonical() -> None:
+            start = 0
+            while start < n - 1:
+                end = next_chunk_end(start, n - 1, b.n_ubatch)
+                decode(start, end, False)
+                start = end
+            decode(n - 1, n, True)
+
+        def legacy() -> None:
+            for start in range(0, n, b.n_ubatch):
+                decode(start, min(n, start + b.n_ubatch), min(n, start + b.n_ubatch) == n)
+
+        t_c, t_l = [], []
+        for _ in range(args.pairs):
+            for fn, out in ((legacy, t_l), (canonical, t_c)):
+                b.seq_clear(0)
+                t = time.perf_counter()
+                fn()
+                b.logits_row(0)
+                out.append(time.perf_counter() - t)
+        cost = statistics.median(t_c) / statistics.median(t_l) - 1
+        rows.append(Row("canonical order, cold TTFT", ms(statistics.median(t_c)),
+                        f"{cost * 100:+.1f}% vs last token inside its chunk ({ms(statistics.median(t_l))}); "
+                        f"{n} prompt tokens, median of {args.pairs} alternating pairs", f"< {ORDER_COST_MAX:.0%}",
+                        cost < ORDER_COST_MAX))
+    finally:
+        b.close()
+
+
 def admission_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
     """Server-like run, then a fresh process checks that every system prompt is a disk hit."""
     from ollapy import loader
@@ -544,8 +638,10 @@ def main() -> int:
                     help="distinct system prompts in the admission run (at most %(default)s)")
     ap.add_argument("--threads", type=int, default=0,
                     help="llama.cpp threads (num_thread) for every model this script loads; 0: the backend's default")
+    ap.add_argument("--exactness", type=int, default=20, help="prompts per model in the cached == cold rows")
     ap.add_argument("--skip-admission", action="store_true", help="leave out the admission rows")
     ap.add_argument("--admission-only", action="store_true", help="only the admission rows")
+    ap.add_argument("--exactness-only", action="store_true", help="only the exactness rows")
     ap.add_argument("--busy", type=int, default=0, help="run N CPU busy loops for the whole benchmark")
     ap.add_argument("--keep", action="store_true", help="keep the temporary cache directories")
     ap.add_argument("--verify-admission", metavar="DIR", help=argparse.SUPPRESS)
@@ -563,11 +659,13 @@ def main() -> int:
     facts: dict = {}
     phases: list[tuple[str, float]] = []
     phase_list = [("in-process rows", ttft_rows), ("new-process rows", process_rows),
-                  ("admission rows", admission_rows)]
+                  ("exactness rows", exactness_rows), ("admission rows", admission_rows)]
     if args.admission_only:
-        phase_list = phase_list[2:]
+        phase_list = phase_list[3:]
+    elif args.exactness_only:
+        phase_list = phase_list[2:3]
     elif args.skip_admission:
-        phase_list = phase_list[:2]
+        phase_list = phase_list[:3]
         rows_skipped = [Row("admission rows", "skipped", "--skip-admission")]
     load_before = os.getloadavg()
 

@@ -111,6 +111,9 @@ class FakeBackend:
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         self.calls.append(("seq_add", seq, p0, p1, delta))
 
+    def seq_pos_min(self, seq: int) -> int:
+        return 0 if self.kv[seq] else -1
+
     def seq_pos_max(self, seq: int) -> int:
         return len(self.kv[seq]) - 1
 

@@ -419,6 +419,9 @@ class Engine:
         while True:
             cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
             plan = plan_prefix(prompt, self._views(), offer, num_ctx=self.num_ctx, kv_bytes_per_token=self._kv_per_token)
+            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt), req.save_points) < cand.n_tokens:
+                excluded.add(cand.entry.name)  # a sliding-window state holds in-window cells only: never trimmed
+                continue
             if self._apply(plan, prompt, cand):
                 break
             excluded.add(cand.entry.name)  # unreadable or refused: plan again without it
@@ -428,6 +431,11 @@ class Engine:
         reuse = canonical_reuse(plan.reuse, len(prompt), req.save_points)
         assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
         if not b.seq_rm(slot.id, reuse, -1):
+            b.seq_clear(slot.id)
+            reuse = 0
+        if b.n_swa and reuse and b.seq_pos_min(slot.id) > max(0, reuse - b.n_swa):
+            # llama.cpp server's guard: the sliding window of position `reuse` reaches below the cells this
+            # sequence still holds (a trimmed in-window state); attending with holes would change the answer
             b.seq_clear(slot.id)
             reuse = 0
         del slot.tokens[reuse:]

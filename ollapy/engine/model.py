@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("ollapy.engine")
+_MARK = "OLLAPYMARK7f3a"  # stands for a user message's content when locating the system prompt's end
 
 
 class LoadedModel:
@@ -204,7 +205,14 @@ class LoadedModel:
         sys_msgs = [m for m in messages if m.get("role") == "system"]
         if sys_msgs and len(messages) > len(sys_msgs):
             try:
-                head = self._tokenize_prefix(self.render(sys_msgs, add_generation_prompt=False, **extra))
+                # the text before the first user message's content: the system prompt (and the user turn's
+                # header) for a template with a system role and for one that merges the system prompt into
+                # the first user turn (Gemma), whose render of the system message alone shares no prefix
+                marked = self.render(sys_msgs + [{"role": "user", "content": _MARK}], add_generation_prompt=False,
+                                     **extra)
+                cut = marked.find(_MARK)
+                head_text = marked[:cut] if cut > 0 else self.render(sys_msgs, add_generation_prompt=False, **extra)
+                head = self._tokenize_prefix(head_text)
                 keep = max(keep, common_prefix(head, tokens))
                 points.append(keep)
             except OptionError:
@@ -215,7 +223,10 @@ class LoadedModel:
                 points.append(common_prefix(prev, tokens))
             except OptionError:
                 pass
-        pts = tuple(sorted({p for p in points if 0 < p < len(tokens)}))
+        # the previous turn's end when it is the system prompt's own end (a one-question chat) is covered by the
+        # system point just after it: one state, not two of nearly the same length
+        pts = tuple(sorted({p for p in points if 0 < p < len(tokens) and not (p < keep and all(m.get("role") ==
+                                                                                  "system" for m in messages[:-1]))}))
         return Prompt(tokens, keep, pts, text)
 
     def raw_prompt(self, text: str) -> Prompt:

@@ -3,11 +3,13 @@
 State machine: IDLE -> PREFILL (reading prompt in chunks) -> GENERATE
 (one decode token per step) -> IDLE. ``tokens`` always lists exactly the
 tokens whose KV cells the sequence holds, in position order. ``exact`` counts
-the leading tokens whose KV equals what a fresh prefill of them gives: all of
-them, until a context shift; after a shift only the kept ``num_keep`` prefix
-(the shifted rest was computed while the discarded tokens were still
-visible). Only ``tokens[:exact]`` is ever reused for another request or
-saved in the prompt cache.
+the leading tokens whose KV is bit for bit what a cold prefill of a longer
+prompt computes for them: the cells evaluated in prompt chunks (the canonical
+order of :mod:`ollapy.engine.evalorder`), never the last prompt token or the
+generated ones (evaluated alone, as decode rows), and after a context shift
+at most the kept ``num_keep`` prefix (the shifted rest was computed while the
+discarded tokens were still visible). Only ``tokens[:exact]`` is ever reused
+for another request or saved in the prompt cache.
 """
 from __future__ import annotations
 

@@ -325,6 +325,10 @@ class Backend:
         """Shift positions [p0, p1) of ``seq`` by ``delta`` (context shift)."""
         C.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
 
+    def seq_pos_min(self, seq: int) -> int:
+        """Smallest position held by ``seq`` (-1 when empty); above 0 once a sliding window dropped cells."""
+        return C.llama_memory_seq_pos_min(self.mem, seq)
+
     def seq_pos_max(self, seq: int) -> int:
         """Largest position held by ``seq`` (-1 when empty)."""
         return C.llama_memory_seq_pos_max(self.mem, seq)
