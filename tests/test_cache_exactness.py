@@ -82,3 +82,33 @@ def test_a_server_restart_restores_the_prefix_and_answers_the_same(tmp_path, smo
         assert first[m].get("prompt_cache_tokens", 0) == 0
         assert second[m]["prompt_cache_tokens"] >= 600, (m, second[m])
         assert first[m]["response"] == second[m]["response"] == nocache[m]["response"], m
+
+
+def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gemma_path):
+    """Sliding-window states serve only whole; context checkpoints (every 512 tokens) let a prompt sharing two
+    thirds of a 1,500-token prefix reuse a checkpoint after a restart, and answer exactly as a cold server."""
+    import httpx
+
+    sentences = [f"Line {i}: the keeper logged wind speed {i * 7 % 40} knots and wave height {i % 9} metres."
+                 for i in range(80)]
+    full = " ".join(sentences) + " Summary of line 5:"
+    part = " ".join(sentences[:50]) + " Summary of line 3:"
+
+    def ask(url: str, prompt: str) -> dict:
+        body = {"model": str(gemma_path), "raw": True, "stream": False, "prompt": prompt,
+                "options": {"temperature": 0, "num_predict": 24, "num_ctx": 2048}}
+        r = httpx.post(url + "/api/generate", json=body, timeout=900)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with live_server(tmp_path, "--allow-paths") as url:
+        first = ask(url, full)
+    assert 1400 <= first["prompt_eval_count"] < 2048
+    with live_server(tmp_path, "--allow-paths") as url:
+        again = ask(url, full)
+        partial = ask(url, part)
+    with live_server(tmp_path / "cold", "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
+        cold = ask(url, part)
+    assert again["prompt_cache_tokens"] >= first["prompt_eval_count"] - 4 and again["response"] == first["response"]
+    assert partial["prompt_cache_tokens"] == 512  # the checkpoint below the shared part (~1,000 tokens)
+    assert partial["response"] == cold["response"]

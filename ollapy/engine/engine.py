@@ -45,7 +45,7 @@ from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyErro
 from ..options import Options, predict_limit
 from .backend.context import Backend
 from .cpuload import ThreadBudget
-from .evalorder import canonical_reuse, next_chunk_end
+from .evalorder import canonical_reuse, next_chunk_end, swa_checkpoints
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
@@ -125,6 +125,8 @@ class Engine:
         limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)
+        if cache and self.cache is not None and self.backend.n_swa:  # context checkpoints (evalorder)
+            save_points = tuple(sorted(set(save_points) | set(swa_checkpoints(len(tokens)))))
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
                       save_points=save_points, loop=loop, pin=pin, logprobs=logprobs)
         req.metrics.truncated = truncated

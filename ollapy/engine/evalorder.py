@@ -93,3 +93,22 @@ def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int
         return None
     assert start + 2 <= end <= stop and stop - end != 1
     return end
+
+
+CHECKPOINT_STRIDE = 512
+"""Tokens between the context checkpoints of a sliding-window model (:func:`swa_checkpoints`)."""
+MAX_CHECKPOINTS = 4
+
+
+def swa_checkpoints(n_prompt: int, stride: int = CHECKPOINT_STRIDE, most: int = MAX_CHECKPOINTS) -> tuple[int, ...]:
+    """Extra save points for a sliding-window model's prompt: the last ``most`` multiples of ``stride`` below N-1.
+
+    A sliding-window state holds only the in-window cells of its SWA layers,
+    so it serves only whole, as an exact prefix: a later prompt that shares
+    only part of it needs a state saved at or below the shared part. These are
+    llama.cpp server's context checkpoints (``--ctx-checkpoints``), placed on
+    the chunk grid so they change no chunk's bits.
+    """
+    assert stride % ALIGN == 0
+    points = list(range(stride, n_prompt - 1, stride))
+    return tuple(points[-most:])
