@@ -22,6 +22,12 @@ class ServerNotRunning(OllapyError):
 
 
 def _error_for(status: int, message: str) -> OllapyError:
+    if status == 401:
+        exc = OllapyError("the server refused the API key" if config.api_key() else
+                          "the server requires an API key",
+                          hint="set OLLAPY_API_KEY to the key the server was started with")
+        exc.status = 401
+        return exc
     if status == 404:
         return ModelNotFound(message)
     if status in (400, 413, 422):
@@ -83,13 +89,17 @@ class Stream:
 
 
 class Client:
-    """A client of ``ollapy serve`` (or Ollama) at ``host`` (default ``OLLAPY_HOST``)."""
+    """A client of ``ollapy serve`` (or Ollama) at ``host`` (default ``OLLAPY_HOST``); with an ``api_key``
+    (default ``OLLAPY_API_KEY``) every request carries ``Authorization: Bearer KEY``."""
 
-    def __init__(self, host: str | None = None, timeout: float | None = None) -> None:
+    def __init__(self, host: str | None = None, timeout: float | None = None, api_key: str | None = None) -> None:
         self.host = (host or config.host()).rstrip("/")
         if "://" not in self.host:
             self.host = "http://" + self.host
-        self.http = httpx.Client(base_url=self.host, timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False)
+        key = config.api_key() if api_key is None else api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.http = httpx.Client(base_url=self.host, timeout=httpx.Timeout(timeout, connect=5.0), trust_env=False,
+                                 headers=headers)
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -418,6 +418,12 @@ RESPONSES_STORE = _setting(
     "64MiB",
     "Memory for /v1/responses stored with `store: true` (for previous_response_id); least recently used out first.",
 )
+API_KEY = _setting(
+    "OLLAPY_API_KEY",
+    "",
+    "API key: a server set with it answers 401 to any request but `GET /` without `Authorization: Bearer KEY` "
+    "or `x-api-key: KEY`; the CLI sends it to the server (default: none, no authentication).",
+)
 
 
 _ORIGIN = re.compile(r"^(\*|[A-Za-z*][A-Za-z0-9+.*-]*://[^\s/?#]*)$")
@@ -440,6 +446,19 @@ def max_body() -> int:
 def responses_store_bytes() -> int:
     """Bound of the server's store of ``/v1/responses`` responses, in bytes."""
     return _size(RESPONSES_STORE)
+
+
+def api_key() -> str:
+    """``OLLAPY_API_KEY`` without surrounding blanks (``""`` = no key); raises SettingError for a key with
+    blanks or control characters inside (it could not travel in an HTTP header)."""
+    key = API_KEY.raw().strip()
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key) or not key.isascii():
+        from .errors import SettingError
+
+        # the value is a secret: never echoed in the error
+        raise SettingError(API_KEY.env, "…", "printable ASCII without blanks, e.g. the output of "
+                                              "`openssl rand -hex 32`")
+    return key
 
 
 def host_port() -> tuple[str, int]:
@@ -465,6 +484,7 @@ ACCESSORS.update({
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
     ORIGINS.env: origins, MAX_BODY.env: max_body, RESPONSES_STORE.env: responses_store_bytes, RPC.env: rpc,
     RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
+    API_KEY.env: api_key,
 })
 
 

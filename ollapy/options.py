@@ -140,7 +140,11 @@ COMPAT_OPTIONS = {
 }
 _noted_compat: set[str] = set()
 #: Options an HTTP request may not set: ``rpc`` would make the server connect to any host a client names.
+#: A CLI run given one of them loads the model in its own process, even with a server running.
 SERVER_ONLY_OPTIONS = ("rpc",)
+#: Load options the CLI never sends to a running server: the server's slots (``OLLAPY_NUM_PARALLEL``) serve every
+#: client, so a client's ``--parallel`` uses them instead of reloading the server's model.
+SERVER_DECIDED_OPTIONS = ("num_parallel",)
 
 
 def predict_limit(num_predict: int, n_ctx_train: int) -> int:

@@ -109,10 +109,10 @@ def connect(name: str, cli_options: dict, keep_alive=None, pull: bool = True):
     """The embedding side ``embed`` talks to: a server when one answers at OLLAPY_HOST (``run``'s rule), else
     the model loaded here. A model path always loads here. Raises ModelNotFound, ModelLoadError..."""
     from .. import loader
-    from .remote import _port_open
+    from .remote import port_open
     from .runner import absolute_model_arg
 
-    if not loader.is_path_name(absolute_model_arg(name)) and _port_open():
+    if not loader.is_path_name(absolute_model_arg(name)) and port_open():
         from ..client import Client
 
         client = Client()

@@ -48,6 +48,7 @@ class RemoteStream:
             thinking = part.get("thinking") or ""
             if obj.get("done"):
                 metrics = {k: obj.get(k, 0) for k in _METRIC_KEYS}
+                metrics["prefix_source"] = obj.get("prompt_cache_source") or "none"  # `--verbose` names it
                 yield RemoteChunk(text=text or "", thinking=thinking, done=True, done_reason=obj.get("done_reason"),
                                   metrics=metrics)
                 return
@@ -55,6 +56,16 @@ class RemoteStream:
 
     def cancel(self) -> None:
         self.stream.cancel()
+
+
+def to_server_options(cli_options: dict) -> dict:
+    """The options a request to a server carries: JSON values, without the ones the server decides
+    (:data:`ollapy.options.SERVER_DECIDED_OPTIONS`: its slots serve every client, and asking for others would
+    reload its model for everyone)."""
+    from ..options import SERVER_DECIDED_OPTIONS
+
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in cli_options.items()
+            if k not in SERVER_DECIDED_OPTIONS}
 
 
 class RemoteRunner:
@@ -92,7 +103,7 @@ class RemoteRunner:
         from ..reply import check_capabilities
 
         check_capabilities(self.name, can_think="thinking" in self.capabilities, think=think)
-        opts = dict(cli_options)
+        opts = to_server_options(cli_options)
         # request-time options changed with /set parameter live on self.options
         base = Options()
         for k in ("temperature", "top_k", "top_p", "min_p", "num_predict", "repeat_penalty", "seed", "stop",
@@ -111,7 +122,9 @@ class RemoteRunner:
         try:
             show = self.client.show(self.name)
             det = show.get("details") or {}
-            out.update(architecture=det.get("family"), template=show.get("template"),
+            # one line naming the template's source, as in process; the text itself for `/show template`
+            out.update(architecture=det.get("family"), template=show.get("template_source") or "from the server",
+                       template_text=show.get("template"),
                        context_length=next((v for k, v in (show.get("model_info") or {}).items()
                                             if k.endswith(".context_length")), None))
         except Exception:  # noqa: BLE001
@@ -126,7 +139,7 @@ class RemoteRunner:
         self.client.close()
 
 
-def _port_open(timeout: float = 0.3) -> bool:
+def port_open(timeout: float = 0.3) -> bool:
     """True when something accepts TCP connections at OLLAPY_HOST (a refused connect answers at once)."""
     import socket
     from urllib.parse import urlsplit
@@ -147,7 +160,7 @@ def probe_server(name: str, cli_options: dict, settings):
     Raises the server's error (unknown model 404, bad options 400...) as the
     matching OllapyError, like the in-process path would.
     """
-    if not _port_open():
+    if not port_open():
         return None  # nothing listens: skip importing httpx at all (fast start of in-process runs)
     try:
         from ..client import Client
@@ -158,7 +171,7 @@ def probe_server(name: str, cli_options: dict, settings):
         client.close()
         return None
     keep_alive = getattr(settings, "keepalive", None)
-    opts = {k: list(v) if isinstance(v, tuple) else v for k, v in cli_options.items()}
+    opts = to_server_options(cli_options)
     client.load(name, opts, keep_alive)
     show = {}
     try:
@@ -167,6 +180,13 @@ def probe_server(name: str, cli_options: dict, settings):
         show = {}
     caps = show.get("capabilities") or ["completion"]
     runner = RemoteRunner(client, name, cli_options, keep_alive, caps)
+    parallel = getattr(settings, "parallel", None)
+    slots = runner._ps.get("num_parallel")
+    if parallel is not None and slots and parallel != slots:
+        from .output import info
+
+        info(f"--parallel {parallel}: the server at {client.host} serves {name} with {slots} slot"
+             f"{'s' if slots != 1 else ''} (its OLLAPY_NUM_PARALLEL); using those (--local loads it here instead)")
     ref = RemoteRef(name=name, system=show.get("system") or None, template=show.get("template") or None,
                     license=show.get("license") or None, capabilities=list(caps))
     return runner, ref

@@ -16,28 +16,75 @@ from ..errors import Cancelled, ModelNotFound, OllapyError, describe
 from ..options import coerce_option
 from .output import ReplyPrinter, format_stats
 
+# the help texts of Ollama's REPL (cmd/interactive.go), with ollapy's own additions marked in the wording
 HELP = """Available Commands:
   /set            Set session variables
   /show           Show model information
   /load <model>   Load a session or model
   /save <model>   Save your current session
   /clear          Clear session context
-  /bye, /exit     Exit
+  /bye            Exit
   /?, /help       Help for a command
+  /? shortcuts    Help for keyboard shortcuts
 
-Use \"\"\" to begin a multi-line message."""
+Use \"\"\" to begin a multi-line message.
+"""
 
 SET_HELP = """Available Commands:
-  /set parameter NAME VALUE  Set a model option (e.g. temperature, num_predict, seed, stop)
-  /set system TEXT           Set the system message
-  /set history|nohistory     Enable/disable history
-  /set wordwrap|nowordwrap   Enable/disable word wrap
-  /set format json|noformat  Enable/disable JSON mode
-  /set verbose|quiet         Show/hide stats after each reply
-  /set think [LEVEL]         Enable thinking (LEVEL: high, medium or low)
-  /set nothink               Disable thinking"""
+  /set parameter ...     Set a parameter
+  /set system <string>   Set system message
+  /set history           Enable history
+  /set nohistory         Disable history
+  /set wordwrap          Enable wordwrap
+  /set nowordwrap        Disable wordwrap
+  /set format json       Enable JSON mode
+  /set noformat          Disable formatting
+  /set verbose           Show LLM stats
+  /set quiet             Disable LLM stats
+  /set think             Enable thinking
+  /set nothink           Disable thinking
+"""
 
-SHOW_HELP = "Available Commands:\n  /show info | parameters | system | template | license | modelfile"
+SHOW_HELP = """Available Commands:
+  /show info         Show details for this model
+  /show license      Show model license
+  /show modelfile    Show Modelfile for this model
+  /show parameters   Show parameters for this model
+  /show system       Show system message
+  /show template     Show prompt template
+"""
+
+SHORTCUTS_HELP = """Available keyboard shortcuts:
+  Ctrl + a            Move to the beginning of the line (Home)
+  Ctrl + e            Move to the end of the line (End)
+   Alt + b            Move back (left) one word
+   Alt + f            Move forward (right) one word
+  Ctrl + k            Delete the sentence after the cursor
+  Ctrl + u            Delete the sentence before the cursor
+  Ctrl + w            Delete the word before the cursor
+
+  Ctrl + l            Clear the screen
+  Ctrl + c            Stop the model from responding
+  Ctrl + d            Exit ollapy (/bye)
+"""
+
+PARAMETERS_HELP = """Available Parameters:
+  /set parameter seed <int>             Random number seed
+  /set parameter num_predict <int>      Max number of tokens to predict
+  /set parameter top_k <int>            Pick from top k num of tokens
+  /set parameter top_p <float>          Pick token based on sum of probabilities
+  /set parameter min_p <float>          Pick token based on top token probability * min_p
+  /set parameter num_ctx <int>          Set the context size (reloads the model)
+  /set parameter temperature <float>    Set creativity level
+  /set parameter repeat_penalty <float> How strongly to penalize repetitions
+  /set parameter repeat_last_n <int>    Set how far back to look for repetitions
+  /set parameter num_gpu <int>          The number of layers to send to the GPU (reloads the model)
+  /set parameter stop <string> <string> ...   Set the stop parameters
+"""
+
+HELP_TOPICS = {"set": SET_HELP, "/set": SET_HELP, "show": SHOW_HELP, "/show": SHOW_HELP,
+               "shortcut": SHORTCUTS_HELP, "shortcuts": SHORTCUTS_HELP}
+"""``/? TOPIC`` and ``/help TOPIC``: the sub-help Ollama prints for each topic."""
 
 
 def _setup_history(enabled: bool):
@@ -173,8 +220,8 @@ def handle_command(conv, settings, line: str) -> str | None:
     if cmd in ("/bye", "/exit"):
         return "exit"
     if cmd in ("/?", "/help"):
-        topic = parts[1] if len(parts) > 1 else ""
-        print({"/set": SET_HELP, "/show": SHOW_HELP}.get(topic, HELP))
+        topic = parts[1].lower() if len(parts) > 1 else ""
+        print(HELP_TOPICS.get(topic, HELP))
         return None
     if cmd == "/clear":
         conv.clear()
@@ -240,26 +287,51 @@ def _set(conv, settings, line: str) -> None:
     elif what == "parameter":
         kv = rest.split(None, 1)
         if len(kv) < 2:
-            print("Usage: /set parameter NAME VALUE")
+            print(PARAMETERS_HELP)
             return None
-        name, value = kv[0], kv[1]
-        if name == "stop":  # as Ollama's REPL: each word is one stop string, and they replace the earlier ones
-            words = [_unquote(w) for w in value.split()]
-            typed = coerce_option(name, words)
-            value = ", ".join(words)
-        else:
-            typed = coerce_option(name, value)
-        runner_opts = getattr(conv.runner, "options", None)
-        conv.options[name] = typed
-        if runner_opts is not None and hasattr(runner_opts, "merged"):
-            if name in ("num_ctx", "num_parallel", "num_batch", "num_gpu", "kv_cache_type", "flash_attn"):
-                print(f"'{name}' is a load-time option; restart `ollapy run -o {name}=...` to change it")
-                return None
-            conv.runner.options = runner_opts.merged({name: typed})
-        print(f"Set parameter '{name}' to '{value}'")
+        _set_parameter(conv, settings, kv[0], kv[1])
     else:
         print(f"Unknown /set option '{what}'. Type /? /set for help")
     return None
+
+
+def _set_parameter(conv, settings, name: str, value: str) -> None:
+    """``/set parameter NAME VALUE``, honestly: a request-time option applies to the next answer; a load-time
+    option (:data:`ollapy.options.LOAD_OPTIONS`: ``num_ctx``, ``num_thread``, ``rpc``...) reloads the model
+    with it (:meth:`~ollapy.cli.session.Conversation.reload`), or says why it cannot; "Set" is printed only
+    for what took effect. Raises OptionError for an unknown name or a bad value (nothing changes)."""
+    from ..options import LOAD_OPTIONS, SERVER_DECIDED_OPTIONS
+
+    if name == "stop":  # as Ollama's REPL: each word is one stop string, and they replace the earlier ones
+        words = [_unquote(w) for w in value.split()]
+        typed = coerce_option(name, words)
+        value = ", ".join(words)
+    else:
+        typed = coerce_option(name, value)
+    if name not in LOAD_OPTIONS:
+        conv.options[name] = typed
+        runner_opts = getattr(conv.runner, "options", None)
+        if runner_opts is not None:
+            conv.runner.options = runner_opts.merged({name: typed})
+        print(f"Set parameter '{name}' to '{value}'")
+        return
+    if name in SERVER_DECIDED_OPTIONS and conv.on_server:
+        print(f"'{name}' is the server's to set (ollapy serve with OLLAPY_NUM_PARALLEL); unchanged. "
+              f"Use `ollapy run --local` to run the model in this process.")
+        return
+    current = getattr(getattr(conv.runner, "options", None), name, None)
+    if current == typed:
+        conv.options[name] = typed
+        print(f"Set parameter '{name}' to '{value}'")
+        return
+    print(f"'{name}' takes effect when the model loads: reloading {conv.name}...")
+    try:
+        conv.reload({name: typed}, settings)
+    except OllapyError as exc:
+        print(f"Error: {describe(exc)}")
+        print(f"Parameter '{name}' not set: {conv.name} runs as before")
+        return
+    print(f"Set parameter '{name}' to '{value}' (model reloaded)")
 
 
 def _unquote(word: str) -> str:
@@ -277,7 +349,7 @@ def _show(conv, settings, what: str) -> None:
     info = conv.runner.info() if hasattr(conv.runner, "info") else {}
     if what == "info":
         for k in ("name", "architecture", "description", "context_length", "num_ctx", "num_parallel", "template",
-                  "kv_bytes_per_token", "extra_bufts"):
+                  "kv_bytes_per_token", "extra_bufts", "threads", "server"):
             if k in info:
                 print(f"  {k:<20} {info[k]}")
         print("  Capabilities")
@@ -298,9 +370,9 @@ def _show(conv, settings, what: str) -> None:
         print(conv.system or "No system message was specified for this model.")
     elif what == "template":
         model = getattr(conv.runner, "model", None)
-        print(model.template.text if model is not None else info.get("template", ""))
-    elif what == "license":
-        print(getattr(conv, "license", None) or "No license was specified for this model.")
+        print(model.template.text if model is not None else info.get("template_text", ""))
+    elif what == "license":  # the text `ollapy show --license` prints
+        print(conv.license.strip() if conv.license else "No license was specified for this model.")
     elif what == "modelfile":
         from ..store.modelfile import format_modelfile
 

@@ -70,6 +70,8 @@ def run(
                                              "models."),
     hidethinking: bool = typer.Option(False, "--hidethinking", help="Let a thinking model reason, but print "
                                                                     "only its answer."),
+    local: bool = typer.Option(False, "--local", help="Load the model in this process even when a server "
+                                                      "answers at OLLAPY_HOST."),
 ) -> None:
     """Run a model: answer PROMPT, piped input, each line of input, or chat interactively."""
     from ..options import parse_options
@@ -87,7 +89,7 @@ def run(
     stdin_text = read_stdin()
     settings = RunSettings(system=system, fmt=schema, verbose=verbose, wrap=not nowordwrap, cache=not no_cache,
                            session=session, markdown=markdown, keepalive=keepalive, think=parse_think(think),
-                           hidethinking=hidethinking)
+                           hidethinking=hidethinking, local=local, parallel=parallel)
     if each_line:
         if stdin_text is None:
             raise UsageError("--each-line reads prompts from stdin",

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 from .. import loader
 from ..options import Options
-from .output import warn
+from .output import info, warn
 
 
 def absolute_model_arg(name: str) -> str:
@@ -116,14 +116,29 @@ class SplitStream:
 def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
     """Return ``(runner, ref)``: a server-backed runner when a server answers at OLLAPY_HOST, else in-process.
 
-    A model given as a file path always loads in this process (a server resolves only its store's names).
+    Three cases load in this process even with a server running: a model given as a file path (a server
+    resolves only its store's names), ``run --local`` (``settings.local``), and options a request may not
+    set (:data:`ollapy.options.SERVER_ONLY_OPTIONS`, e.g. ``rpc``: the server's operator sets those); the
+    last one says so on stderr when a server is listening.
     """
+    from ..options import SERVER_ONLY_OPTIONS
+
     try:
-        from .remote import probe_server
+        from .remote import port_open, probe_server
     except ImportError:
-        probe_server = None
+        probe_server = port_open = None
     arg = absolute_model_arg(name)
-    if probe_server is not None and not loader.is_path_name(arg):  # a file on this machine loads here
+    own = sorted(k for k in cli_options if k in SERVER_ONLY_OPTIONS)
+    use_server = probe_server is not None and not loader.is_path_name(arg) and not getattr(settings, "local", False)
+    if use_server and own:
+        use_server = False
+        if port_open():
+            from .. import config
+
+            shown = ", ".join(f"-o {k}" for k in own)
+            info(f"{shown} is set by a server's operator, not by its clients: loading {name} in this process, "
+                 f"not on the server at {config.host()} (--local does this for any run)")
+    if use_server:
         remote = probe_server(arg, cli_options, settings)
         if remote is not None:
             return remote

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import typer
 
 from .. import config
-from ..errors import OllapyError
+from ..errors import OllapyError, UsageError
 
 
 def serve(
@@ -23,6 +24,12 @@ def serve(
                                      help="Default model option for every model this server loads (repeatable), e.g. "
                                           "-o rpc=10.0.0.2:50052 or -o num_ctx=8192; a Modelfile's parameters and a "
                                           "request's options override it."),
+    api_key: str = typer.Option(None, "--api-key", metavar="KEY",
+                                help="Require this key (Authorization: Bearer KEY or x-api-key: KEY) on every route "
+                                     "but GET / (default OLLAPY_API_KEY). Other users see it in `ps`: prefer "
+                                     "--api-key-file."),
+    api_key_file: Path = typer.Option(None, "--api-key-file", metavar="PATH",
+                                      help="Read the API key from the first line of this file."),
 ) -> None:
     """Start the Ollama- and OpenAI-compatible HTTP server (loopback only unless --host/OLLAPY_HOST says otherwise)."""
     import logging
@@ -33,17 +40,16 @@ def serve(
     from ..server.app import create_app
 
     defaults = parse_options(option)  # a typo is one line and exit 2 before anything binds
-    if host:
-        import os
-
-        os.environ["OLLAPY_HOST"] = host
-    h, port = config.host_port()
+    key = read_api_key(api_key, api_key_file)
+    h, port = host_port_of(host)
     logging.basicConfig(level=logging.DEBUG if config.debug() else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    sock = bind_listener(h, port)  # before any "listening" line: a taken port is one error line, exit 1
+    # before any "listening" line: a taken port is one error line, exit 1
+    sock = bind_listener(h, port, source="--host" if host else "OLLAPY_HOST")
     if h not in ("127.0.0.1", "localhost", "::1"):
-        print(f"warning: listening on {h}:{port}, reachable from other machines", file=sys.stderr)
-    print(f"ollapy serve listening on http://{h}:{port}", file=sys.stderr)
+        print(f"warning: listening on {h}:{port}, reachable from other machines"
+              + ("" if key else " with no API key (set OLLAPY_API_KEY or --api-key-file)"), file=sys.stderr)
+    print(f"ollapy serve listening on http://{h}:{port}" + (" (API key required)" if key else ""), file=sys.stderr)
     # uvicorn shuts down gracefully on SIGTERM (the lifespan closes every model: engine joined, prompt cache saved,
     # model freed), then raises the signal again; with this handler that ends as exit code 0, not death by signal
     import signal
@@ -52,7 +58,7 @@ def serve(
         raise typer.Exit(0)
 
     previous = signal.signal(signal.SIGTERM, _terminated)
-    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults), host=h, port=port,
+    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults, api_key=key), host=h, port=port,
                                            log_level="debug" if config.debug() else "warning",
                                            timeout_graceful_shutdown=5))
     try:
@@ -67,24 +73,84 @@ def serve(
         raise OllapyError(f"server on {h}:{port} failed to start", hint="set OLLAPY_DEBUG=1 to see why")
 
 
-def bind_listener(host: str, port: int):
+def read_api_key(api_key: str | None, api_key_file: Path | None) -> str:
+    """The key ``serve`` requires: ``--api-key``, the first line of ``--api-key-file``, else ``OLLAPY_API_KEY``
+    (``""`` = none). Raises UsageError (both flags, an unreadable or empty file, a key with blanks inside)."""
+    import os
+
+    if api_key is not None and api_key_file is not None:
+        raise UsageError("--api-key and --api-key-file are exclusive", hint="give one of them")
+    if api_key_file is not None:
+        try:
+            lines = api_key_file.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--api-key-file {api_key_file}: cannot read it ({type(exc).__name__})") from None
+        api_key = lines[0].strip() if lines else ""
+        if not api_key:
+            raise UsageError(f"--api-key-file {api_key_file} is empty", hint="write the key on its first line")
+    if api_key is None:
+        return config.api_key()
+    old = os.environ.get("OLLAPY_API_KEY")
+    os.environ["OLLAPY_API_KEY"] = api_key  # checked like the variable (printable, no blanks), never echoed
+    try:
+        return config.api_key()
+    except UsageError:
+        raise UsageError("the API key must be printable ASCII without blanks",
+                         hint="e.g. the output of `openssl rand -hex 32`") from None
+    finally:
+        if old is None:
+            os.environ.pop("OLLAPY_API_KEY", None)
+        else:
+            os.environ["OLLAPY_API_KEY"] = old
+
+
+def host_port_of(host: str | None) -> tuple[str, int]:
+    """``(host, port)`` to bind: ``--host`` when given, else ``OLLAPY_HOST``. A bad ``--host`` is a UsageError
+    naming ``--host`` (not the variable it stands in for)."""
+    import os
+
+    if not host:
+        return config.host_port()
+    old = os.environ.get("OLLAPY_HOST")
+    os.environ["OLLAPY_HOST"] = host
+    try:
+        return config.host_port()
+    except UsageError as exc:
+        expected = getattr(exc, "expected", "host:port, e.g. 127.0.0.1:11435")
+        raise UsageError(f"--host {host!r} is not valid: expected {expected}",
+                         hint="e.g. --host 127.0.0.1:11435 or --host 0.0.0.0:11435") from None
+    finally:  # the CLI's client side keeps reading the variable the user set
+        if old is None:
+            os.environ.pop("OLLAPY_HOST", None)
+        else:
+            os.environ["OLLAPY_HOST"] = old
+
+
+def bind_listener(host: str, port: int, source: str = "OLLAPY_HOST"):
     """A TCP socket bound to ``host:port`` (IPv6 when ``host`` has a colon) for uvicorn to listen on.
 
-    Binding here, before anything is printed, turns a taken port into one
-    OllapyError line (exit 1) naming the address and the cause, instead of
-    uvicorn's log line and exit 3.
+    Binding here, before anything is printed, turns a taken port or a host
+    name that does not resolve into one OllapyError line (exit 1) naming the
+    address, the cause and ``source`` (``--host`` or ``OLLAPY_HOST``), instead
+    of uvicorn's log line and exit 3.
     """
     import errno
     import os
     import socket
 
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses TIME_WAIT ports
     try:
         sock.bind((host, port))
+    except socket.gaierror:  # a name that does not resolve: errno is getaddrinfo's (-2), not an OS errno
+        sock.close()
+        raise OllapyError(f"cannot listen on {shown}: {source} names no address of this machine",
+                          hint="give an IP address or a name that resolves to one, e.g. "
+                               + ("--host 127.0.0.1:11435" if source == "--host" else "OLLAPY_HOST=127.0.0.1:11435")
+                          ) from None
     except OSError as exc:
         sock.close()
-        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         cause = os.strerror(exc.errno).lower() if exc.errno else str(exc)
         if exc.errno == errno.EADDRINUSE:
             hint = "stop the server using it, or pick another port with --host HOST:PORT or OLLAPY_HOST"

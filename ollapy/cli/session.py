@@ -35,6 +35,8 @@ class RunSettings:
     history: bool = True
     think: bool | str | None = None  # None: the model's default (on for a thinking model, as in Ollama)
     hidethinking: bool = False  # compute the reasoning but do not print it
+    local: bool = False  # `run --local`: load the model in this process even when a server answers
+    parallel: int | None = None  # `run --parallel N` as given (None: not given)
 
 
 class CapabilityError(OllapyError):
@@ -84,6 +86,7 @@ class Conversation:
     messages: list[dict] = field(default_factory=list)
     session: str | None = None
     base: str | None = None  # what a saved model's FROM line names: the store name, or the GGUF's absolute path
+    license: str | None = None  # the model's LICENSE (what `ollapy show --license` prints)
 
     def __enter__(self) -> Conversation:
         return self
@@ -101,6 +104,30 @@ class Conversation:
     def num_ctx(self) -> int:
         """Context length per slot of the loaded model."""
         return self.runner.num_ctx
+
+    @property
+    def on_server(self) -> bool:
+        """True when the model runs on a ``ollapy serve`` (not in this process)."""
+        from .remote import RemoteRunner
+
+        return isinstance(self.runner, RemoteRunner)
+
+    def reload(self, updates: dict, settings: RunSettings) -> None:
+        """Load the same model again with ``updates`` (load-time options such as ``num_ctx``) merged into this
+        run's options; history, system prompt and the other options stay. On a server the next load asks it
+        to reload; a server-only option (``rpc``) moves the model into this process (and says so). When the
+        load fails, the model is loaded again as it was and the error is raised (the options stay unchanged)."""
+        from .runner import connect_runner
+
+        new_options = {**self.options, **updates}
+        name = self.base or self.name
+        self.close()
+        try:
+            self.runner, _ = connect_runner(name, new_options, settings, pull=False)
+        except Exception:
+            self.runner, _ = connect_runner(name, self.options, settings, pull=False)
+            raise
+        self.options = new_options
 
     def chat_messages(self, text: str | None, system: str | None) -> list[dict]:
         """Messages to send: system, history, then the new user text."""
@@ -192,6 +219,7 @@ class Conversation:
         self.runner, self.name = runner, ref.name
         self.base = arg if loader.is_path_name(arg) else ref.name
         self.system = ref.system
+        self.license = getattr(ref, "license", None)
         self.messages = list(ref.messages or [])
         settings.system = None
 
@@ -235,7 +263,7 @@ def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull
     arg = absolute_model_arg(name)
     conv = Conversation(runner=runner, name=ref.name, system=ref.system, options=options,
                         messages=list(ref.messages or []), session=settings.session,
-                        base=arg if loader.is_path_name(arg) else ref.name)
+                        base=arg if loader.is_path_name(arg) else ref.name, license=getattr(ref, "license", None))
     if settings.think is not None:
         try:
             conv.check_think(settings.think)

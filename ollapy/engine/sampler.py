@@ -20,11 +20,20 @@ server, which Ollama's runner mirrors:
   checked against the grammar alone, and only when the grammar rejects it are
   the logits reset and sampled again with the grammar applied first. Same
   distribution, and the grammar's full-vocabulary pass runs only on rejection.
+
+One rule is ollapy's own: under a grammar (``format``, a forced tool call),
+JSON's structure tokens (:func:`structure_tokens`: pieces made only of
+``{ } [ ] : , "`` and blanks) never enter the penalty window, so the repeat,
+presence and frequency penalties never apply to them. Otherwise the quotes and
+commas of the prompt and of the answer so far make closing a string
+ever less likely, and a small model at ``repeat_penalty`` 1.1 writes on inside
+a JSON string until ``num_predict`` runs out (measured in README.md).
 """
 from __future__ import annotations
 
 import collections
 import ctypes
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -37,6 +46,27 @@ if TYPE_CHECKING:
     from .backend.context import Backend
 
 C = _bindings.C
+
+
+STRUCTURE_CHARS = frozenset('{}[]:,"' + " \t\r\n")
+"""Characters of JSON's structure (and its blanks): a token made only of them is exempt from penalties under
+a grammar."""
+_structure_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def structure_tokens(backend: "Backend") -> frozenset[int]:
+    """The ids of the model's tokens whose text is non-empty and made only of :data:`STRUCTURE_CHARS`
+    (``"``, ``",``, ``{"``, ``\n``, ...). One pass over the vocabulary (``n_vocab`` pieces), cached per
+    loaded model."""
+    cached = _structure_cache.get(backend)
+    if cached is None:
+        out = set()
+        for t in range(backend.n_vocab):
+            piece = backend.token_piece(t)
+            if piece and all(chr(b) in STRUCTURE_CHARS for b in piece):
+                out.add(t)
+        cached = _structure_cache[backend] = frozenset(out)
+    return cached
 
 
 class Sampler:
@@ -78,6 +108,8 @@ class Sampler:
         # the chain samples on the fast path only for presence/frequency penalties: only then must it see the history
         self._chain_history = self._penalized and not self._repeat_only
         self._rp = _bindings.np.float32(o.repeat_penalty)
+        # under a grammar, JSON's structure tokens never enter the penalty window (see the module docstring)
+        self._exempt = structure_tokens(backend) if grammar and self._penalized else frozenset()
         self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
         self._counts: collections.Counter[int] = collections.Counter()
         self._accept_prompt(prompt)
@@ -117,7 +149,8 @@ class Sampler:
             for t in tail:
                 self._remember(t)
         for t in tail:  # the chain too, even where the fast path keeps the history itself (it may fall back)
-            C.llama_sampler_accept(self._ptr, t)
+            if t not in self._exempt:
+                C.llama_sampler_accept(self._ptr, t)
 
     def sample(self, backend: "Backend", row: int) -> int:
         """Sample (and accept) a token from logits row ``row`` of the last decode."""
@@ -192,7 +225,8 @@ class Sampler:
             C.llama_sampler_apply(self._ptr, ctypes.byref(cur))
             tok = int(cur.data[cur.selected].id)
         C.llama_sampler_accept(self._grammar, tok)
-        C.llama_sampler_accept(self._ptr, tok)
+        if tok not in self._exempt:
+            C.llama_sampler_accept(self._ptr, tok)
         return tok
 
     def _sample_chain(self, backend: "Backend", row: int) -> int:

@@ -5,7 +5,8 @@ the Ollama routes (``/``, ``/api/*``: generation in ``ollama_routes``, model
 management in ``model_routes``, embeddings in ``embed_routes``), the OpenAI routes (``/v1/*``) and
 ``/metrics``; CORS allows local origins by default (``OLLAPY_ORIGINS`` adds
 more, like Ollama's ``OLLAMA_ORIGINS``); request bodies are capped at
-``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store).
+``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store); with
+``OLLAPY_API_KEY`` (or ``serve --api-key``) every route but ``GET /`` needs the key.
 """
 from __future__ import annotations
 
@@ -106,13 +107,17 @@ async def _too_large(send, limit: int) -> None:
     await send({"type": "http.response.body", "body": body})
 
 
-def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, defaults: dict | None = None) -> FastAPI:
+def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, defaults: dict | None = None,
+               api_key: str | None = None) -> FastAPI:
     """Build the app. ``runtime`` defaults to a new :class:`Runtime` from the OLLAPY_* settings.
 
     ``allow_paths`` lets requests name a model by an absolute path to a GGUF
     file on the server (``serve --allow-paths``); by default only store names.
+    ``api_key`` (default ``OLLAPY_API_KEY``; ``""`` = none) makes every route but
+    ``GET /`` require it (:class:`~ollapy.server.auth.ApiKeyAuth`).
     The lifespan's exit unloads every model through its one ``close()``.
     """
+    key = config.api_key() if api_key is None else api_key
     runtime = runtime or Runtime(allow_paths=allow_paths, defaults=defaults)
     metrics = Metrics(runtime)
     state = State(runtime, metrics)
@@ -162,6 +167,10 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     async def _validation(request: Request, exc: RequestValidationError):
         return error_response(request, ValueError(str(exc.errors()[0].get("msg") if exc.errors() else exc)))
 
+    if key:  # inside CORS, so a 401 still carries the CORS headers and preflights need no key
+        from .auth import ApiKeyAuth
+
+        app.add_middleware(ApiKeyAuth, key=key)
     app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(), allow_methods=["*"], allow_headers=["*"],
                        allow_credentials=False)
     app.add_middleware(BodyLimit, limit=config.max_body())

@@ -71,15 +71,18 @@ async def api_show(request: Request):
     params = dict(ref.parameters or {})
     param_text = "\n".join(f"{k:<30} {text}" for k, text in parameter_rows(params))  # as `ollapy show --parameters`
     arch = info.get("architecture") or ""
-    template = select_template(info.get("chat_template"), arch, ref.template).text  # the one generation uses
+    chosen = select_template(info.get("chat_template"), arch, ref.template)  # the one generation uses
+    template = chosen.text
     model_info = {"general.architecture": arch, "general.parameter_count": info.get("parameter_count"),
                   f"{arch}.context_length": info.get("context_length"),
                   f"{arch}.embedding_length": info.get("embedding_length")}
     return {
-        "modelfile": format_modelfile(str(ref.path), params, ref.system, ref.template, ref.license,
+        # FROM the model's name, never the blob's path on the server (a client can create from the name)
+        "modelfile": format_modelfile(ref.name, params, ref.system, ref.template, ref.license,
                                       list(ref.messages or [])),
         "parameters": param_text,
         "template": template,
+        "template_source": chosen.source,  # ollapy's extra: gguf tokenizer.chat_template, modelfile or a fallback
         "system": ref.system or "",
         "license": ref.license or "",
         "details": model_details(info),

@@ -7,7 +7,8 @@ default, ``stream: false`` for one object; durations in ns; ``done_reason``),
 ``/api/blobs/:digest``) live in :mod:`ollapy.server.model_routes`; request
 bodies in :mod:`ollapy.server.bodies`; the shared HTTP helpers in
 :mod:`ollapy.server.http`. Final chunks also carry ollapy's extras
-``truncated`` and ``prompt_cache_tokens``. An error after a stream started is
+``truncated``, ``prompt_cache_tokens`` and, when tokens were reused,
+``prompt_cache_source`` (``slot``, ``copy``, ``cache ram``, ``cache disk``). An error after a stream started is
 its last line, ``{"error": "..."}``.
 """
 from __future__ import annotations
@@ -146,6 +147,8 @@ def _final_fields(gen: generation.Generation, final) -> dict:
     for k in ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
               "eval_duration", "prompt_cache_tokens", "truncated"):
         out[k] = m.get(k, 0)
+    if m.get("prefix_source") not in (None, "", "none"):  # where the reused tokens came from: slot, cache disk...
+        out["prompt_cache_source"] = m["prefix_source"]
     return out
 
 
