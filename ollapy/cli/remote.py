@@ -82,8 +82,9 @@ class RemoteRunner:
 
     def _find_ps(self) -> dict:
         try:
+            names = {self.name, f"{self.name}:latest"}  # a name without a tag is :latest on the server
             for m in self.client.ps():
-                if m.get("name") == self.name or m.get("model") == self.name:
+                if m.get("name") in names or m.get("model") in names:
                     return m
         except Exception:  # noqa: BLE001
             pass
