@@ -117,7 +117,10 @@ _CHOICES = {
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
         "mirostat": 0, "draft_num_predict": 0, "draft_min": 1}
-_MAX = {"mirostat": 2, "draft_num_predict": 64, "draft_min": 64}
+# ggml's GGML_MAX_N_THREADS, llama.cpp's LLAMA_MAX_SEQ; num_ctx * num_parallel and num_batch stay in a uint32
+_MAX = {"mirostat": 2, "draft_num_predict": 64, "draft_min": 64, "num_thread": 512, "num_parallel": 256,
+        "num_ctx": 2**23, "num_batch": 2**23}
+_INT32 = 2**31  # every other integer option travels to llama.cpp as a C int (seed: masked to 32 bits)
 #: ``draft`` values that mean "no drafting"
 _DRAFT_OFF = ("", "none", "off", "false", "0")
 #: the draftless n-gram drafter's name (llama.cpp's server calls its modes ngram-*)
@@ -128,6 +131,8 @@ def draft_model(draft: str) -> str:
     """The draft model a ``draft`` option value names (a store name or a GGUF path), or ``""`` for none or
     for ``ngram`` (which needs no model). Used in :meth:`Options.load_key`: only a draft model is load-time."""
     return "" if draft in ("", DRAFT_NGRAM) else draft
+
+
 # OpenAI's presence/frequency penalties range over [-2, 2]; a negative one favours repeats (llama.cpp applies it so)
 _FLOAT_MIN = {"presence_penalty": -2.0, "frequency_penalty": -2.0}
 
@@ -206,6 +211,10 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
                 raise OptionError(f"option {name} must be at least {_MIN[name]}, got {out}")
             if name in _MAX and out > _MAX[name]:
                 raise OptionError(f"option {name} must be at most {_MAX[name]}, got {out}")
+            if name != "seed" and not -_INT32 <= out < _INT32:
+                raise OptionError(f"option {name} must be between {-_INT32} and {_INT32 - 1}, got {out}")
+            if name == "seed" and not -(2**63) <= out < 2**64:
+                raise OptionError(f"option seed must fit in 64 bits, got {out}")
             return out
         if typ == "float":
             if isinstance(value, bool):

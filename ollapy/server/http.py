@@ -32,20 +32,44 @@ def state_of(request: Request):
     return request.app.state.ollapy
 
 
+MAX_DEPTH = 64
+"""Deepest nesting of arrays and objects a request body may have (a chat with tools needs about 10)."""
+
+
 async def read_body(request: Request) -> dict:
-    """The JSON object body (``{}`` when empty); UsageError (400) when it is not a JSON object.
+    """The JSON object body (``{}`` when empty); UsageError (400) when it is not a JSON object, is not UTF-8,
+    or nests deeper than :data:`MAX_DEPTH` levels (so no later step recurses without bound).
 
     The size limit (``OLLAPY_MAX_BODY``, 413) is enforced before this by the app's ``BodyLimit`` middleware."""
     raw = await request.body()
     if not raw.strip():
         return {}
+    too_deep = False
     try:
         data = json.loads(raw)
-    except ValueError:
+    except ValueError:  # UnicodeDecodeError (not UTF-8) included
         raise UsageError("request body is not valid JSON") from None
+    except RecursionError:
+        too_deep = True
+    if too_deep or nesting_depth(data) > MAX_DEPTH:
+        raise UsageError(f"request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise UsageError("request body must be a JSON object")
     return data
+
+
+def nesting_depth(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (a scalar is 0, ``[]`` is 1); iterative, so any depth is safe."""
+    deepest = 0
+    todo = [(value, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict):
+            v = list(v.values())
+        if isinstance(v, list):
+            deepest = max(deepest, d)
+            todo.extend((x, d + 1) for x in v if isinstance(x, (list, dict)))
+    return deepest
 
 
 def err(exc: BaseException) -> JSONResponse:
