@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Soak test of ``ollapy serve``: many concurrent clients over a few slots for minutes, judged at the end.
+
+By default it starts its own server (``OLLAPY_NUM_PARALLEL=--slots``, a fresh store holding the SmolLM2 test
+model, a 256 MiB prompt-cache RAM tier) and runs ``--clients`` clients for ``--minutes``. Each client loops
+over a mix of requests: ``/api/chat`` and ``/api/generate`` (whole answers), ``/api/embed``,
+``/v1/chat/completions`` streamed, ``/api/chat`` streamed, and streams cancelled after their first chunk.
+
+Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
+503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
+threads at the start (after a warm-up) and at the end (after the load stops), and p50/p99 time to first token
+of the streamed requests (it includes the wait for a slot: 64 clients share 4 slots). Judged: 0 errors, fds
+and threads flat (at most +8 each: worker pools come and go), RSS bounded (at most +10% + 64 MiB), every kind exercised. Each target
+prints one ``ok`` or ``MISSED`` line; the exit status is 1 when one is missed.
+
+    python scripts/soak.py --minutes 10              # the issue's run: 64 clients, 4 slots
+    python scripts/soak.py --minutes 2 --url http://127.0.0.1:11435 --model smol   # against a running server
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM = ("You are a helpful assistant for a soak test. Answer briefly and plainly, in one or two sentences, "
+          "without lists or headings. " * 3)
+QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is 2 plus 2?", "Say hello.",
+             "What do bees make?", "Name a planet.", "What is water made of?", "Name a fruit.",
+             "What is the opposite of hot?", "How many legs does a cat have?", "Name a musical instrument.",
+             "What color is the sky?"]
+KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled")
+
+
+def sample_process(pid: int) -> dict:
+    """RSS (bytes), open file descriptors and threads of process ``pid`` (Linux /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return {"rss": int(fields["VmRSS"].split()[0]) * 1024, "fds": len(os.listdir(f"/proc/{pid}/fd")),
+            "threads": int(fields["Threads"])}
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by linear interpolation (statistics' inclusive method)."""
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[max(0, min(98, round(q * 100) - 1))]
+
+
+class Tally:
+    """Counts per kind, errors (with the first few messages), 503s and times to first token."""
+
+    def __init__(self) -> None:
+        self.done = {k: 0 for k in KINDS}
+        self.errors: list[str] = []
+        self.n_errors = 0
+        self.busy = 0
+        self.ttft: list[float] = []
+
+    def error(self, kind: str, what: str) -> None:
+        self.n_errors += 1
+        if len(self.errors) < 5:
+            self.errors.append(f"{kind}: {what[:200]}")
+
+
+async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tally, rng: random.Random) -> None:
+    """Send one request of ``kind`` and record its outcome."""
+    q = rng.choice(QUESTIONS)
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+    opts = {"temperature": 0, "num_predict": rng.randint(8, 32)}
+    t0 = time.perf_counter()
+    if kind in ("chat", "generate", "embed"):
+        path, body = {
+            "chat": ("/api/chat", {"model": model, "stream": False, "messages": msgs, "options": opts}),
+            "generate": ("/api/generate", {"model": model, "stream": False, "prompt": q, "system": SYSTEM,
+                                           "options": opts}),
+            "embed": ("/api/embed", {"model": model, "input": [q, rng.choice(QUESTIONS)]}),
+        }[kind]
+        r = await http.post(path, json=body)
+        if r.status_code == 503:
+            tally.busy += 1
+        elif r.status_code != 200:
+            tally.error(kind, f"HTTP {r.status_code} {r.text}")
+        else:
+            tally.done[kind] += 1
+        return
+    if kind == "v1_stream" or (kind == "cancelled" and rng.random() < 0.5):
+        path, body = "/v1/chat/completions", {"model": model, "stream": True, "messages": msgs, "temperature": 0,
+                                              "max_tokens": opts["num_predict"]}
+    else:
+        path, body = "/api/chat", {"model": model, "stream": True, "messages": msgs, "options": opts}
+    async with http.stream("POST", path, json=body) as r:
+        if r.status_code == 503:
+            tally.busy += 1
+            return
+        if r.status_code != 200:
+            tally.error(kind, f"HTTP {r.status_code} {(await r.aread()).decode(errors='replace')}")
+            return
+        first = True
+        async for line in r.aiter_lines():
+            line = line.removeprefix("data: ").strip()
+            if not line or line == "[DONE]":
+                continue
+            obj = json.loads(line)
+            if "error" in obj:
+                tally.error(kind, json.dumps(obj["error"]))
+                return
+            if first:
+                first = False
+                tally.ttft.append(time.perf_counter() - t0)
+                if kind == "cancelled":
+                    break  # leaving the block closes the connection: the server cancels the request
+    tally.done[kind] += 1
+
+
+async def client_loop(url: str, model: str, seed: int, stop_at: float, tally: Tally) -> None:
+    """One client: requests of random kinds until ``stop_at`` (time.monotonic())."""
+    rng = random.Random(seed)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=10), trust_env=False) as http:
+        while time.monotonic() < stop_at:
+            kind = rng.choice(KINDS)
+            try:
+                await one_request(http, model, kind, tally, rng)
+            except (httpx.HTTPError, ValueError) as exc:
+                tally.error(kind, f"{type(exc).__name__}: {exc}")
+
+
+def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, str]:
+    """``ollapy serve`` on a free loopback port with its own store and cache under ``base``, ``soak`` created
+    from ``gguf``; returns (process, url) once it answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL=str(slots),
+               OLLAPY_MODELS=str(base / "models"), OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_CACHE_RAM="256MiB",
+               OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_KEEP_ALIVE="-1")
+    env.pop("OLLAPY_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env, cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=open(base / "serve.log", "wb"))
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            if proc.poll() is not None:
+                raise SystemExit(f"ollapy serve exited with {proc.returncode}; see {base / 'serve.log'}") from None
+            time.sleep(0.2)
+    mf = f"FROM {gguf}\nPARAMETER repeat_penalty 1\n"
+    r = httpx.post(url + "/api/create", json={"model": "soak", "modelfile": mf, "stream": False}, timeout=300)
+    if r.status_code != 200:
+        raise SystemExit(f"could not create the soak model: {r.text}")
+    return proc, url
+
+
+def default_model() -> Path:
+    """The SmolLM2 test model (scripts/fetch_test_models.py fetches it)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import fetch_test_models as f
+
+    m = next(m for m in f.MODELS if m.name == "smollm2")
+    return f.default_dir() / m.filename
+
+
+def server_pid(url: str) -> int:
+    """The pid listening on ``url``'s port (from /proc/net/tcp and the fds of this user's processes)."""
+    port = int(url.rsplit(":", 1)[1])
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            parts = line.split()
+            if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "0A":
+                inodes.add(parts[9])
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if link.startswith("socket:[") and link[8:-1] in inodes:
+                    return int(pid)
+        except OSError:
+            continue
+    raise SystemExit(f"no process of this user listens on port {port}")
+
+
+async def soak(url: str, model: str, clients: int, seconds: float, pid: int) -> tuple[Tally, dict, dict]:
+    """Run the clients; sample the server after the warm-up and after the load."""
+    tally = Tally()
+    start = time.monotonic()
+    stop_at = start + seconds
+    warmup = min(60.0, max(15.0, seconds / 10))
+    tasks = [asyncio.create_task(client_loop(url, model, i, stop_at, tally)) for i in range(clients)]
+    await asyncio.sleep(warmup)
+    first = sample_process(pid)
+    await asyncio.gather(*tasks)
+    await asyncio.sleep(12)  # cancelled requests' slots freed, the cache writer drained, idle pool workers gone
+    return tally, first, sample_process(pid)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10.0, help="how long the clients run (default 10)")
+    ap.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
+    ap.add_argument("--slots", type=int, default=4, help="OLLAPY_NUM_PARALLEL of the server it starts (default 4)")
+    ap.add_argument("--url", help="soak a running server instead (give --model too)")
+    ap.add_argument("--model", help="model name on --url, or a GGUF path for the server it starts")
+    args = ap.parse_args()
+    proc = None
+    tmp = tempfile.TemporaryDirectory(prefix="ollapy-soak-")
+    try:
+        if args.url:
+            url, model = args.url.rstrip("/"), args.model or "smollm2:135m"
+        else:
+            proc, url = start_server(args.slots, Path(args.model) if args.model else default_model(), Path(tmp.name))
+            model = "soak"
+        pid = proc.pid if proc else server_pid(url)
+        r = httpx.post(url + "/api/generate", json={"model": model, "prompt": "Hi", "stream": False,
+                                                    "options": {"num_predict": 1}}, timeout=600)
+        if r.status_code != 200:
+            raise SystemExit(f"the model does not answer: {r.text}")
+        print(f"soak: {args.clients} clients, {args.minutes:g} min, server pid {pid} at {url}, model {model}",
+              flush=True)
+        tally, first, last = asyncio.run(soak(url, model, args.clients, args.minutes * 60, pid))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(timeout=120)
+        tmp.cleanup()
+    mib = 1024 * 1024
+    total = sum(tally.done.values())
+    print("requests: " + ", ".join(f"{k} {v}" for k, v in tally.done.items()) + f" (total {total}, "
+          f"{total / (args.minutes * 60):.1f}/s); 503 busy: {tally.busy}")
+    print(f"server at start (after warm-up): RSS {first['rss'] / mib:.0f} MiB, fds {first['fds']}, "
+          f"threads {first['threads']}")
+    print(f"server at end:                   RSS {last['rss'] / mib:.0f} MiB, fds {last['fds']}, "
+          f"threads {last['threads']}")
+    print(f"TTFT of {len(tally.ttft)} streams (slot wait included): p50 {percentile(tally.ttft, 0.5):.2f} s, "
+          f"p99 {percentile(tally.ttft, 0.99):.2f} s")
+    checks = [
+        (tally.n_errors == 0, f"errors: {tally.n_errors} (target 0; 503 busy apart: {tally.busy})"
+         + (f"; first: {tally.errors}" if tally.errors else "")),
+        (last["fds"] - first["fds"] <= 8, f"open fds flat: {first['fds']} -> {last['fds']} (target at most +8)"),
+        (last["threads"] - first["threads"] <= 8,
+         f"threads flat: {first['threads']} -> {last['threads']} (target at most +8: worker pools)"),
+        (last["rss"] <= first["rss"] * 1.10 + 64 * mib,
+         f"RSS bounded: {first['rss'] / mib:.0f} -> {last['rss'] / mib:.0f} MiB (target at most +10% + 64 MiB)"),
+        (all(tally.done.values()), "every kind of request answered: " + ", ".join(
+            k for k, v in tally.done.items() if v) + (" (missing: " + ", ".join(
+                k for k, v in tally.done.items() if not v) + ")" if not all(tally.done.values()) else "")),
+    ]
+    for ok, text in checks:
+        print(("ok      " if ok else "MISSED  ") + text)
+    return 0 if all(ok for ok, _ in checks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
