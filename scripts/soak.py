@@ -10,8 +10,8 @@ Reported: requests per kind, errors (any answer but 200, an error inside a strea
 503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
 threads at the start (after a warm-up) and at the end (after the load stops), and p50/p99 time to first token
 of the streamed requests (it includes the wait for a slot: 64 clients share 4 slots). Judged: 0 errors, fds
-and threads flat (at most +8 each: worker pools come and go), RSS bounded (at most +10% + 64 MiB), every kind exercised. Each target
-prints one ``ok`` or ``MISSED`` line; the exit status is 1 when one is missed.
+and threads flat (at most +8 each: worker pools come and go), RSS bounded (at most +10% + 64 MiB), every kind
+exercised. Each target prints one ``ok`` or ``MISSED`` line; the exit status is 1 when one is missed.
 
     python scripts/soak.py --minutes 10              # the run: 64 clients, 4 slots
     python scripts/soak.py --minutes 2 --url http://127.0.0.1:11435 --model smol   # against a running server

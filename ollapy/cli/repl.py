@@ -16,7 +16,7 @@ from ..errors import Cancelled, ModelNotFound, OllapyError, describe
 from ..options import coerce_option
 from .output import ReplyPrinter, format_stats
 
-# the help texts of Ollama's REPL (cmd/interactive.go), with ollapy's own additions marked in the wording
+# the help texts of Ollama's REPL (cmd/interactive.go); ollapy adds "(reloads the model)" to load-time parameters
 HELP = """Available Commands:
   /set            Set session variables
   /show           Show model information
