@@ -95,6 +95,12 @@ RPC = _setting(
     "Default `rpc` option: RPC servers (host:port, comma-separated) whose devices take model layers; "
     "such models run in a child runner process.",
 )
+API_KEY = _setting(
+    "OLLAPY_API_KEY",
+    "",
+    "Key `ollapy launch` hands the agent (ANTHROPIC_AUTH_TOKEN, OLLAMA_API_KEY), for a server behind a proxy that "
+    "checks one; `ollapy serve` itself checks no key.",
+)
 RUNNER = _setting(
     "OLLAPY_RUNNER",
     "auto",
@@ -241,6 +247,11 @@ def cache_dir() -> Path:
     """Prompt-cache root (``OLLAPY_CACHE_DIR`` or platformdirs user cache dir / prompt-cache)."""
     raw = CACHE_DIR.raw()
     return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir(APP)) / "prompt-cache"
+
+
+def api_key() -> str:
+    """``OLLAPY_API_KEY`` (empty when unset): the key ``ollapy launch`` gives an agent."""
+    return API_KEY.raw().strip()
 
 
 def state_dir() -> Path:
@@ -464,7 +475,7 @@ ACCESSORS.update({
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
     ORIGINS.env: origins, MAX_BODY.env: max_body, RESPONSES_STORE.env: responses_store_bytes, RPC.env: rpc,
-    RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
+    RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory, API_KEY.env: api_key,
 })
 
 
