@@ -126,8 +126,10 @@ class Client:
         return r
 
     def version(self) -> str:
-        """The server's version."""
-        return self._call("GET", "/api/version").json().get("version", "")
+        """The server's ollapy version (``/api/version``'s ``ollapy_version``; its ``version`` is the Ollama API
+        level it speaks, or an older ollapy's own version)."""
+        data = self._call("GET", "/api/version").json()
+        return data.get("ollapy_version") or data.get("version", "")
 
     def ps(self) -> list[dict]:
         """Loaded models (``/api/ps``)."""

@@ -422,7 +422,7 @@ API_KEY = _setting(
     "OLLAPY_API_KEY",
     "",
     "API key: a server set with it answers 401 to any request but `GET /` without `Authorization: Bearer KEY` "
-    "or `x-api-key: KEY`; the CLI sends it to the server (default: none, no authentication).",
+    "or `x-api-key: KEY`; the CLI and `ollapy launch` (to the agent) send it (default: none, no authentication).",
 )
 
 

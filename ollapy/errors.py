@@ -67,6 +67,19 @@ class ContextError(OllapyError):
     status = 400
 
 
+class ContextOverflow(ContextError):
+    """A chat prompt of ``tokens`` tokens leaves no room for the answer in a context of ``limit`` tokens (the most
+    a prompt may take). HTTP 400; OpenAI's routes answer code ``context_length_exceeded``, Anthropic's
+    ``prompt is too long: N tokens > M maximum`` (the words agents match in order to compact and retry)."""
+
+    def __init__(self, tokens: int, limit: int, num_ctx: int) -> None:
+        super().__init__(f"prompt is too long: {tokens} tokens > {limit} maximum (num_ctx {num_ctx})",
+                         hint="shorten the conversation or raise num_ctx")
+        self.tokens = tokens
+        self.limit = limit
+        self.num_ctx = num_ctx
+
+
 class DecodeError(OllapyError):
     """``llama_decode`` failed for the batch this request was in."""
 

@@ -43,7 +43,7 @@ def _root(
 def _register_all() -> None:
     import importlib
 
-    for name in ("run_cmd", "embed_cmd", "info_cmd", "models_cmd", "cache_cmd", "serve_cmd", "rpc_cmd"):
+    for name in ("run_cmd", "embed_cmd", "info_cmd", "models_cmd", "cache_cmd", "serve_cmd", "rpc_cmd", "launch_cmd"):
         try:
             mod = importlib.import_module(f"ollapy.cli.{name}")
         except ModuleNotFoundError as exc:

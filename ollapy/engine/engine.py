@@ -494,12 +494,13 @@ class Engine:
             m.eval_duration = now - s.t_first
         m.total_duration = now - req.created_ns + m.load_duration
         context = list(s.tokens)
+        matched = s.stops.matched if reason == "stop" and s.stops is not None else None
         self._trim_inexact(s)
         self._save(s, pinned=req.pin, persist=req.pin)
         s.release()
         self.requests_done += 1
         req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=context,
-                       logprobs=req.take_logprobs()))
+                       logprobs=req.take_logprobs(), stop_sequence=matched))
 
     def _trim_inexact(self, s: Slot) -> None:
         """Drop the cells no later request may reuse (``tokens[exact:]``: decode-shaped or shifted).

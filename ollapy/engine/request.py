@@ -57,7 +57,8 @@ class Chunk:
     """One streamed piece: ``text`` (may be ''), and on the last chunk ``done`` with ``done_reason`` and metrics.
 
     ``logprobs``: the requested :class:`TokenLogprob` of the tokens sampled since the previous chunk (None
-    when the request did not ask for them)."""
+    when the request did not ask for them). ``stop_sequence``: on the last chunk, the stop string that ended the
+    answer (None when it ended otherwise)."""
 
     text: str
     done: bool = False
@@ -65,6 +66,7 @@ class Chunk:
     metrics: Metrics | None = None
     tokens: list[int] | None = None
     logprobs: list[TokenLogprob] | None = None
+    stop_sequence: str | None = None
 
 
 @dataclass(frozen=True)

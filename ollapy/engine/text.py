@@ -37,6 +37,7 @@ class StopMatcher:
     def __init__(self, stops: tuple[str, ...] | list[str]) -> None:
         self.stops = tuple(s for s in stops if s)
         self._held = ""
+        self.matched: str | None = None  # the stop string found, once ``feed`` reported one
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Add text; return (text safe to emit, whether a stop string was hit)."""
@@ -47,7 +48,7 @@ class StopMatcher:
         for s in self.stops:
             i = buf.find(s)
             if i != -1 and (first == -1 or i < first):
-                first = i
+                first, self.matched = i, s
         if first != -1:
             self._held = ""
             return buf[:first], True

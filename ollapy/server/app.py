@@ -23,7 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from .. import __version__, config
 from ..runtime import Runtime
-from .errors import RouteError, error_headers, ollama_error, openai_error
+from .errors import RouteError, anthropic_error, error_headers, ollama_error, openai_error
 from .metrics import Metrics
 from .response_store import ResponseStore
 
@@ -134,13 +134,14 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
                   openapi_url=None)
     app.state.ollapy = state
 
-    from . import embed_routes, model_routes, ollama_routes, openai_routes, responses_routes
+    from . import anthropic_routes, embed_routes, model_routes, ollama_routes, openai_routes, responses_routes
 
     app.include_router(ollama_routes.router)
     app.include_router(embed_routes.router)
     app.include_router(model_routes.router)
     app.include_router(openai_routes.router)
     app.include_router(responses_routes.router)
+    app.include_router(anthropic_routes.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def _metrics():
@@ -178,8 +179,11 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
 
 def error_response(request: Request, exc: BaseException) -> JSONResponse:
-    """The JSON error response for ``exc`` (OpenAI shape under /v1, Ollama's elsewhere)."""
-    if request.url.path.startswith("/v1"):
+    """The JSON error response for ``exc`` (Anthropic's shape under /v1/messages, OpenAI's under the rest of /v1,
+    Ollama's elsewhere)."""
+    if request.url.path.startswith("/v1/messages"):
+        status, body = anthropic_error(exc)
+    elif request.url.path.startswith("/v1"):
         status, body = openai_error(exc)
     else:
         status, body = ollama_error(exc)

@@ -256,8 +256,19 @@ class OllamaGenBody(NamedBody, LogprobsBody):
     cache: bool = True
     stream: bool = True
     think: Any = None  # True/False or "high"/"medium"/"low" (parse_think); None: the model's default
+    truncate: bool | None = None  # Ollama's per-request switches; they override the options of the same names
+    shift: bool | None = None
 
     _think = field_validator("think")(classmethod(lambda cls, v: read_think(v)))
+
+    def run_options(self) -> Any:
+        """``options`` with the top-level ``truncate`` and ``shift`` (Ollama's per-request switches: false makes a
+        prompt over ``num_ctx`` a 400, or ends generation at the context's end with ``done_reason`` ``length``)
+        applied over it when set."""
+        switches = {k: v for k, v in (("truncate", self.truncate), ("shift", self.shift)) if v is not None}
+        if not switches:
+            return self.options
+        return {**(self.options if isinstance(self.options, dict) else {}), **switches}
 
     @field_validator("model")
     @classmethod

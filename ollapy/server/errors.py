@@ -1,7 +1,8 @@
 """The one place that maps exceptions to HTTP status codes and error bodies.
 
 Ollama routes answer ``{"error": "message"}``; OpenAI routes answer
-``{"error": {"message", "type", "param", "code"}}``. Once a stream has started
+``{"error": {"message", "type", "param", "code"}}``; Anthropic's ``/v1/messages``
+answers ``{"type": "error", "error": {"type", "message"}}``. Once a stream has started
 the status can no longer change, so the error becomes the stream's last
 line (NDJSON ``{"error": ...}``) or SSE event, as Ollama does.
 """
@@ -12,7 +13,7 @@ import logging
 import re
 
 from .. import config
-from ..errors import Cancelled, ModelNotFound, OllapyError, describe
+from ..errors import Cancelled, ContextOverflow, ModelNotFound, OllapyError, describe
 
 log = logging.getLogger("ollapy.server")
 
@@ -95,7 +96,41 @@ def openai_error(exc: BaseException) -> tuple[int, dict]:
     kind = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
             413: "invalid_request_error", 503: "server_busy", 499: "client_closed"}.get(status, "api_error")
     code = "model_not_found" if isinstance(exc, ModelNotFound) else exc.code if isinstance(exc, OllapyError) else None
-    return status, {"error": {"message": message_for(exc), "type": kind, "param": None, "code": code}}
+    message = message_for(exc)
+    if isinstance(exc, ContextOverflow):  # OpenAI's words and code, which clients match to trim and retry
+        code = "context_length_exceeded"
+        message = (f"This model's maximum context length is {exc.num_ctx} tokens. However, your messages resulted in "
+                   f"{exc.tokens} tokens, more than the {exc.limit} a prompt may take (raise num_ctx or shorten the "
+                   "messages).")
+    return status, {"error": {"message": message, "type": kind, "param": "messages" if code ==
+                              "context_length_exceeded" else None, "code": code}}
+
+
+#: Anthropic's error ``type`` by HTTP status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                         429: "rate_limit_error", 499: "invalid_request_error", 500: "api_error",
+                         502: "api_error", 529: "overloaded_error"}
+OVERLOADED = 529  # Anthropic's status for "overloaded" (ollapy's 503 busy): its SDKs and Claude Code retry it
+
+
+def anthropic_error(exc: BaseException) -> tuple[int, dict]:
+    """``(status, {"type": "error", "error": {"type", "message"}})`` in Anthropic's shape for ``/v1/messages``.
+
+    A busy server (503) is Anthropic's 529 ``overloaded_error``; a prompt that does not fit is a 400
+    ``invalid_request_error`` starting ``prompt is too long: N tokens > M maximum``."""
+    status = status_for(exc)
+    log_error(exc, status)
+    if status == 503:
+        status = OVERLOADED
+    kind = ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+    return status, {"type": "error", "error": {"type": kind, "message": message_for(exc)}}
+
+
+def anthropic_error_event(exc: BaseException) -> bytes:
+    """The final SSE ``error`` event of an Anthropic stream that failed after it started."""
+    _, body = anthropic_error(exc)
+    return f"event: error\ndata: {json.dumps(body)}\n\n".encode()
 
 
 RETRY_AFTER_S = 1  # seconds a client is told to wait after a 503 "busy" answer

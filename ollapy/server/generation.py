@@ -15,15 +15,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import logging
 import time
 from typing import Any, AsyncIterator
 
 from .. import generic_tools
-from ..errors import OptionError
+from ..errors import ContextOverflow, OptionError
 from ..options import api_options
 from ..reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
 from ..thinking import prompt_opens_thinking, think_enabled
 from ..toolcalls import detect_family
+
+log = logging.getLogger("ollapy.server")
 
 
 def now_iso() -> str:
@@ -100,6 +103,7 @@ class Generation:
         self.first_token_s: float | None = None
         self.final = None
         self.logprobs: list = []  # every chunk's TokenLogprob items so far (when the request asked for them)
+        self.prompt_tokens = 0  # tokens of the prompt as submitted (after any truncation)
 
     async def chunks(self) -> AsyncIterator[Any]:
         """Engine chunks; the last one has ``done``. Raises the request's error."""
@@ -278,7 +282,8 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 raw: bool = False, system: str | None = None, options: dict | None = None, fmt=None,
                 keep_alive=None, cache: bool = True, context: list[int] | None = None,
                 logprobs: int = -1, tools: list[dict] | None = None, tool_choice: tuple[str, str | None] = ("auto", None),
-                think: bool | str | None = None, parallel_tool_calls: bool = True) -> Generation:
+                think: bool | str | None = None, parallel_tool_calls: bool = True, overflow: str = "truncate",
+                optional_think: bool = False) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
 
     ``tools``/``tool_choice`` (mode, function name) and ``think`` are checked and planned by
@@ -289,32 +294,32 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
     ``context`` (generate only, not raw, as in Ollama) goes in front of the templated prompt
     (:func:`with_context`). ``logprobs`` >= 0: each chunk carries its tokens' log-probabilities and that many
     alternatives (:func:`logprobs_field` reads the request's fields).
+
+    ``overflow``: what a prompt that does not fit ``num_ctx`` gets. ``"truncate"`` (Ollama's ``/api``): the
+    request's ``truncate`` option decides (true, the default: cut it and log a warning; false: 400).
+    ``"error"`` (``/v1``): :class:`~ollapy.errors.ContextOverflow` unless the request's ``options`` set
+    ``truncate`` true (:func:`check_fits` says what fits). ``optional_think``: a ``think`` the model's template
+    cannot honour is dropped instead of a 400 (Anthropic's ``thinking``, which agents send to any model).
     """
     t0 = time.perf_counter()
     rt = state.runtime
+    if overflow == "error" and "truncate" not in (options or {}):
+        options = {**(options or {}), "truncate": False}
     options = api_options(options)  # Ollama's leniency: unknown names and nulls skipped, wrong types refused
     ref = await rt.resolve(name)
     entry, opts, load_ns = await rt.acquire(name, options, keep_alive, ref=ref)
     try:
         model = entry.model
+        if optional_think and not model.supports_thinking:
+            think = None
         plan = reply_plan(model, name, opts, tools, tool_choice, think, parallel=parallel_tool_calls, fmt=fmt)
-        extra = {"tools": plan.tools, "think": plan.think}
-        if messages is not None:
-            msgs = chat_messages(ref, messages, plan)
-            p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
-        elif raw:
-            p = await rt.call(entry, model.raw_prompt, prompt or "")
-        else:
-            msgs = []
-            sys_text = system if system is not None else getattr(ref, "system", None)
-            if sys_text:
-                msgs.append({"role": "system", "content": sys_text})
-            msgs.append({"role": "user", "content": prompt or ""})
-            msgs = model_messages(_NoSystem(ref), msgs)
-            p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
-            if context:
-                f = model.facts
-                p = with_context(p, context, f.n_vocab, f.bos if f.add_bos else None)
+        p = await build_prompt(rt, entry, ref, opts, plan, messages=messages, prompt=prompt, raw=raw, system=system,
+                               context=context)
+        if not opts.truncate:
+            check_fits(len(p.tokens), opts)
+        elif p.truncated:
+            log.warning("%s: prompt did not fit num_ctx %d; truncated to %d tokens (send truncate: false for an "
+                        "error instead)", route, opts.num_ctx, len(p.tokens))
         # a raw prompt is split only when thinking was asked for (its text is the caller's, not a template's)
         constrained = plan.forced or plan.generic is not None
         opened = not constrained and (not raw or think_enabled(plan.think)) and prompt_opens_thinking(p.text)
@@ -330,7 +335,72 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
     except BaseException:
         rt.release_nowait(entry)
         raise
-    return Generation(state, entry, req, load_ns, t0, route, reply)
+    if req.metrics.truncated and not p.truncated:
+        log.warning("%s: prompt of %d tokens did not fit num_ctx %d; truncated (send truncate: false for an "
+                    "error instead)", route, len(p.tokens), opts.num_ctx)
+    gen = Generation(state, entry, req, load_ns, t0, route, reply)
+    gen.prompt_tokens = len(p.tokens)
+    return gen
+
+
+def check_fits(n_tokens: int, opts) -> None:
+    """Raise :class:`~ollapy.errors.ContextOverflow` (400) when a prompt of ``n_tokens`` leaves no room for the
+    answer in ``opts.num_ctx``.
+
+    Room for the answer is ``num_predict`` tokens when set, at most an eighth of the context (a context shift
+    makes room for longer answers), else one token: a prompt may take ``num_ctx - room`` tokens.
+    """
+    n_ctx = opts.num_ctx
+    room = min(opts.num_predict, n_ctx // 8) if opts.num_predict > 0 else 1
+    limit = max(1, n_ctx - max(1, room))
+    if n_tokens > limit:
+        raise ContextOverflow(n_tokens, limit, n_ctx)
+
+
+async def build_prompt(rt, entry, ref, opts, plan: ReplyPlan, *, messages: list[dict] | None = None,
+                       prompt: str | None = None, raw: bool = False, system: str | None = None,
+                       context: list[int] | None = None):
+    """The engine Prompt of a request (see :func:`start`), rendered and tokenized off the event loop
+    (``rt.call``): ``messages`` (a chat, the model's SYSTEM and MESSAGE applied, tools as ``plan`` says), else
+    ``prompt`` (raw, or templated with ``system`` and ``context`` in front). ``opts.truncate`` true cuts a chat
+    that does not fit."""
+    model = entry.model
+    extra = {"tools": plan.tools, "think": plan.think}
+    if messages is not None:
+        msgs = chat_messages(ref, messages, plan)
+        return await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
+    if raw:
+        return await rt.call(entry, model.raw_prompt, prompt or "")
+    msgs = []
+    sys_text = system if system is not None else getattr(ref, "system", None)
+    if sys_text:
+        msgs.append({"role": "system", "content": sys_text})
+    msgs.append({"role": "user", "content": prompt or ""})
+    msgs = model_messages(_NoSystem(ref), msgs)
+    p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
+    if context:
+        f = model.facts
+        p = with_context(p, context, f.n_vocab, f.bos if f.add_bos else None)
+    return p
+
+
+async def count_tokens(state, name: str, *, messages: list[dict], tools: list[dict] | None = None,
+                       tool_choice: tuple[str, str | None] = ("auto", None), think: bool | str | None = None,
+                       optional_think: bool = False) -> int:
+    """The number of prompt tokens ``messages`` (with ``tools`` and ``think``, as :func:`start` renders them)
+    make for model ``name``, untruncated; loads the model as a generation would. Raises as :func:`start`."""
+    rt = state.runtime
+    ref = await rt.resolve(name)
+    entry, opts, _ = await rt.acquire(name, api_options({"truncate": False}), None, ref=ref)
+    try:
+        model = entry.model
+        if optional_think and not model.supports_thinking:
+            think = None
+        plan = reply_plan(model, name, opts, tools, tool_choice, think)
+        p = await build_prompt(rt, entry, ref, opts, plan, messages=messages)
+    finally:
+        rt.release_nowait(entry)
+    return len(p.tokens)
 
 
 class _NoSystem:

@@ -41,10 +41,17 @@ async def root_head():
     return Response(status_code=200, media_type="text/plain")
 
 
+OLLAMA_API_VERSION = "0.16.0"
+"""The Ollama release whose API ollapy's server speaks, reported by ``/api/version`` as Ollama reports its own:
+Ollama clients gate features on it (Codex's ``--oss`` needs 0.13.4 or newer for ``/v1/responses``; Ollama
+0.14.0 added ``/v1/messages``; 0.16.0 is the release with ``ollama launch``). ``ollapy --version`` and
+``ollapy info`` report ollapy's own version, which the response carries as ``ollapy_version``."""
+
+
 @router.get("/api/version")
 @router.head("/api/version")
 async def version():
-    return {"version": __version__}
+    return {"version": OLLAMA_API_VERSION, "ollapy_version": __version__}
 
 
 # ---- generate / chat ------------------------------------------------------------------------------
@@ -56,7 +63,7 @@ async def api_generate(request: Request):
         if not body.prompt and not body.suffix:
             return await _load_or_unload(st, body, {"response": ""})
         gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
-                                     system=body.system, options=body.options, fmt=body.format,
+                                     system=body.system, options=body.run_options(), fmt=body.format,
                                      keep_alive=body.keep_alive, cache=body.cache, context=body.context,
                                      logprobs=body.logprob_count, think=body.think)
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
@@ -78,7 +85,7 @@ async def api_chat(request: Request):
         body = ChatBody.from_dict(await read_body(request))
         if not body.messages:
             return await _load_or_unload(st, body, _message(""))
-        gen = await generation.start(st, body.model, route="chat", messages=body.messages, options=body.options,
+        gen = await generation.start(st, body.model, route="chat", messages=body.messages, options=body.run_options(),
                                      fmt=body.format, keep_alive=body.keep_alive, cache=body.cache,
                                      logprobs=body.logprob_count, tools=body.tools,
                                      tool_choice=body.choice, think=body.think)

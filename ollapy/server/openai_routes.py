@@ -5,7 +5,9 @@ Streaming is Server-Sent Events ending with ``data: [DONE]``;
 choices. ``response_format`` ``json_object`` / ``json_schema`` constrain the
 output with a grammar. Sampling fields map to Ollama options
 (``max_tokens`` → ``num_predict``...); the ``developer`` role is ``system``.
-Errors use OpenAI's shape.
+Errors use OpenAI's shape; a prompt that leaves no room for the answer in
+``num_ctx`` is a 400 with code ``context_length_exceeded`` (unless ``options``
+set ``truncate`` true, an ollapy extension: then it is cut as under ``/api``).
 """
 from __future__ import annotations
 
@@ -110,7 +112,7 @@ async def chat_completions(request: Request):
                                      options=body.ollama_options(), fmt=body.response_format,
                                      keep_alive=body.keep_alive, logprobs=body.logprob_count, tools=body.tools,
                                      tool_choice=body.choice, think=body.think_value,
-                                     parallel_tool_calls=body.parallel_tool_calls)
+                                     parallel_tool_calls=body.parallel_tool_calls, overflow="error")
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     base = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model,
@@ -154,7 +156,7 @@ async def completions(request: Request):
         body = CompletionBody.from_dict(await read_body(request))
         gen = await generation.start(st, body.model, route="v1/completions", prompt=body.prompt, raw=True,
                                      options=body.ollama_options(), fmt=body.response_format,
-                                     keep_alive=body.keep_alive, logprobs=body.logprob_count)
+                                     keep_alive=body.keep_alive, logprobs=body.logprob_count, overflow="error")
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model,

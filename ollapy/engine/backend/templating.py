@@ -93,6 +93,44 @@ _LOOSE_CHAR = 'char ::= [^"\\\\] |'
 _JSON_CHAR = 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |'
 
 
+_SHAPE_KEYS = frozenset(("type", "$ref", "enum", "const", "oneOf", "anyOf", "allOf", "not", "properties",
+                         "additionalProperties", "patternProperties", "items", "prefixItems", "pattern", "format",
+                         "minLength", "maxLength", "minItems", "maxItems", "minimum", "maximum", "required"))
+_ANY_TYPE = ["object", "array", "string", "number", "boolean", "null"]
+MAX_GRAMMAR_REPEAT = 512
+"""Largest ``minLength``/``maxLength``/``minItems``/``maxItems`` kept in a grammar. llama-cpp-python's converter
+spells a bound of N as N nested optional groups, and llama.cpp parses nesting recursively: Claude Code's tools
+carry ``maxLength: 524288``, a 4 MB grammar whose parse overflowed the thread's stack (a segfault). Larger bounds
+are dropped (the value is then unbounded there; the client still validates it)."""
+
+
+def loosen_schema(schema: Any) -> Any:
+    """``schema`` made fit for llama-cpp-python's JSON-schema converter, for tool schemas agents send:
+
+    * a subschema that constrains nothing (only annotations such as ``description``: JSON Schema's "any value")
+      becomes a list of all types (the converter refuses it: "Unrecognized schema");
+    * length and item-count bounds over :data:`MAX_GRAMMAR_REPEAT` are dropped.
+
+    Everything else is kept; nested subschemas are walked.
+    """
+    if isinstance(schema, list):
+        return [loosen_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    if schema and not (_SHAPE_KEYS & schema.keys()):
+        return {"type": list(_ANY_TYPE)}
+    out = {k: v for k, v in schema.items()
+           if not (k in ("minLength", "maxLength", "minItems", "maxItems") and isinstance(v, int)
+                   and v > MAX_GRAMMAR_REPEAT)}
+    for key in ("properties", "patternProperties", "$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: loosen_schema(v) for k, v in out[key].items()}
+    for key in ("items", "additionalProperties", "not", "prefixItems", "anyOf", "oneOf", "allOf"):
+        if isinstance(out.get(key), (dict, list)):
+            out[key] = loosen_schema(out[key])
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def json_schema_grammar(schema_json: str | None) -> str:
     """GBNF grammar text for JSON output: any JSON object, or one matching ``schema_json`` (a JSON string).
@@ -109,7 +147,7 @@ def json_schema_grammar(schema_json: str | None) -> str:
 
     if schema_json is None:
         return llama_grammar.JSON_GBNF
-    gbnf = llama_grammar.json_schema_to_gbnf(schema_json)
+    gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(loosen_schema(json.loads(schema_json))))
     return "\n".join(_JSON_CHAR + line[len(_LOOSE_CHAR):] if line.startswith(_LOOSE_CHAR) else line
                      for line in gbnf.split("\n"))
 
