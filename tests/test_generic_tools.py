@@ -156,8 +156,13 @@ def test_responses_input_items_become_chat_messages():
         {"role": "tool", "content": "a.txt", "tool_call_id": "c2", "tool_name": "shell"}]
     assert custom.tools[0]["function"]["parameters"]["properties"] == {"input": {"type": "string"}}
     assert custom.choice == ("required", "shell")
+    # hosted tools (OpenAI runs them) are left out; a namespace tool's functions count (Codex sends both)
+    agentish = ResponsesBody.from_dict({"model": "m", "input": "hi", "tools": [
+        {"type": "web_search"}, {"type": "namespace", "name": "mcp", "tools": [
+            {"type": "function", "name": "read_file", "parameters": {"type": "object", "properties": {}}}]}]})
+    assert [t["function"]["name"] for t in agentish.tools] == ["read_file"]
     for bad, words in (({"input": [{"type": "web_search_call"}]}, "input.0: unsupported input item type"),
-                       ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0: unsupported tool type"),
+                       ({"input": "hi", "tools": [7]}, "tools.0: a tool must be an object"),
                        ({"input": "hi", "tool_choice": "required"}, "tool_choice requires tools"),
                        ({"input": "hi", "text": {"format": {"type": "json_schema"}}}, "text.format.schema must be"),
                        ({"input": "hi", "reasoning": {"effort": "huge"}}, "invalid reasoning value"),

@@ -169,7 +169,7 @@ def test_errors_in_openais_shape(api):
     with pytest.raises(openai.NotFoundError):
         _stream(api, model="no-such-model", input="hi")
     for kw, words in (({}, "input is required"),
-                      ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0: unsupported tool type 'web_search'"),
+                      ({"input": "hi", "tools": ["web_search"]}, "tools.0: a tool must be an object"),
                       ({"input": [{"type": "message", "role": "robot", "content": "hi"}]}, "input.0.role: invalid role"),
                       ({"input": "hi", "text": {"format": {"type": "xml"}}}, "unsupported text.format type 'xml'"),
                       ({"input": "hi", "reasoning": {"effort": "high"}}, '"smol" does not support thinking')):
@@ -191,9 +191,10 @@ def test_store_previous_response_id_and_eviction(api):
     assert (got.id, got.output_text, got.usage) == (first.id, PARIS, first.usage)
     second = _create(api, input="And the capital of Italy?", previous_response_id=first.id, store=True, metadata=PAD)
     assert second.previous_response_id == first.id and second.output_text
-    # the earlier turn is in the prompt, and the slot's own KV cache served it
+    # the earlier turn is in the prompt, and the slot's own KV cache served its prompt: all of it but the last
+    # token (evaluated alone, as a decode row) and at most 3 more (the reuse resumes on the 4-token chunk grid)
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
-    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 4
     for call in (lambda: _create(api, input="And of Spain?", previous_response_id=first.id),  # evicted by second
                  lambda: api.oai.responses.retrieve(first.id),
                  lambda: _create(api, input="hi", previous_response_id="resp_never")):

@@ -8,6 +8,7 @@ the prompt code takes, and ``text.format`` is a format for the existing grammar 
 """
 from __future__ import annotations
 
+import logging
 import reprlib
 from typing import Any
 
@@ -18,6 +19,8 @@ from .bodies import Body, check_name, read_history, read_think, read_tools
 from .openai_bodies import REASONING_EFFORTS
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+
+log = logging.getLogger("ollapy.server")
 
 
 def _text(content: Any, where: str) -> str:
@@ -123,25 +126,34 @@ CUSTOM_INPUT = {"type": "object", "properties": {"input": {"type": "string"}}, "
 def read_response_tools(value: Any) -> list[dict] | None:
     """Responses ``tools`` as chat tools (``{"type": "function", "function": {...}}``, checked by
     :func:`read_tools`): flat function tools (``{"type": "function", "name", "description", "parameters"}``),
-    and custom (freeform) tools as functions taking :data:`CUSTOM_INPUT` (their ``format`` grammar is not
-    applied). Built-in tool types (web_search, file_search, mcp...) are refused: ollapy runs the client's tools
-    only."""
+    custom (freeform) tools as functions taking :data:`CUSTOM_INPUT` (their ``format`` grammar is not
+    applied), and the function tools inside a ``namespace`` tool (Codex groups MCP tools so). Built-in tool
+    types (web_search, file_search, mcp...) run on OpenAI's side: they are left out with a log line, as the
+    Anthropic route leaves out server tools, so an agent that always sends them still gets its answer."""
     if not value:
         return None
     if not isinstance(value, list):
         raise OptionError("tools must be a list of function tools")
     out = []
-    for i, t in enumerate(value):
-        kind = t.get("type") if isinstance(t, dict) else t
+    flat: list[tuple[str, Any]] = [(str(i), t) for i, t in enumerate(value)]
+    while flat:
+        where, t = flat.pop(0)
+        if not isinstance(t, dict):
+            raise OptionError(f"tools.{where}: a tool must be an object",
+                              hint='e.g. {"type": "function", "name": ..., "parameters": ...}')
+        kind = t.get("type")
+        if kind == "namespace" and isinstance(t.get("tools"), list):
+            flat[:0] = [(f"{where}.tools.{j}", x) for j, x in enumerate(t["tools"])]
+            continue
         if kind not in ("function", "custom"):
-            raise OptionError(f"tools.{i}: unsupported tool type {reprlib.repr(kind)}",
-                              hint='ollapy runs function and custom tools: {"type": "function", "name": ..., '
-                                   '"parameters": ...}')
+            log.info("responses: tool %s of type %s left out (ollapy runs the client's function tools only)",
+                     where, reprlib.repr(kind))
+            continue
         fn = {k: t[k] for k in ("name", "description", "parameters") if t.get(k) is not None}
         if kind == "custom":
             fn["parameters"] = CUSTOM_INPUT
         out.append({"type": "function", "function": fn})
-    return read_tools(out)
+    return read_tools(out) if out else None
 
 
 def custom_tool_names(value: Any) -> frozenset[str]:
