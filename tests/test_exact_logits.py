@@ -25,10 +25,10 @@ from array import array
 
 import pytest
 
-from ollapy.engine.evalorder import canonical_reuse, next_chunk_end
+from ollapy.engine.evalorder import canonical_reuse, grid_points, next_chunk_end
 
 N_PROMPT = 600  # crosses one n_ubatch (512) boundary
-SAVE_POINT = 203  # off the 4-token grid, like a system prompt's end
+SAVE_POINT = grid_points([203])[0]  # a system prompt's end (203), moved onto the 4-token grid as the engine does
 
 
 @pytest.fixture(scope="module", params=[("smollm2", "on"), ("smollm2", "off"), ("gemma3", "on"), ("gemma3", "off")],
@@ -109,7 +109,7 @@ class Harness:
         engine does. A sliding-window state holds only the in-window cells of its SWA layers, so it can only be
         used whole: the prefix saved is then exactly the canonical one (the engine never trims such a state)."""
         n = len(self.toks)
-        reuse = canonical_reuse(min(length, n - 1), n, (SAVE_POINT,))
+        reuse = canonical_reuse(min(length, n - 1), n)
         state = self.state_of_prefix(length if self.b.n_swa == 0 else reuse)
         assert self.b.state_set(seq, state)
         assert self.b.seq_rm(seq, reuse, -1)
@@ -147,10 +147,10 @@ def test_the_last_token_inside_a_chunk_is_not_what_it_is_alone(harness):
 
 
 def test_a_save_point_split_on_the_grid_computes_what_one_chunk_does(harness):
-    assert harness.cold(points=()) == harness.cold(points=(200,))
+    assert harness.cold(points=()) == harness.cold(points=(SAVE_POINT,))
 
 
-@pytest.mark.parametrize("length", [N_PROMPT - 1, N_PROMPT - 2, N_PROMPT - 17, SAVE_POINT, 512, 100])
+@pytest.mark.parametrize("length", [N_PROMPT - 1, N_PROMPT - 2, N_PROMPT - 17, 203, 512, 101])
 def test_a_restored_prefix_gives_the_cold_logits_bit_for_bit(harness, length):
     h = harness
     cold = h.cold()

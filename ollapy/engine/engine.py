@@ -45,7 +45,7 @@ from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyErro
 from ..options import Options, predict_limit
 from .backend.context import Backend
 from .cpuload import ThreadBudget
-from .evalorder import canonical_reuse, next_chunk_end, swa_checkpoints
+from .evalorder import canonical_reuse, grid_points, next_chunk_end, swa_checkpoints
 from .planner import CacheOffer, Plan, SlotView, plan_prefix
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
@@ -125,6 +125,7 @@ class Engine:
         limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)
+        save_points = grid_points(save_points)  # every chunk starts on the grid (evalorder)
         if cache and self.cache is not None and self.backend.n_swa:  # context checkpoints (evalorder)
             save_points = tuple(sorted(set(save_points) | set(swa_checkpoints(len(tokens)))))
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
@@ -421,7 +422,7 @@ class Engine:
         while True:
             cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
             plan = plan_prefix(prompt, self._views(), offer, num_ctx=self.num_ctx, kv_bytes_per_token=self._kv_per_token)
-            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt), req.save_points) < cand.n_tokens:
+            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt)) < cand.n_tokens:
                 excluded.add(cand.entry.name)  # a sliding-window state holds in-window cells only: never trimmed
                 continue
             if self._apply(plan, prompt, cand):
@@ -430,7 +431,7 @@ class Engine:
         if use_cache and offer is None and not excluded:
             self.cache.record_miss()
         slot = self.slots[plan.slot]
-        reuse = canonical_reuse(plan.reuse, len(prompt), req.save_points)
+        reuse = canonical_reuse(plan.reuse, len(prompt))
         assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)

@@ -22,11 +22,12 @@ follow it, so they compute every KV cell and the final logits identically):
 1. Prompt tokens ``[0, N-1)`` are evaluated in chunks of at least 2 tokens of
    one sequence, each chunk in its own ``llama_decode`` (so llama.cpp's
    ``split_equal`` never mixes another sequence's rows into it and never
-   leaves a 1-token remainder). A chunk ends at ``N-1``, at a save point
-   (where the prompt cache stores a state, so the cold run ends a chunk there
-   too), or at a multiple of :data:`ALIGN` within the step's token budget; it
-   never leaves exactly one token before ``N-1``. The one exception: a 2-token
-   prompt, whose first token is alone in every run.
+   leaves a 1-token remainder). Every chunk starts on a grid of :data:`ALIGN`
+   tokens and ends at ``N-1``, at a save point (where the prompt cache stores
+   a state; moved onto the grid, :func:`grid_points`), or at a grid point
+   within the step's token budget; it never leaves exactly one token before
+   ``N-1``. The one exception: a 2-token prompt, whose first token is alone
+   in every run.
 2. The last prompt token ``N-1`` is evaluated alone in its stream, in the same
    ``llama_decode`` as the other slots' decode tokens: a decode-shaped row,
    exactly as every generated token is.
@@ -45,23 +46,32 @@ ALIGN = 4
 groups of 4 with a gemm kernel and the remainder with a gemv kernel, which round differently."""
 
 
-def canonical_reuse(reuse: int, n_prompt: int, boundaries: Sequence[int] = ()) -> int:
+def canonical_reuse(reuse: int, n_prompt: int) -> int:
     """Largest prefix length ``<= reuse`` from which a cold run's chunking can be resumed, for ``n_prompt`` tokens.
 
-    A reused prefix must end where a cold run of this prompt could end a
-    chunk: at a multiple of :data:`ALIGN`, at one of ``boundaries`` (the
-    request's save points, where the cold run ends a chunk too), or at
-    ``n_prompt - 1``; and the tail ``[reuse, n_prompt-1)`` must be empty or at
-    least 2 tokens (rule 3). Raises ValueError when ``reuse`` leaves no prompt
-    token to evaluate.
+    A reused prefix must end where every cold run of this prompt ends a
+    chunk: at a multiple of :data:`ALIGN` (save points are moved onto that
+    grid by :func:`grid_points`), or at ``n_prompt - 1``; and the tail
+    ``[reuse, n_prompt-1)`` must be empty or at least 2 tokens (rule 3).
+    Raises ValueError when ``reuse`` leaves no prompt token to evaluate.
     """
     stop = n_prompt - 1
     if not 0 <= reuse <= stop:
         raise ValueError(f"reuse {reuse} must leave at least one of {n_prompt} prompt tokens to evaluate")
-    while reuse > 0 and not (reuse == stop or (stop - reuse >= 2 and (reuse % ALIGN == 0 or reuse in boundaries))):
+    while reuse > 0 and not (reuse == stop or (stop - reuse >= 2 and reuse % ALIGN == 0)):
         reuse -= 1
     assert reuse == 0 or reuse == stop or stop - reuse >= 2
     return reuse
+
+
+def grid_points(points: Sequence[int]) -> tuple[int, ...]:
+    """Save points moved down onto the :data:`ALIGN` grid (a prefix of a shared prefix is still shared).
+
+    Every chunk then starts on the grid in every run, so repacked weights
+    group the same rows in fours whatever the run (ggml-cpu ``repack.cpp``
+    counts its groups from the chunk's first row).
+    """
+    return tuple(sorted({p - p % ALIGN for p in points} - {0}))
 
 
 def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int] = ()) -> int | None:
