@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import re
 
+import httpx
 import numpy as np
 import pytest
-from conftest import HANG_GUARD_S, run_cli
+from conftest import HANG_GUARD_S, live_server, run_cli
 from rpc_helpers import RpcServer
 
 pytestmark = pytest.mark.gpu
@@ -114,6 +115,20 @@ def test_full_partial_and_no_offload_give_the_cpu_builds_greedy_text(model, requ
     for num_gpu in ("-1", "4", "0"):
         got = _run(path, "--no-cache", *FA_OFF, "-o", f"num_gpu={num_gpu}")
         assert got.stdout == expected, (num_gpu, got.stdout, expected)
+
+
+def test_ps_shows_the_share_of_the_model_on_the_gpu(smollm2_path, tmp_path):
+    """`/api/ps` size_vram and `ollapy ps` PROCESSOR follow the layers on the device (weights and KV go with
+    their layers): all 31 of SmolLM2's, then 4 of 31."""
+    with live_server(tmp_path, "--allow-paths") as url:
+        for num_gpu, on_gpu, processor in ((-1, 31, "100% GPU"), (4, 4, "87%/13% CPU/GPU")):
+            body = {"model": str(smollm2_path), "options": {"num_gpu": num_gpu}}  # no prompt: load only
+            r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
+            assert r.status_code == 200, r.text
+            (m,) = httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]
+            assert m["size_vram"] == m["size"] * on_gpu // 31, m
+            table = run_cli("ps", env={"OLLAPY_HOST": url}, timeout=HANG_GUARD_S).stdout.decode().splitlines()
+            assert processor in table[1], table
 
 
 def test_tensor_split_over_the_vulkan_device_and_a_local_rpc_server(smollm2_path, cpu_text):
