@@ -84,8 +84,10 @@ def test_info_lists_the_gpu_device_and_gpu_offload_yes():
     assert hidden["vulkan_visible_devices"] is None
 
 
-def test_a_software_vulkan_device_alone_is_made_visible_and_info_says_so(smollm2_path):
-    from ollapy.engine.backend.vulkan import build_has_vulkan, physical_devices
+def test_a_software_vulkan_device_alone_is_made_visible_and_info_says_so(smollm2_path, monkeypatch):
+    from ollapy.engine.backend.vulkan import ENV, build_has_vulkan, physical_devices
+
+    monkeypatch.delenv(ENV, raising=False)  # set in this process if a test module loaded llama.cpp here
 
     devs = physical_devices()
     if not (build_has_vulkan() and devs and all(kind == "cpu" for _, kind in devs)):
