@@ -432,8 +432,10 @@ def model_status(e: Loaded) -> dict:
         info = {}
     snap = m.snapshot()
     cache_stats = snap.cache.as_dict() if snap.cache is not None else None
-    gpu = bool(info.get("gpu_offload"))  # the runner's own figure: the server process never loads llama.cpp for it
     size = e.size or loaded_size(m)
+    # the runner's own figure (the server process never loads llama.cpp for it): [layers on devices, layers];
+    # weights and KV go with their layers (llama.cpp's offload_kqv)
+    on_gpu, layers = info.get("gpu_layers") or (0, 1)
     return {
         "key": e.key,
         "info": info,
@@ -442,7 +444,7 @@ def model_status(e: Loaded) -> dict:
         "age_s": round(snap.age_s(), 1),
         "cache": cache_stats,
         "size": size,
-        "size_vram": size if gpu else 0,
+        "size_vram": size * on_gpu // max(1, layers),
         "expires_at": e.expires_wall(),
         "active": e.active,
         "num_ctx": info.get("num_ctx", e.options.num_ctx),

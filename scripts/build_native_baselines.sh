@@ -8,7 +8,8 @@
 #                                                                # default TARGETs: all four tools
 #   export PATH="$DEST/build/bin:$PATH"                # the benchmarks then find them
 #
-# About 25 minutes on 2 cores (llama-server is most of it). Set PYTHON to the interpreter ollapy uses.
+# About 25 minutes on 2 cores (llama-server is most of it). Set PYTHON to the interpreter ollapy uses, and
+# NATIVE_CMAKE_ARGS to extra CMake flags (e.g. "-DGGML_CUDA=on" for a GPU build; use another DEST for it).
 set -euo pipefail
 dest="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/native}"
 shift || true
@@ -23,6 +24,6 @@ if [ ! -f "$dest/src/vendor/llama.cpp/CMakeLists.txt" ]; then
   tar -xzf "$dest/sdist/llama_cpp_python-$ver.tar.gz" -C "$dest/src" --strip-components=1
 fi
 cmake -S "$dest/src/vendor/llama.cpp" -B "$dest/build" -DCMAKE_BUILD_TYPE=Release \
-  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON
+  -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON ${NATIVE_CMAKE_ARGS:-}
 cmake --build "$dest/build" -j"$(nproc)" --target "${targets[@]}"
 echo "built llama.cpp $ver tools in $dest/build/bin; use: export PATH=\"$dest/build/bin:\$PATH\""

@@ -33,7 +33,7 @@ fi
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/wheels/llama-cpp-python-$VERSION-$KEY"
 WHEEL=$(ls "$CACHE"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$WHEEL" ]; then
-  echo "building llama-cpp-python $VERSION with CMAKE_ARGS='$ARGS' (about 6 min on 2 cores, once per machine)" >&2
+  echo "building llama-cpp-python $VERSION with CMAKE_ARGS='$ARGS' (on 2 cores about 6 min for a CPU build, 20+ for Vulkan; once per machine)" >&2
   TMP="$CACHE.partial.$$"
   rm -rf "$TMP" && mkdir -p "$TMP"
   CMAKE_ARGS="$ARGS" "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$TMP" "llama-cpp-python==$VERSION"

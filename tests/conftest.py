@@ -30,6 +30,34 @@ def _model_path(name: str) -> Path:
     return path
 
 
+GPU_BACKENDS = ("vulkan", "cuda", "metal", "hip", "sycl", "opencl")  # ggml backend libraries that bring a GPU
+
+
+def gpu_device_present() -> bool:
+    """True when the installed llama.cpp finds a GPU device to offload layers to (``ollapy info``'s ``gpu
+    offload``). A build without a GPU backend library answers at once; a GPU build is asked in a subprocess,
+    so that this process does not initialise llama.cpp's backends."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    if not any(any(lib.glob(f"*ggml-{name}*")) for name in GPU_BACKENDS):
+        return False
+    probe = "from ollapy.engine.backend.bindings import supports_gpu_offload; print(supports_gpu_offload())"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, cwd=str(ROOT), timeout=300)
+    return out.stdout.strip() == b"True"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped, with one reason, when there is no GPU device."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu and not gpu_device_present():
+        skip = pytest.mark.skip(reason="no GPU device: this llama.cpp build offloads to none (`ollapy info`: gpu "
+                                       "offload); scripts/test_gpu.sh runs these on Mesa's lavapipe")
+        for item in gpu:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     """Path to SmolLM2-135M-Instruct Q4_1 (verified size)."""

@@ -23,9 +23,10 @@ def free_port() -> int:
 class RpcServer:
     """One `ollapy rpc-server` child process on ``127.0.0.1:port``; :meth:`start`, :meth:`kill`, :meth:`stop`."""
 
-    def __init__(self, port: int | None = None, threads: int = 1) -> None:
+    def __init__(self, port: int | None = None, threads: int = 1, devices: list[str] | None = None) -> None:
         self.port = port or free_port()
         self.threads = threads
+        self.devices = devices or []  # ggml device names to serve (`--device`); default: the server's rule
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -40,7 +41,8 @@ class RpcServer:
         env = dict(os.environ)
         env.pop("OLLAPY_DEBUG", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "rpc-server", "--port", str(self.port),
-                                      "--threads", str(self.threads)], env=env, cwd=str(ROOT),
+                                      "--threads", str(self.threads),
+                                      *(a for d in self.devices for a in ("--device", d))], env=env, cwd=str(ROOT),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while True:

@@ -36,6 +36,7 @@ def collect_info(rpc_endpoints: str = "") -> dict:
         "system_info": report["system_info"],
         "gpu_offload": report["gpu_offload"],
         "devices": report["devices"],
+        "vulkan_visible_devices": report["vulkan_visible_devices"],  # None unless ollapy exposed a software device
         "cpu_amx": report["cpu_amx"],
         "build_amx": report["build_amx"],
         "extra_bufts": report["extra_bufts"],
@@ -69,13 +70,15 @@ def info(
         f"ollapy:            {data['ollapy']}",
         f"llama-cpp-python:  {data['llama_cpp_python']}",
         f"python:            {data['python']} ({data['platform']})",
-        f"gpu offload:       {'yes' if data['gpu_offload'] else 'no (CPU build)'}",
+        f"gpu offload:       {'yes' if data['gpu_offload'] else 'no (no GPU device in this build)'}",
         f"extra buffers:     {data['extra_bufts']}",
         f"cpu amx / build:   {data['cpu_amx']} / {data['build_amx']}",
         "devices:",
     ]
     for d in data["devices"]:
-        lines.append(f"  {d['name']:<10} {d['description']}  {_fmt_mem(d)}".rstrip())
+        lines.append(f"  {d['name']:<10} {d['description']}  {d['type']}  {_fmt_mem(d)}".rstrip())
+    if data["vulkan_visible_devices"]:
+        lines.append(f"vulkan:            {data['vulkan_visible_devices']}")
     rpc_info = data["rpc"]
     lines.append(f"rpc:               {'yes' if rpc_info['supported'] else 'no (build without -DGGML_RPC=ON)'}")
     for srv in rpc_info["servers"]:

@@ -346,6 +346,7 @@ class LoadedModel:
             "threads": b.threads,
             "devices": b.devices,
             "gpu_offload": b.gpu_offload,
+            "gpu_layers": list(b.gpu_layers),  # [offloaded, total] layers (total counts the output layer)
         }
 
     def __enter__(self) -> LoadedModel:

@@ -10,12 +10,14 @@ from __future__ import annotations
 def system_report(extra_bufts_setting: str) -> dict:
     """Versions and devices of the loaded llama.cpp build (loads llama.cpp, not a model).
 
-    Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "free",
-    "total"}], "cpu_amx", "build_amx", "extra_bufts"}`` where ``extra_bufts`` is the reason for the choice
+    Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "type",
+    "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts"}`` where
+    ``vulkan_visible_devices`` is the line saying ollapy made a software Vulkan device visible (None when it did
+    not; :mod:`ollapy.engine.backend.vulkan`) and ``extra_bufts`` is the reason for the choice
     :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
     (``auto``/``on``/``off``).
     """
-    from .backend import bindings
+    from .backend import bindings, vulkan
 
     _use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
     return {
@@ -23,6 +25,7 @@ def system_report(extra_bufts_setting: str) -> dict:
         "system_info": bindings.system_info(),
         "gpu_offload": bindings.supports_gpu_offload(),
         "devices": bindings.devices(),
+        "vulkan_visible_devices": vulkan.NOTE,
         "cpu_amx": bindings.cpu_has_amx(),
         "build_amx": bindings.build_has_amx(),
         "extra_bufts": reason,

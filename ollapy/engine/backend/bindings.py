@@ -22,6 +22,7 @@ import sys
 import threading
 
 from ..hardware import cpu_has_amx
+from . import vulkan
 
 log = logging.getLogger("ollapy.engine")
 
@@ -45,6 +46,7 @@ def _import_bindings():
     return bindings
 
 
+vulkan.expose_software_device()  # before ggml reads GGML_VK_VISIBLE_DEVICES (at its first device enumeration)
 C = _import_bindings()
 np = None  # numpy: bound by _complete_imports(), which every Backend waits for
 _imports_thread: threading.Thread | None = None
@@ -107,6 +109,8 @@ def init_backend() -> None:
             _silence_llama_log()
         C.llama_backend_init()
         _initialised = True
+        if vulkan.NOTE:
+            log.debug("%s", vulkan.NOTE)
 
 
 @C.llama_log_callback
@@ -167,32 +171,10 @@ def choose_extra_bufts(setting: str) -> tuple[bool, str]:
 
 
 def devices() -> list[dict]:
-    """The ggml devices this build found: name, description, free and total memory in bytes."""
-    init_backend()
-    lib = C._lib
-    out: list[dict] = []
-    try:
-        lib.ggml_backend_dev_count.restype = ctypes.c_size_t
-        lib.ggml_backend_dev_get.restype = ctypes.c_void_p
-        lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
-        lib.ggml_backend_dev_name.restype = ctypes.c_char_p
-        lib.ggml_backend_dev_name.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_description.restype = ctypes.c_char_p
-        lib.ggml_backend_dev_description.argtypes = [ctypes.c_void_p]
-        lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t)]
-        for i in range(lib.ggml_backend_dev_count()):
-            dev = lib.ggml_backend_dev_get(i)
-            free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-            lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
-            out.append(
-                {
-                    "name": (lib.ggml_backend_dev_name(dev) or b"").decode(),
-                    "description": (lib.ggml_backend_dev_description(dev) or b"").decode(),
-                    "free": free.value,
-                    "total": total.value,
-                }
-            )
-    except AttributeError:  # pragma: no cover - very old builds
-        pass
-    return out
+    """The ggml devices this build found, in ggml's order: ``{"name", "description", "type" ("cpu"|"gpu"|"accel"|
+    "igpu"), "backend" (ggml registry: "CPU", "Vulkan", "CUDA"...), "free", "total"}``, memory in bytes."""
+    from . import rpc
 
+    init_backend()
+    lib = rpc._lib()
+    return [rpc.describe_device(lib.ggml_backend_dev_get(i)) for i in range(lib.ggml_backend_dev_count())]

@@ -142,6 +142,9 @@ class Backend:
             if not self.model:
                 raise ModelLoadError(f"{path}: llama.cpp could not load this model (truncated or unsupported GGUF)",
                                      hint="re-download it, or set OLLAPY_DEBUG=1 to see llama.cpp's log")
+            # (layers on devices, layers) as llama.cpp counts them: the repeating layers plus the output layer
+            n_layers = C.llama_model_n_layer(self.model) + 1
+            self.gpu_layers = (min(mp.n_gpu_layers, n_layers), n_layers)
             self.vocab = C.llama_model_get_vocab(self.model)
             self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
             self.n_ctx_train = C.llama_model_n_ctx_train(self.model)

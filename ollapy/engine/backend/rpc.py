@@ -76,7 +76,8 @@ def _proc(name: str, restype, *argtypes):
 
 
 def describe_device(dev: int) -> dict:
-    """``{"name", "description", "type" ("cpu"|"gpu"|"accel"|"igpu"), "free", "total"}`` (bytes) of a device."""
+    """``{"name", "description", "type" ("cpu"|"gpu"|"accel"|"igpu"), "backend", "free", "total"}`` of a device:
+    ``backend`` is its ggml registry's name ("CPU", "Vulkan", "RPC"...), memory in bytes."""
     lib = _lib()
     free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
     lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
@@ -84,7 +85,8 @@ def describe_device(dev: int) -> dict:
         lib.ggml_backend_dev_type(dev), "other")
     return {"name": (lib.ggml_backend_dev_name(dev) or b"").decode(),
             "description": (lib.ggml_backend_dev_description(dev) or b"").decode(),
-            "type": kind, "free": free.value, "total": total.value}
+            "type": kind, "backend": (lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev)) or b"").decode(),
+            "free": free.value, "total": total.value}
 
 
 def remote_devices(endpoints: tuple[str, ...] | list[str]) -> list[int]:

@@ -1,0 +1,203 @@
+"""The GPU path on a real device: layer offload, tensor_split with RPC, the prompt cache, context shift,
+embeddings and device errors, through `ollapy` processes as users run them.
+
+Marked ``gpu``: the default suite skips them (conftest: no GPU device in this build). ``scripts/test_gpu.sh``
+runs them on Mesa's software Vulkan device (lavapipe), where decoding takes about 2 s a token: every run is a
+short prompt and a few tokens. The CPU reference is the same build with its GPUs hidden
+(``GGML_VK_VISIBLE_DEVICES=`` and ``CUDA_VISIBLE_DEVICES=`` empty: ggml then finds no GPU and the process is
+CPU-only, the code path of a CPU build), with the same attention path (``flash_attn=off``) unless a test says otherwise.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import numpy as np
+import pytest
+from conftest import HANG_GUARD_S, live_server, run_cli
+from rpc_helpers import RpcServer
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = "What is the capital of France? Answer in one word."
+GREEDY = ("-o", "temperature=0", "-o", "repeat_penalty=1", "-o", "num_predict=4", "-o", "num_ctx=512")
+FA_OFF = ("-o", "flash_attn=off")
+CPU_ONLY = {"GGML_VK_VISIBLE_DEVICES": "", "CUDA_VISIBLE_DEVICES": ""}  # ggml then finds no GPU
+SYSTEM = " ".join(f"Rule {i}: answer politely in one short sentence." for i in range(1, 9))  # > 64 tokens: cached
+
+
+def _run(model, *extra: str, env: dict | None = None, prompt: str = PROMPT):
+    out = run_cli("run", str(model), *GREEDY, "--verbose", *extra, prompt, env=env, timeout=HANG_GUARD_S)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-2000:]
+    assert out.stdout.strip(), out.stderr.decode(errors="replace")[-2000:]
+    return out
+
+
+def _offloaded(stderr: bytes) -> tuple[int, int]:
+    """(offloaded, total) layers from llama.cpp's own log line (printed with OLLAPY_DEBUG=1)."""
+    m = re.search(rb"offloaded (\d+)/(\d+) layers to GPU", stderr)
+    assert m, stderr.decode(errors="replace")[-3000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+def _reused(stderr: bytes) -> tuple[int, str]:
+    m = re.search(rb"^prompt cache: +(\d+) token\(s\) reused(?: \(([a-z ]+)\))?", stderr, re.M)
+    assert m, stderr.decode(errors="replace")[-1500:]
+    return int(m.group(1)), (m.group(2) or b"none").decode()
+
+
+@pytest.fixture(scope="module")
+def cpu_text(smollm2_path, gemma_path):
+    """The CPU build's greedy answers (flash_attn=off), per model fixture name; computed once."""
+    done: dict[str, bytes] = {}
+
+    def text(name: str) -> bytes:
+        if name not in done:
+            path = smollm2_path if name == "smollm2_path" else gemma_path
+            done[name] = _run(path, "--no-cache", *FA_OFF, env=CPU_ONLY).stdout
+        return done[name]
+
+    return text
+
+
+def _info(env: dict | None = None) -> dict:
+    out = run_cli("info", "--json", env=env, timeout=HANG_GUARD_S)
+    assert out.returncode == 0, out.stderr.decode()
+    return json.loads(out.stdout)
+
+
+def test_info_lists_the_gpu_device_and_gpu_offload_yes():
+    data = _info()
+    assert data["gpu_offload"] is True
+    gpus = [d for d in data["devices"] if d["type"] in ("gpu", "igpu")]
+    assert gpus, data["devices"]
+    for d in gpus:
+        assert d["name"].startswith(d["backend"]) and 0 < d["free"] <= d["total"], d
+    assert data["devices"][-1]["backend"] == "CPU"  # ggml registers the CPU last
+    text = run_cli("info", timeout=HANG_GUARD_S).stdout.decode()
+    assert "gpu offload:       yes" in text
+    assert re.search(rf"^  {gpus[0]['name']} +{re.escape(gpus[0]['description'])}  {gpus[0]['type']}  ", text, re.M), text
+    # with the GPUs hidden (a variable the user sets is left alone) the same build offloads nothing
+    hidden = _info(env=CPU_ONLY)
+    assert hidden["gpu_offload"] is False and [d["backend"] for d in hidden["devices"]] == ["CPU"]
+    assert hidden["vulkan_visible_devices"] is None
+
+
+def test_a_software_vulkan_device_alone_is_made_visible_and_info_says_so(smollm2_path, monkeypatch):
+    from ollapy.engine.backend.vulkan import ENV, build_has_vulkan, physical_devices
+
+    monkeypatch.delenv(ENV, raising=False)  # set in this process if a test module loaded llama.cpp here
+
+    devs = physical_devices()
+    if not (build_has_vulkan() and devs and all(kind == "cpu" for _, kind in devs)):
+        pytest.skip("not a Vulkan build whose only Vulkan devices are CPU-type (lavapipe)")
+    data = _info()
+    (gpu,) = [d for d in data["devices"] if d["backend"] == "Vulkan"]
+    assert gpu["name"] == "Vulkan0" and gpu["description"] == devs[0][0]
+    assert data["vulkan_visible_devices"].startswith("GGML_VK_VISIBLE_DEVICES=0 set by ollapy")
+    text = run_cli("info", timeout=HANG_GUARD_S).stdout.decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("vulkan:")]
+    assert devs[0][0] in line and "GGML_VK_VISIBLE_DEVICES= (empty)" in line
+    # the loader says so in its debug log
+    run = run_cli("run", str(smollm2_path), "-o", "num_predict=1", "Hi", env={"OLLAPY_DEBUG": "1"}, timeout=HANG_GUARD_S)
+    assert run.returncode == 0 and b"GGML_VK_VISIBLE_DEVICES=0 set by ollapy" in run.stderr
+
+
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma_path"])
+def test_full_partial_and_no_offload_give_the_cpu_builds_greedy_text(model, request, cpu_text):
+    path = request.getfixturevalue(model)
+    layers = 31 if model == "smollm2_path" else 19  # repeating layers plus the output layer
+    expected = cpu_text(model)
+    for num_gpu, on_gpu in ((-1, layers), (4, 4), (0, 0)):
+        got = _run(path, "--no-cache", *FA_OFF, "-o", f"num_gpu={num_gpu}", env={"OLLAPY_DEBUG": "1"})
+        assert _offloaded(got.stderr) == (on_gpu, layers)
+        assert got.stdout == expected, (num_gpu, got.stdout, expected)
+
+
+def test_ps_shows_the_share_of_the_model_on_the_gpu(smollm2_path, tmp_path):
+    """`/api/ps` size_vram and `ollapy ps` PROCESSOR follow the layers on the device (weights and KV go with
+    their layers): all 31 of SmolLM2's, then 4 of 31."""
+    with live_server(tmp_path, "--allow-paths") as url:
+        for num_gpu, on_gpu, processor in ((-1, 31, "100% GPU"), (4, 4, "87%/13% CPU/GPU")):
+            body = {"model": str(smollm2_path), "options": {"num_gpu": num_gpu}}  # no prompt: load only
+            r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
+            assert r.status_code == 200, r.text
+            (m,) = httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]
+            assert m["size_vram"] == m["size"] * on_gpu // 31, m
+            table = run_cli("ps", env={"OLLAPY_HOST": url}, timeout=HANG_GUARD_S).stdout.decode().splitlines()
+            assert processor in table[1], table
+
+
+def test_tensor_split_over_the_vulkan_device_and_a_local_rpc_server(smollm2_path, cpu_text):
+    server = RpcServer(devices=["CPU"]).start()  # the RPC host lends its CPU; this host's GPU is Vulkan0
+    try:
+        got = _run(smollm2_path, "--no-cache", *FA_OFF, "-o", f"rpc={server.endpoint}", "-o", "tensor_split=1,1")
+        assert got.stdout == cpu_text("smollm2_path")
+    finally:
+        server.kill()
+
+
+def test_prompt_cache_across_processes_on_the_device(smollm2_path, tmp_path):
+    env = {"OLLAPY_CACHE_DIR": str(tmp_path / "cache")}
+    cold = _run(smollm2_path, "--system", SYSTEM, *FA_OFF, env=env)
+    assert _reused(cold.stderr) == (0, "none")
+    warm = _run(smollm2_path, "--system", SYSTEM, *FA_OFF, env=env)
+    n, source = _reused(warm.stderr)
+    assert source == "cache disk" and n >= 64, (n, source)
+    assert warm.stdout == cold.stdout
+
+
+@pytest.mark.parametrize("fa", ["off", "auto"])
+def test_states_move_between_the_device_and_the_cpu_layout_only_when_the_salt_agrees(smollm2_path, tmp_path, fa):
+    """A state saved with layers on the device restores on the CPU and the other way round when the KV settings
+    agree (flash_attn=off on both: a disk hit, the same greedy text). With the default flash_attn the two
+    differ (off on the CPU, llama.cpp's choice with offload), and the salt keeps them apart: a miss, never a
+    wrong restore."""
+    opts = ("--system", SYSTEM) + (FA_OFF if fa == "off" else ())
+    for first, second in ((None, CPU_ONLY), (CPU_ONLY, None)):
+        env = {"OLLAPY_CACHE_DIR": str(tmp_path / f"{'gpu' if first is None else 'cpu'}-first")}
+        one = _run(smollm2_path, *opts, env={**env, **(first or {})})
+        assert _reused(one.stderr) == (0, "none")
+        two = _run(smollm2_path, *opts, env={**env, **(second or {})})
+        n, source = _reused(two.stderr)
+        if fa == "off":
+            assert source == "cache disk" and n >= 64, (first, n, source)
+        else:
+            assert (n, source) == (0, "none"), first
+        assert two.stdout == one.stdout, first
+
+
+def test_context_shift_with_every_layer_on_the_device(smollm2_path):
+    args = ("--no-cache", *FA_OFF, "-o", "num_ctx=48", "-o", "num_predict=10")  # a 45-token prompt: shifts
+    prompt = "Count to 50: 1, 2, 3,"
+    gpu = _run(smollm2_path, *args, prompt=prompt)
+    cpu = _run(smollm2_path, *args, prompt=prompt, env=CPU_ONLY)
+    for out in (gpu, cpu):
+        m = re.search(rb"^context shifts: +(\d+)", out.stderr, re.M)
+        assert m and int(m.group(1)) >= 1, out.stderr.decode(errors="replace")[-1500:]
+    assert gpu.stdout == cpu.stdout
+
+
+def test_embeddings_on_the_device_match_the_cpu(smollm2_path):
+    texts = ("The cat sat on the mat.", "Quarterly taxes are due in April.")
+    gpu = run_cli("embed", str(smollm2_path), *texts, timeout=HANG_GUARD_S)
+    cpu = run_cli("embed", str(smollm2_path), *texts, env=CPU_ONLY, timeout=HANG_GUARD_S)
+    assert gpu.returncode == 0 and cpu.returncode == 0, (gpu.stderr, cpu.stderr)
+    g = np.array([json.loads(x) for x in gpu.stdout.decode().splitlines()])
+    c = np.array([json.loads(x) for x in cpu.stdout.decode().splitlines()])
+    assert g.shape == c.shape == (2, 576)
+    assert np.allclose(np.linalg.norm(g, axis=1), 1.0, atol=1e-5)
+    cos = (g * c).sum(axis=1)  # both unit length
+    assert cos.min() > 0.999, cos  # float kernels differ between the backends; the vectors agree
+
+
+def test_a_context_the_device_cannot_hold_is_one_line_and_exit_1(smollm2_path):
+    out = run_cli("run", str(smollm2_path), "-o", "num_ctx=16000000", "-o", "num_predict=1", "Hi",
+                  timeout=HANG_GUARD_S)
+    assert out.returncode == 1, out.stderr.decode(errors="replace")[-2000:]
+    lines = out.stderr.decode().splitlines()
+    assert lines[-1].startswith("Error:") and "num_ctx" in lines[-1], lines
+    # before it only ggml-vulkan's own std::cerr lines, which bypass llama.cpp's log callback (README, GPU)
+    assert all(ln.startswith("ggml_vulkan: ") for ln in lines[:-1]), lines
+    assert out.stdout == b""
