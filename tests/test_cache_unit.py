@@ -203,10 +203,8 @@ def test_writer_killed_mid_write_leaves_nothing_trusted(tmp_path):
     proc.wait(10)
     assert tmp, "the writer never started"
     assert not target.exists()  # only the temporary file was written: nothing under a trusted name
-    assert [p for p, *_ in iter_state_files(tmp_path)] == []  # ignored while fresh
-    os.utime(tmp[0], (1, 1))
-    list(iter_state_files(tmp_path))
-    assert not tmp[0].exists()  # a stale temporary file is cleaned up
+    assert [p for p, *_ in iter_state_files(tmp_path)] == []  # no state file; the listing reaps the dead pid's temp
+    assert not tmp[0].exists()  # a temporary file whose writer (this host, this pid space) is gone is cleaned up
 
 
 # ---- the disk writer's lifecycle ----------------------------------------------------------------------------
@@ -214,7 +212,6 @@ def _slow_write(writer, d: Path, name: str, chunks: int, delay: float):
     """Queue a write of ``chunks`` x 1 KiB to ``d/name`` through a temp file, checking for abort per chunk."""
     import time
 
-    from ollapy.cache.writer import temp_prefix
     from ollapy.fsutil import write_atomically
 
     def job(check):
@@ -224,7 +221,7 @@ def _slow_write(writer, d: Path, name: str, chunks: int, delay: float):
                 time.sleep(delay)
                 f.write(b"z" * 1024)
 
-        write_atomically(d / name, body, prefix=temp_prefix(), suffix=".kv")
+        write_atomically(d / name, body, prefix=writer.tmp_prefix, suffix=".kv")
 
     writer.tmp_dirs.add(d)
     writer.submit(job)
@@ -298,23 +295,66 @@ def test_writer_runs_idle_while_serving_and_normal_when_draining(tmp_path):
     assert policy == os.SCHED_OTHER
 
 
-def test_dead_writers_temp_files_are_cleaned_at_once(tmp_path):
+def test_temp_files_are_reaped_by_their_owner_or_by_directory_time_never_by_our_clock(tmp_path):
+    """A dead writer of this pid space: reaped at once, whatever the times say. Another host's temp file: reaped
+    only once the directory (same file server clock) has changed an hour after it last grew, so a clock that
+    is hours off on either side neither reaps a live writer's file nor keeps a dead one forever."""
     import subprocess
     import sys
+    import time
 
+    from ollapy.cache.tempfiles import pid_space
     from ollapy.cache.tiers import iter_state_files
 
     d = tmp_path / "v1" / "m-s"
     d.mkdir(parents=True)
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    stale = d / f".tmp-{int(dead.stdout)}-abc.kv"
-    stale.write_bytes(b"partial")
-    mine = d / f".tmp-{os.getpid()}-abc.kv"
-    mine.write_bytes(b"in progress")
-    for p in (stale, mine):
-        os.utime(p, (os.path.getmtime(p) - 120,) * 2)  # untouched for two minutes
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    now = time.time()
+    dead_here = d / f".tmp-{dead}-{pid_space()}-abcdef-x1.kv"
+    mine = d / f".tmp-{os.getpid()}-{pid_space()}-abcdef-x2.kv"
+    other_host = d / f".tmp-{dead}-0badf00d-abcdef-x3.kv"  # that pid means nothing here
+    for p in (dead_here, mine, other_host):
+        p.write_bytes(b"partial")
+    os.utime(dead_here, (now + 7200,) * 2)  # stamped by a file server whose clock runs two hours ahead
+    os.utime(other_host, (now - 7200,) * 2)  # two hours old by our clock...
+    os.utime(d, (now - 7200 + 60,) * 2)  # ...but the directory changed only a minute after it: still being written
     list(iter_state_files(tmp_path))
-    assert not stale.exists() and mine.exists()  # a live writer's file is left alone
+    assert not dead_here.exists() and mine.exists() and other_host.exists()
+    os.utime(d, (now - 7200 + 3601,) * 2)  # an hour of directory activity since it last grew: orphaned
+    list(iter_state_files(tmp_path))
+    assert not other_host.exists() and mine.exists()
+
+
+def test_a_writer_that_gives_up_removes_only_its_own_temp_files(tmp_path):
+    """Two model names on one GGUF share a directory: one writer's timeout never deletes the other's file."""
+    import threading
+
+    from ollapy.cache.writer import CacheWriter
+    from ollapy.fsutil import write_atomically
+
+    sibling, mine = CacheWriter(), CacheWriter()
+    assert sibling.tmp_prefix != mine.tmp_prefix
+    started, gate = threading.Event(), threading.Event()
+
+    def held(check):  # the sibling is in the middle of writing a state file
+        def body(f):
+            f.write(b"half")
+            started.set()
+            gate.wait(60)
+
+        write_atomically(tmp_path / "sibling.kv", body, prefix=sibling.tmp_prefix, suffix=".kv")
+
+    sibling.tmp_dirs.add(tmp_path)
+    sibling.submit(held)
+    assert started.wait(60)
+    _slow_write(mine, tmp_path, "big.kv", chunks=10_000, delay=0.01)
+    res = mine.close(timeout=0.3)
+    assert res.unsaved == 1
+    assert [p.name.startswith(sibling.tmp_prefix) for p in tmp_path.iterdir()] == [True]
+    gate.set()
+    assert sibling.close(timeout=60).unsaved == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["sibling.kv"]
 
 
 # ---- portable sequence states -------------------------------------------------------------------------------
@@ -356,8 +396,10 @@ def test_seq_state_that_does_not_parse_is_refused():
     assert seqstate.to_portable(bytearray(struct.pack("<IiII", 1, 0, 1, 3)), 1) is None  # wrong magic
 
 
-def _bound(tmp_path: Path, n_swa: int):
-    """A BoundCache on a stand-in model (no llama.cpp): the admission rules only see tokens and bytes."""
+def _bound(tmp_path: Path, n_swa: int = 0, *, ram_bytes: int | None = None, digest: str | None = "sha256:" + SHA):
+    """A BoundCache on a stand-in model (no llama.cpp): the admission rules only see tokens and bytes.
+
+    ``digest`` None: a path model whose sha256 the cache must compute."""
     from types import SimpleNamespace
 
     from ollapy.cache import PromptCache
@@ -365,9 +407,9 @@ def _bound(tmp_path: Path, n_swa: int):
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
     backend = SimpleNamespace(cfg=SimpleNamespace(kv_cache_type="f16", flash_attn="auto"), n_swa=n_swa, token_piece=None)
-    ref = SimpleNamespace(path=model, name="m", digest="sha256:" + SHA)
-    return PromptCache(ref, None, root=tmp_path / "cache", write_back=True).bind(
-        SimpleNamespace(backend=backend, path=model, digest="sha256:" + SHA, name="m"))
+    ref = SimpleNamespace(path=model, name="m", digest=digest)
+    return PromptCache(ref, None, root=tmp_path / "cache", write_back=True, ram_bytes=ram_bytes).bind(
+        SimpleNamespace(backend=backend, path=model, digest=digest, name="m"))
 
 
 @pytest.mark.parametrize("n_swa", [0, 512])
@@ -400,3 +442,199 @@ def test_closing_a_write_back_cache_writes_only_the_newest_one_off_state(tmp_pat
     c.close()
     assert sorted(e.tokens[0] for e in c.entries.values() if e.on_disk) == [1004]
     assert c.snapshot().files_written == 1
+
+
+# ---- the cache's accounting (issue 20 item 4): one test per defect -----------------------------------------
+def test_a_disk_hit_forgets_the_ram_only_entries_it_evicts(tmp_path):
+    """A RAM-only entry evicted to hold a disk hit's payload exists nowhere else: it leaves the index too,
+    instead of taking a candidate slot for the server's lifetime."""
+    first = _bound(tmp_path)
+    disk_toks = list(range(1, 201))
+    first.store(disk_toks, lambda: b"D" * 1000, persist=True)
+    first.close()
+    c = _bound(tmp_path, ram_bytes=1500)
+    ram_toks = list(range(500, 700))
+    c.store(ram_toks, lambda: b"R" * 1000)  # a finished request's state: RAM only
+    assert c.peek(ram_toks + [1]).tier == "ram"
+    cand = c.peek(disk_toks + [7])
+    assert cand.tier == "disk" and cand.n_tokens == 200
+    c.record_hit(c.load(cand))  # the disk state moves into RAM and evicts the RAM-only one
+    assert [e.tokens for e in c.entries.values()] == [disk_toks]
+    assert c.index.entries() == [cand.entry]
+    snap = c.snapshot()
+    assert (snap.entries, snap.ram_entries, snap.ram_bytes, snap.hits_disk) == (1, 1, 1000, 1)
+    c.close()
+
+
+def test_a_disk_hit_changes_the_ram_tier_only_under_the_cache_lock(tmp_path):
+    """/api/ps and /metrics read the RAM tier under the lock (snapshot()); a hit must write it under the same lock."""
+    first = _bound(tmp_path)
+    toks = list(range(1, 201))
+    first.store(toks, lambda: b"D" * 1000, persist=True)
+    first.close()
+    c = _bound(tmp_path)
+    held: list[bool] = []
+    put = c.ram.put
+    c.ram.put = lambda e, payload: (held.append(c._lock._is_owned()), put(e, payload))[1]
+    c.record_hit(c.load(c.peek(toks + [1])))
+    assert held == [True]
+    assert c.snapshot().ram_bytes == 1000
+    c.close()
+
+
+def test_peek_offers_the_next_shorter_prefix_and_the_smaller_of_equal_ones(tmp_path):
+    """A system-prompt state behind a long chat state: excluded, the long one gives way to the shorter prefix."""
+    c = _bound(tmp_path)
+    system = list(range(1, 129))  # two blocks
+    chat = system + list(range(1000, 1400))
+    c.store(system, lambda: b"S" * 2_000, persist=True)  # the save point at the end of the system prompt
+    c.store(chat, lambda: b"C" * 50_000)  # the conversation's state, RAM only
+    prompt = chat[:140] + [7] * 10
+    long = c.peek(prompt)
+    assert (len(long.entry.tokens), long.n_tokens) == (528, 140)
+    short = c.peek(prompt, exclude={long.name})
+    assert (short.entry.tokens, short.n_tokens, short.nbytes) == (system, 128, 2_000)
+    assert c.peek(prompt, exclude={long.name, short.name}) is None
+    assert c.peek(system + [5] * 10).entry.tokens == system  # equally long matches: the smaller state
+    c.close()
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_file_another_replica_rewrote_is_read_again_not_deleted(tmp_path, defer):
+    """The header this process cached when it listed the directory is stale once a replica renamed a new copy
+    into place: the file is re-read and used, never deleted as corrupt."""
+    toks = list(range(1, 201))
+    a = _bound(tmp_path)
+    a.store(toks, lambda: b"A" * 1000, persist=True)
+    a.close()
+    b = _bound(tmp_path)  # lists the directory: the header of a's file is cached
+    cand = b.peek(toks + [1])
+    path = cand.entry.path
+    ff.write_file(path, SHA, b.salt, "m", toks, b"B" * 1200)  # another replica rewrites the same entry
+    hit = b.load(cand, defer_check=defer)
+    assert hit is not None and hit.verified() and bytes(hit.load()) == b"B" * 1200
+    b.record_hit(hit)
+    assert path.exists() and b.snapshot().corrupt == 0
+    b.close()
+
+
+def test_a_failed_deferred_check_deletes_the_file_only_if_it_was_not_rewritten_since(tmp_path):
+    toks = list(range(1, 201))
+    a = _bound(tmp_path)
+    a.store(toks, lambda: b"A" * 1000, persist=True)
+    a.close()
+    path = next((tmp_path / "cache").rglob("*.kv"))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))  # corrupt in place (same file)
+    for rewritten in (True, False):
+        b = _bound(tmp_path)
+        hit = b.load(b.peek(toks + [1]), defer_check=True)
+        assert not hit.verified()
+        if rewritten:  # a replica renamed a good copy into place while this one was being restored
+            ff.write_file(path, SHA, b.salt, "m", toks, b"G" * 1000)
+        b.record_corrupt(hit)
+        assert path.exists() is rewritten and b.snapshot().corrupt == 1
+        b.close()
+        if rewritten:
+            assert bytes(ff.read_payload(ff.read_header(path, SHA, b.salt))) == b"G" * 1000
+            path.write_bytes(bytes(data))
+
+
+def test_peek_never_waits_on_a_directory_listing_that_hangs(tmp_path, monkeypatch):
+    """The directory is listed on the cache's sync thread; the engine waits for it a bounded time at most."""
+    import threading
+
+    from ollapy.cache.tiers import DiskTier
+
+    c = _bound(tmp_path)
+    toks = list(range(1, 201))
+    c.store(toks, lambda: b"X" * 1000)
+    entered, gate, finished = threading.Event(), threading.Event(), threading.Event()
+    listed_on: list[str] = []
+    real = DiskTier.listing
+
+    def hung(self):
+        listed_on.append(threading.current_thread().name)
+        entered.set()
+        gate.wait(60)  # a guard only: the disk "comes back" when the test ends
+        finished.set()
+        return real(self)
+
+    monkeypatch.setattr(DiskTier, "listing", hung)
+    c._sync._last_request = float("-inf")  # the index is due for a refresh
+    first, second = c.peek(toks + [1]), c.peek(toks + [2])
+    assert entered.wait(60) and not finished.is_set()  # both answered while the listing still hangs
+    assert (first.tier, first.n_tokens, second.tier) == ("ram", 200, "ram")
+    assert listed_on == ["ollapy-cache-sync"]
+    gate.set()
+    c.close()
+
+
+def test_an_unhashed_model_never_stalls_the_engine_and_its_early_states_are_kept(tmp_path, monkeypatch):
+    """A path model's first request runs while its sha256 is computed: no wait, and its state is not lost."""
+    import threading
+
+    from ollapy.cache import manager
+
+    gate, finished = threading.Event(), threading.Event()
+    hashed_on: list[str] = []
+
+    def slow_sha(path, root):
+        hashed_on.append(threading.current_thread().name)
+        gate.wait(60)
+        finished.set()
+        return SHA
+
+    monkeypatch.setattr(manager, "file_sha256", slow_sha)
+    c = _bound(tmp_path, digest=None)
+    toks = list(range(1, 201))
+    assert c.peek(toks + [1]) is None  # nothing to offer yet, and no wait for the hash
+    c.store(toks, lambda: b"E" * 1000)
+    assert not finished.is_set()
+    gate.set()
+    assert c._sync.ready.wait(60)
+    cand = c.peek(toks + [1])
+    assert (cand.tier, cand.n_tokens) == ("ram", 200)
+    assert hashed_on == ["ollapy-cache-sync"]
+    c.close()
+    assert [e.tokens for e in c.entries.values() if e.on_disk] == [toks]  # written back at close
+
+
+def test_counters_are_persisted_on_the_sync_thread_never_by_the_engine(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    from ollapy.cache import stats
+
+    saved_on: list[str] = []
+    monkeypatch.setattr(stats, "_write_json", lambda path, data: saved_on.append(threading.current_thread().name))
+    c = _bound(tmp_path)
+    for _ in range(3):
+        c.record_miss()
+    deadline = time.monotonic() + 60  # a guard only: the sync thread saves within a second
+    while not saved_on and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert saved_on == ["ollapy-cache-sync"]
+    c.close()
+
+
+def test_the_bound_cache_is_the_engines_prefix_source(tmp_path):
+    """The engine meets the cache only through PrefixSource: same methods, same parameter names."""
+    import inspect
+
+    from ollapy.cache.manager import BoundCache, Candidate, Hit
+    from ollapy.engine.prefix_source import PrefixCandidate, PrefixHit, PrefixSource
+
+    c = _bound(tmp_path)
+    assert isinstance(c, PrefixSource)
+    for proto, impl in ((PrefixSource, BoundCache), (PrefixCandidate, Candidate), (PrefixHit, Hit)):
+        names = [n for n in vars(proto) if not n.startswith("_")]
+        assert names, proto
+        for n in names:
+            want = getattr(proto, n)
+            got = getattr(impl, n, None)
+            assert got is not None or n in getattr(impl, "__dataclass_fields__", {}), (impl, n)
+            if inspect.isfunction(want) and inspect.isfunction(got):
+                assert list(inspect.signature(want).parameters) == list(inspect.signature(got).parameters), n
+    c.close()

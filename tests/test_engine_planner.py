@@ -15,7 +15,7 @@ import pytest
 from fake_backend import FakeBackend
 
 from ollapy.engine.engine import Engine
-from ollapy.engine.planner import COPY_BYTES_PER_TOKEN, MIN_GAIN, CacheOffer, SlotView, plan_prefix
+from ollapy.engine.planner import COPY_BYTES_PER_TOKEN, MIN_GAIN, RESTORE_BYTES_PER_TOKEN, CacheOffer, SlotView, plan_prefix
 from ollapy.errors import Cancelled
 from ollapy.options import Options
 
@@ -106,7 +106,8 @@ class FakeCache:
         n = 0
         while n < min(len(tokens), len(self.entry.tokens)) and tokens[n] == self.entry.tokens[n]:
             n += 1
-        return SimpleNamespace(entry=self.entry, n_tokens=n, nbytes=self.entry.nbytes, tier="disk") if n else None
+        return SimpleNamespace(entry=self.entry, name=self.entry.name, n_tokens=n, nbytes=self.entry.nbytes,
+                               tier="disk") if n else None
 
     def load(self, cand, defer_check=False):
         import numpy as np
@@ -209,6 +210,48 @@ def test_cache_hit_is_never_combined_with_a_queued_copy(engine_parts):
     # 150 cached, resumed from 148: where a cold run of this prompt ends a chunk (evalorder.canonical_reuse)
     assert last.metrics.prefix_source == "cache disk" and last.metrics.prompt_cache_tokens == 148
     assert cache.events == ["hit"]
+
+
+class TwoStateCache(FakeCache):
+    """Offers saved states longest match first (each ``(tokens, nbytes)``), skipping excluded names."""
+
+    def __init__(self, states):
+        super().__init__([0])
+        self.entries = [SimpleNamespace(name=f"e{i}", tokens=list(t), nbytes=nb) for i, (t, nb) in enumerate(states)]
+        self.offered: list[str] = []
+
+    def peek(self, tokens, max_tokens=None, exclude=frozenset()):
+        best = None
+        for e in self.entries:
+            n = 0
+            while n < min(len(tokens), len(e.tokens)) and tokens[n] == e.tokens[n]:
+                n += 1
+            if e.name not in exclude and n and (best is None or n > best.n_tokens):
+                best = SimpleNamespace(entry=e, name=e.name, n_tokens=n, nbytes=e.nbytes, tier="disk")
+        if best is not None:
+            self.offered.append(best.name)
+        return best
+
+    def load(self, cand, defer_check=False):
+        self.entry = cand.entry
+        return super().load(cand, defer_check)
+
+
+def test_a_state_not_worth_its_bytes_gives_way_to_a_shorter_saved_prefix(engine_parts):
+    """A long chat state shares the most tokens but costs more bytes than those tokens are worth; the
+    system-prompt state behind it is restored instead of a cold prefill."""
+    prompt = list(range(1, 160))
+    chat = prompt[:140] + [7] * 60  # 140 shared tokens, refused on bytes
+    system = prompt[:100]
+    cache = TwoStateCache([(chat, 140 * RESTORE_BYTES_PER_TOKEN + 1), (system, 100 * 1000)])
+    b, e = engine_parts(cache)
+    text, last = e.submit(prompt, OPTS).result()
+    assert cache.offered == ["e0", "e1"]
+    assert last.metrics.prefix_source == "cache disk" and last.metrics.prompt_cache_tokens == 100
+    assert [c for c in b.calls if c[0] == "state_set"] == [("state_set", 0)]
+    assert cache.events == ["hit"]
+    cold_text, _ = engine_parts(None)[1].submit(prompt, OPTS).result()
+    assert text == cold_text
 
 
 def test_greedy_output_is_the_same_whatever_the_source(engine_parts):

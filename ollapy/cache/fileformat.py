@@ -32,17 +32,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..fsutil import write_atomically
+from .tempfiles import TMP_PREFIX as TMP_PREFIX  # re-exported: the name tests and tools match on
+from .tempfiles import writer_prefix
 
 MAGIC = b"OLLAPYKV"
 FORMAT_VERSION = 1
 SUFFIX = ".kv"
-TMP_PREFIX = ".tmp-"
 _FIXED = struct.Struct("<8sII16s")
 _MAX_HEADER = 1 << 20
 
 
 class CacheFileError(Exception):
-    """A cache file failed a check; ``str(exc)`` says which."""
+    """A cache file failed a check; ``str(exc)`` says which.
+
+    ``ident`` is the ``(st_dev, st_ino)`` of the file that failed, when it was
+    opened: a caller deletes the path only while it still names that file
+    (:func:`ollapy.cache.tiers.condemn`), never a valid file that another
+    process renamed into its place since.
+    """
+
+    ident: tuple[int, int] | None = None
+
+
+class FileReplaced(CacheFileError):
+    """The path names another file than the checked header came from (rewritten by another process): re-read it."""
 
 
 @dataclass
@@ -60,6 +73,7 @@ class Header:
     created: float
     size: int
     preview: str = ""
+    ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file this header was read from
 
 
 def _tokens_bytes(tokens) -> bytes:
@@ -92,11 +106,13 @@ WRITE_CHUNK = 8 << 20
 
 
 def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
-               preview: str = "", check=None) -> int:
+               preview: str = "", check=None, tmp_prefix: str | None = None) -> int:
     """Write a state file atomically (temporary name + rename); returns its size in bytes.
 
     ``check`` (optional) is called before every 8 MiB chunk; whatever it
     raises (the writer's abort) removes the temporary file and propagates.
+    ``tmp_prefix``: the writer's temporary-name prefix
+    (:func:`~ollapy.cache.tempfiles.writer_prefix`; a fresh one when None).
     """
     if not payload:
         raise CacheFileError("refusing to write an empty state")
@@ -110,59 +126,69 @@ def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, token
                 check()
             f.write(view[i:i + WRITE_CHUNK])
 
-    write_atomically(path, write, prefix=f"{TMP_PREFIX}{os.getpid()}-", suffix=SUFFIX)
+    write_atomically(path, write, prefix=tmp_prefix or writer_prefix(), suffix=SUFFIX)
     return len(head) + len(payload)
 
 
 def read_header(path: Path, model_sha256: str | None = None, salt: dict | None = None) -> Header:
-    """Read and check a file's header and token ids; raises CacheFileError or OSError (file gone)."""
+    """Read and check a file's header and token ids; raises CacheFileError (with ``ident``) or OSError (file gone)."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
-            raise CacheFileError("empty file")
-        fixed = f.read(_FIXED.size)
-        if len(fixed) < _FIXED.size:
-            raise CacheFileError("truncated header")
-        magic, version, hdr_len, hdr_sum = _FIXED.unpack(fixed)
-        if magic != MAGIC:
-            raise CacheFileError("bad magic")
-        if version != FORMAT_VERSION:
-            raise CacheFileError(f"unknown format version {version}")
-        if hdr_len <= 0 or hdr_len > _MAX_HEADER:
-            raise CacheFileError("bad header length")
-        raw = f.read(hdr_len)
-        if len(raw) < hdr_len:
-            raise CacheFileError("truncated header")
-        if hashlib.blake2b(raw, digest_size=16).digest() != hdr_sum:
-            raise CacheFileError("header checksum mismatch")
+        st = os.fstat(f.fileno())
         try:
-            h = json.loads(raw)
-            n_tokens = int(h["n_tokens"])
-            payload_len = int(h["payload_len"])
-            crc = int(h["payload_crc32"])
-            file_model = str(h["model_sha256"])
-            file_salt = dict(h["salt"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CacheFileError(f"bad header: {exc}") from None
-        if model_sha256 is not None and file_model != model_sha256:
-            raise CacheFileError(f"foreign model {file_model[:12]} (expected {model_sha256[:12]})")
-        if salt is not None and file_salt != salt:
-            raise CacheFileError(f"other KV settings {file_salt} (expected {salt})")
-        if n_tokens <= 0 or payload_len <= 0:
-            raise CacheFileError("zero-length tokens or payload")
-        offset = _FIXED.size + hdr_len + 4 * n_tokens
-        if size != offset + payload_len:
-            raise CacheFileError(f"size {size} != expected {offset + payload_len} (truncated or padded)")
-        tok = f.read(4 * n_tokens)
-        if len(tok) < 4 * n_tokens:
-            raise CacheFileError("truncated tokens")
-        if hashlib.blake2b(tok, digest_size=16).hexdigest() != h.get("tokens_sum"):
-            raise CacheFileError("token ids checksum mismatch")
-        a = array("i")
-        a.frombytes(tok)
+            return _read_header(f, path, st, model_sha256, salt)
+        except CacheFileError as exc:
+            exc.ident = (st.st_dev, st.st_ino)
+            raise
+
+
+def _read_header(f, path: Path, st: os.stat_result, model_sha256: str | None, salt: dict | None) -> Header:
+    size = st.st_size
+    if size == 0:
+        raise CacheFileError("empty file")
+    fixed = f.read(_FIXED.size)
+    if len(fixed) < _FIXED.size:
+        raise CacheFileError("truncated header")
+    magic, version, hdr_len, hdr_sum = _FIXED.unpack(fixed)
+    if magic != MAGIC:
+        raise CacheFileError("bad magic")
+    if version != FORMAT_VERSION:
+        raise CacheFileError(f"unknown format version {version}")
+    if hdr_len <= 0 or hdr_len > _MAX_HEADER:
+        raise CacheFileError("bad header length")
+    raw = f.read(hdr_len)
+    if len(raw) < hdr_len:
+        raise CacheFileError("truncated header")
+    if hashlib.blake2b(raw, digest_size=16).digest() != hdr_sum:
+        raise CacheFileError("header checksum mismatch")
+    try:
+        h = json.loads(raw)
+        n_tokens = int(h["n_tokens"])
+        payload_len = int(h["payload_len"])
+        crc = int(h["payload_crc32"])
+        file_model = str(h["model_sha256"])
+        file_salt = dict(h["salt"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CacheFileError(f"bad header: {exc}") from None
+    if model_sha256 is not None and file_model != model_sha256:
+        raise CacheFileError(f"foreign model {file_model[:12]} (expected {model_sha256[:12]})")
+    if salt is not None and file_salt != salt:
+        raise CacheFileError(f"other KV settings {file_salt} (expected {salt})")
+    if n_tokens <= 0 or payload_len <= 0:
+        raise CacheFileError("zero-length tokens or payload")
+    offset = _FIXED.size + hdr_len + 4 * n_tokens
+    if size != offset + payload_len:
+        raise CacheFileError(f"size {size} != expected {offset + payload_len} (truncated or padded)")
+    tok = f.read(4 * n_tokens)
+    if len(tok) < 4 * n_tokens:
+        raise CacheFileError("truncated tokens")
+    if hashlib.blake2b(tok, digest_size=16).hexdigest() != h.get("tokens_sum"):
+        raise CacheFileError("token ids checksum mismatch")
+    a = array("i")
+    a.frombytes(tok)
     return Header(path=path, model_sha256=file_model, salt=file_salt, model_name=str(h.get("model_name", "")),
                   tokens=a.tolist(), payload_len=payload_len, payload_crc32=crc, payload_offset=offset,
-                  created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")))
+                  created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")),
+                  ident=(st.st_dev, st.st_ino))
 
 
 def map_payload(hdr: Header) -> memoryview:
@@ -171,11 +197,17 @@ def map_payload(hdr: Header) -> memoryview:
     Neither a checksum nor llama.cpp's restore copies it first: the returned
     writable memoryview goes straight to ``llama_state_seq_set_data``. A file
     replaced or deleted later (another process evicting it) keeps its mapped
-    pages valid. Raises CacheFileError (truncated) or OSError.
+    pages valid. Raises FileReplaced when ``hdr.path`` names another file than
+    the one ``hdr`` was read from, CacheFileError (truncated) or OSError.
     """
     with open(hdr.path, "rb") as f:
-        if os.fstat(f.fileno()).st_size < hdr.payload_offset + hdr.payload_len:
-            raise CacheFileError("truncated payload")
+        st = os.fstat(f.fileno())
+        if (st.st_dev, st.st_ino) != hdr.ident:
+            raise FileReplaced("rewritten since its header was read")
+        if st.st_size < hdr.payload_offset + hdr.payload_len:
+            exc = CacheFileError("truncated payload")
+            exc.ident = hdr.ident
+            raise exc
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
     return memoryview(mm)[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
 
@@ -184,7 +216,9 @@ def read_payload(hdr: Header) -> memoryview:
     """:func:`map_payload` and verify the checksum before returning; raises CacheFileError or OSError."""
     view = map_payload(hdr)
     if zlib.crc32(view) != hdr.payload_crc32:
-        raise CacheFileError("payload checksum mismatch")
+        exc = CacheFileError("payload checksum mismatch")
+        exc.ident = hdr.ident
+        raise exc
     return view
 
 

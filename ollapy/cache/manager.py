@@ -1,29 +1,33 @@
 """The prompt-cache facade the engine talks to: :class:`PromptCache` and :class:`BoundCache`.
 
 ``open_prompt_cache(ref, options)`` returns a :class:`PromptCache`;
-``LoadedModel`` calls :meth:`PromptCache.bind` once its backend exists, and the
-engine calls the :class:`BoundCache` methods from its loop thread only:
-``peek`` (best candidate, nothing read yet), ``load`` (read and verify it),
-``record_hit``/``record_refused``/``record_miss`` and ``store``. Disk writes
-happen on a :class:`~ollapy.cache.writer.CacheWriter` thread; the model sha256
-is computed (or read from its on-disk memo) on a thread started at bind time.
+``LoadedModel`` calls :meth:`PromptCache.bind` once its backend exists. The
+bound cache is the engine's :class:`~ollapy.engine.prefix_source.PrefixSource`:
+the engine calls ``peek`` (best candidate, nothing read yet), ``load`` (read
+and verify it), ``record_hit``/``record_refused``/``record_corrupt``/``record_miss``
+and ``store`` from its loop thread only.
 
-Disk admission (what reaches the shared disk tier):
+This module keeps the entries, the block index and the two tiers in sync;
+*what* is worth keeping and writing is decided by
+:class:`~ollapy.cache.policy.AdmissionPolicy` (the rules are in
+:mod:`ollapy.cache.policy`).
 
-* ``store(..., persist=True)``: prefixes that later requests start with (the
-  end of a system prompt, the end of the previous chat turn) and pinned
-  states are written through at once.
-* ``persist=False``: the whole state a finished request leaves (its one-off
-  question and answer) stays in the RAM tier. It reaches disk only on
-  evidence of reuse: a later request restores at least one block more of it
-  than any persisted entry offers (a conversation that continues). A cache
-  bound with ``write_back=True`` (the CLI: one process per answer) also
-  writes its most recently used RAM-only entry when it is closed, so the
-  next process can continue that conversation.
+Threads: the engine's loop thread does no file-system work here other than
+reading a chosen state (``load``) and rare clean-ups of files that failed a
+check. Directory listings, header reads of new files, hashing a model file
+whose sha256 is neither known nor memoized, and persisting the counters run
+on the cache's sync thread (:mod:`ollapy.cache.sync`); disk writes and hit
+marks run on the :class:`~ollapy.cache.writer.CacheWriter` thread. Until the
+model's sha256 is known the cache offers nothing and keeps what the engine
+stores in memory (at most the RAM tier's bytes); it is indexed, and written
+where the policy says so, once the sha256 arrives. Entries, index and RAM
+tier are read and changed under one lock, never held across a directory
+listing or a payload read.
 
 Lifecycle: :meth:`BoundCache.close` (called by ``LoadedModel.close`` after the
-engine loop was joined) writes back, drains the writer at normal priority
-with a bounded wait and returns a :class:`~ollapy.cache.writer.DrainResult`.
+engine loop was joined) waits for the model's sha256, writes back, drains the
+writer at normal priority with a bounded wait and returns a
+:class:`~ollapy.cache.writer.DrainResult`.
 """
 from __future__ import annotations
 
@@ -37,17 +41,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
-from .fileformat import PayloadCheck
-from .index import BlockIndex, HashFn, blake2_chain
-from .salt import file_sha256, normalize_digest, salt_from_backend, salt_key
+from .fileformat import Header, PayloadCheck
+from .index import BlockIndex, HashFn, blake2_chain, common_prefix
+from .policy import WRITE_BACK_NEWEST, AdmissionPolicy
+from .salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
 from .stats import CacheStats, Stats
-from .tiers import LAYOUT, DiskTier, Entry, RamTier, delete_entry_files
+from .sync import IndexSync
+from .tiers import LAYOUT, DiskTier, Entry, RamTier
 from .writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
-WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
+__all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit", "PromptCache", "open_prompt_cache"]
 
 
 @dataclass
@@ -57,6 +63,11 @@ class Candidate:
     entry: Entry
     n_tokens: int
     tier: str  # "ram" or "disk"
+
+    @property
+    def name(self) -> str:
+        """The entry's name (what ``peek``'s ``exclude`` takes)."""
+        return self.entry.name
 
     @property
     def nbytes(self) -> int:
@@ -74,6 +85,7 @@ class Hit:
     entry: Entry
     payload: object
     check: PayloadCheck | None = None
+    header: Header | None = None  # the file header a disk payload was mapped through
 
     def load(self):
         """The state payload (checksum-verified, or being verified: see :meth:`verified`)."""
@@ -88,8 +100,8 @@ class PromptCache:
     """An unbound prompt cache for one model reference and its load options.
 
     ``write_back`` True (the CLI) writes RAM-only entries to disk at
-    :meth:`BoundCache.close`; a server leaves them in RAM (see the module
-    docstring for the admission rule).
+    :meth:`BoundCache.close`; a server leaves them in RAM (see
+    :mod:`ollapy.cache.policy` for the admission rule).
     """
 
     def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
@@ -109,21 +121,23 @@ class PromptCache:
         path = Path(getattr(loaded_model, "path", None) or self.ref.path)
         digest = normalize_digest(getattr(loaded_model, "digest", None)) or normalize_digest(getattr(self.ref, "digest", None))
         name = getattr(loaded_model, "name", None) or getattr(self.ref, "name", None) or path.name
-        bound = BoundCache(self, path, digest, salt_from_backend(loaded_model.backend), name)
-        bound.piece = getattr(loaded_model.backend, "token_piece", None)
+        backend = loaded_model.backend
         # llama.cpp saves only the in-window cells of sliding-window layers (llama_kv_cache::state_write
         # skips SWA-masked cells), so such a state restores correctly only as a whole: never trimmed.
-        bound.trimmable = int(getattr(loaded_model.backend, "n_swa", 0) or 0) == 0
-        return bound
+        return BoundCache(self, path, digest, salt_from_backend(backend), name,
+                          trimmable=int(getattr(backend, "n_swa", 0) or 0) == 0,
+                          piece=getattr(backend, "token_piece", None))
 
 
 class BoundCache:
-    """The prompt cache of one loaded model. Engine-facing methods run on its loop thread only.
+    """The prompt cache of one loaded model; satisfies :class:`ollapy.engine.prefix_source.PrefixSource`.
 
-    A context manager: leaving the ``with`` block calls :meth:`close`.
+    Engine-facing methods run on its loop thread only. A context manager:
+    leaving the ``with`` block calls :meth:`close`.
     """
 
-    def __init__(self, parent: PromptCache, model_path: Path, digest: str | None, salt: dict, model_name: str) -> None:
+    def __init__(self, parent: PromptCache, model_path: Path, digest: str | None, salt: dict, model_name: str, *,
+                 trimmable: bool = True, piece: Callable[[int], bytes] | None = None) -> None:
         self.parent = parent
         self.root = parent.root
         self.block = parent.block
@@ -131,22 +145,22 @@ class BoundCache:
         self.model_name = model_name
         self.model_path = model_path
         self.write_back = parent.write_back
-        self.piece: Callable[[int], bytes] | None = None
-        self.trimmable = True
+        self.piece = piece
+        self.policy = AdmissionPolicy(self.block, trimmable)
         self.stats = Stats(self.root)
-        self.ram = RamTier(parent.ram_bytes)
-        self._sha: str | None = digest
-        self._sha_thread: threading.Thread | None = None
-        self._ready_done = False
+        self._lock = threading.RLock()
+        self.ram = RamTier(parent.ram_bytes, lock=self._lock)
         self.index: BlockIndex | None = None
         self.disk: DiskTier | None = None
         self.entries: dict[str, Entry] = {}
-        self._lock = threading.RLock()
+        self._early: list[tuple[list[int], object, bool, bool]] = []  # stores before the sha256 was known
         self._closed = False
         self.last_drain = DrainResult()
-        if self._sha is None:
-            self._sha_thread = threading.Thread(target=self._hash_model, name="ollapy-cache-sha", daemon=True)
-            self._sha_thread.start()
+        self._sha: str | None = digest or memoized_sha256(model_path, self.root)
+        if self._sha:  # known: index the directory now (load time), not at the first request
+            self._setup()
+        self._sync = IndexSync(self._refresh, self.stats.save_if_due, setup=None if self._sha else self._hash_and_setup,
+                               fresh=self.index is not None)
 
     def __enter__(self) -> BoundCache:
         return self
@@ -154,57 +168,72 @@ class BoundCache:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    # ---- setup -----------------------------------------------------------------------------
-    def _hash_model(self) -> None:
+    @property
+    def trimmable(self) -> bool:
+        """False for sliding-window models: their states serve only whole."""
+        return self.policy.trimmable
+
+    @trimmable.setter
+    def trimmable(self, value: bool) -> None:
+        self.policy = AdmissionPolicy(self.block, value)
+
+    # ---- setup and index sync (the sync thread, or load time) --------------------------------
+    def _hash_and_setup(self) -> None:
         try:
             self._sha = file_sha256(self.model_path, self.root)
         except OSError as exc:
             log.debug("prompt cache: cannot hash %s: %s", self.model_path, exc)
+            with self._lock:
+                self._early.clear()
+            return
+        self._setup()
 
-    def _ready(self) -> bool:
-        if self._ready_done:
-            return self.index is not None
-        if self._sha_thread is not None:
-            self._sha_thread.join()
-        self._ready_done = True
-        if not self._sha:
-            return False
+    def _setup(self) -> None:
+        """Create the index and the disk tier, index the directory, then take in what was stored before."""
         skey = salt_key(self.salt)
         directory = self.root / LAYOUT / f"{self._sha[:16]}-{skey}"
         seed = hashlib.blake2b((self._sha + json.dumps(self.salt, sort_keys=True)).encode(), digest_size=16).digest()
-        self.index = BlockIndex(seed, self.block, self.parent.hash_fn)
-        self.disk = DiskTier(self.root, directory, self._sha, self.salt, self.model_name, self.parent.disk_bytes)
-        return True
-
-    @property
-    def model_sha256(self) -> str | None:
-        """The model file's sha256 (waits for the background hash)."""
-        self._ready()
-        return self._sha
-
-    @property
-    def directory(self) -> Path | None:
-        """This model's disk directory."""
-        return self.disk.dir if self._ready() else None
-
-    def _name(self, tokens: list[int]) -> str:
-        from array import array
-
-        h = hashlib.blake2b(self.index.salt + array("i", tokens).tobytes(), digest_size=16)
-        return h.hexdigest()
+        disk = DiskTier(self.root, directory, self._sha, self.salt, self.model_name, self.parent.disk_bytes)
+        listing = disk.listing()
+        fresh = {name: e for name, (path, _, _) in listing.items() if (e := disk.open_entry(name, path)) is not None}
+        with self._lock:
+            self.disk = disk
+            self.index = BlockIndex(seed, self.block, self.parent.hash_fn)
+            self._apply_listing(listing, fresh, set())
+            early, self._early = self._early, []
+            for tokens, payload, pinned, persist in early:
+                self._store_locked(tokens, lambda p=payload: p, pinned, persist)
 
     def _refresh(self) -> None:
-        """Sync the index with the disk directory: new files in, vanished files out."""
-        listing = self.disk.listing()
-        for name, e in list(self.entries.items()):
-            if name not in listing and e.on_disk and not e.pending:
+        """Sync the index with the disk directory (sync thread): new files in, vanished files out.
+
+        The listing and the header reads run without the lock; only entries
+        that were on disk before the listing started can be found vanished
+        (a write that lands during the listing is not mistaken for a deletion).
+        """
+        disk = self.disk
+        if disk is None:
+            return
+        with self._lock:
+            stable = {n for n, e in self.entries.items() if e.on_disk and not e.pending}
+            known = set(self.entries)
+        listing = disk.listing()
+        fresh = {name: e for name, (path, _, _) in listing.items()
+                 if name not in known and (e := disk.open_entry(name, path)) is not None}
+        with self._lock:
+            self._apply_listing(listing, fresh, stable)
+
+    def _apply_listing(self, listing: dict, fresh: dict[str, Entry], stable: set[str]) -> None:
+        for name in stable - listing.keys():
+            e = self.entries.get(name)
+            if e is not None and e.on_disk and not e.pending:
                 e.on_disk = False
                 if e.payload is None:
                     self._forget(e)
         for name, (path, mtime, pinned) in listing.items():
             e = self.entries.get(name)
             if e is None:
-                e = self.disk.open_entry(name, path)
+                e = fresh.get(name)
                 if e is None:
                     continue
                 self.entries[name] = e
@@ -214,45 +243,77 @@ class BoundCache:
             e.pinned = e.pinned or pinned
             e.last_used = max(e.last_used, mtime) if e.payload is not None else mtime
 
+    def _ready(self) -> bool:
+        """True once the index exists (never waits: the engine thread calls it)."""
+        return self.index is not None
+
+    def _wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` s) for the model's sha256 and the first listing; for callers off the engine thread."""
+        self._sync.ready.wait(timeout)
+        return self.index is not None
+
+    @property
+    def model_sha256(self) -> str | None:
+        """The model file's sha256 (waits for the background hash)."""
+        self._wait_ready()
+        return self._sha
+
+    @property
+    def directory(self) -> Path | None:
+        """This model's disk directory (waits for the background hash)."""
+        return self.disk.dir if self._wait_ready() else None
+
+    def _name(self, tokens: list[int]) -> str:
+        from array import array
+
+        h = hashlib.blake2b(self.index.salt + array("i", tokens).tobytes(), digest_size=16)
+        return h.hexdigest()
+
     def _forget(self, e: Entry) -> None:
         self.entries.pop(e.name, None)
         if self.index is not None:
             self.index.remove(e)
         self.ram.drop(e)
 
+    def _ram_put(self, e: Entry, payload) -> None:
+        """Hold ``e``'s payload in the RAM tier; entries it evicts that exist nowhere else are forgotten."""
+        for dropped in self.ram.put(e, payload):
+            if not dropped.persisted:
+                self._forget(dropped)
+
     # ---- engine API ------------------------------------------------------------------------
     def peek(self, tokens: list[int], max_tokens: int | None = None, exclude: set[str] = frozenset()
              ) -> Candidate | None:
         """The saved state sharing the longest verified prefix with ``tokens`` (≥ one block), or None.
 
-        Reads no payload. Entries longer than ``max_tokens`` (the slot's
-        ``num_ctx``: llama.cpp would refuse them), entries refused earlier in
-        this process and names in ``exclude`` are skipped, not deleted.
+        Reads no payload and no directory: the index is kept in sync by the
+        sync thread (a bounded wait at most, :mod:`ollapy.cache.sync`). Of
+        equally long matches the smallest state wins, then a RAM one. Entries
+        longer than ``max_tokens`` (the slot's ``num_ctx``: llama.cpp would
+        refuse them), entries refused earlier in this process and names in
+        ``exclude`` are skipped, not deleted: a caller that cannot use the
+        candidate (the planner found it too many bytes for its tokens) asks
+        again with its name excluded and gets the next shorter prefix.
         """
         if len(tokens) < self.block or self._closed or not self._ready():
             return None
+        self._sync.refresh_if_stale()
+        best: Candidate | None = None
+        best_key = None
         with self._lock:
-            self._refresh()
-
-            def usable(x: Entry) -> bool:
-                if x.refused or x.name in exclude:
-                    return False
-                if max_tokens is not None and len(x.tokens) > max_tokens:
-                    return False
-                if x.payload is None and not x.on_disk:
-                    return False
-                # a sliding-window state must be used whole, as a strict prefix of the prompt
-                return self.trimmable or len(x.tokens) < len(tokens)
-
-            tried: set[int] = set()
-            while True:
-                e, n = self.index.best(tokens, accept=lambda x: id(x) not in tried and usable(x))
-                if e is None:
-                    return None
-                tried.add(id(e))
-                if not self.trimmable and n != len(e.tokens):
+            for e in self.index.candidates(tokens):
+                if e.refused or e.name in exclude or (max_tokens is not None and len(e.tokens) > max_tokens):
                     continue
-                return Candidate(e, n, "ram" if e.payload is not None else "disk")
+                if e.payload is None and not e.on_disk:
+                    continue
+                n = common_prefix(e.tokens, tokens)
+                # a sliding-window state must be used whole, as a strict prefix of the prompt
+                if n < self.block or not (self.trimmable or n == len(e.tokens) < len(tokens)):
+                    continue
+                key = (n, -e.nbytes, e.payload is not None)
+                if best_key is None or key > best_key:
+                    best, best_key = Candidate(e, n, "ram" if e.payload is not None else "disk"), key
+        return best
 
     def load(self, cand: Candidate, defer_check: bool = False) -> Hit | None:
         """Read and verify ``cand``'s state; None (corrupt files deleted and counted) when it fails.
@@ -267,22 +328,24 @@ class BoundCache:
                 return Hit(cand.n_tokens, list(e.tokens), "ram", e, e.payload)
             if not e.on_disk or e.path is None:
                 return None
-            data = self.disk.load(e, defer_check=defer_check)
-            if data is None:
+        data = self.disk.load(e, defer_check=defer_check)  # outside the lock: /api/ps never waits on a disk read
+        if data is None:
+            with self._lock:
                 self.stats.add(corrupt=1)
                 self._forget(e)
-                return None
-            if defer_check:
-                return Hit(cand.n_tokens, list(e.tokens), "disk", e, data[0], data[1])
-            return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
+            return None
+        if defer_check:
+            view, check, header = data
+            return Hit(cand.n_tokens, list(e.tokens), "disk", e, view, check, header)
+        return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
 
     def record_corrupt(self, hit: Hit) -> None:
-        """A deferred checksum failed after the engine restored ``hit``: the file is deleted, counted as corrupt."""
+        """A deferred checksum failed after the engine restored ``hit``: counted as corrupt; the file is deleted
+        unless another process rewrote it since it was mapped."""
         e = hit.entry
-        log.debug("prompt cache: dropping %s: payload checksum mismatch", e.path.name if e.path else e.name)
+        if hit.header is not None:
+            self.disk.condemn(e, hit.header, "payload checksum mismatch")
         with self._lock:
-            if e.path is not None:
-                delete_entry_files(e.path)
             self.stats.add(corrupt=1, misses=1)
             self._forget(e)
         hit.payload = None
@@ -302,29 +365,23 @@ class BoundCache:
     def record_hit(self, hit: Hit) -> None:
         """The engine restored ``hit``: count it, mark the entry used, keep it in RAM, promote it on reuse."""
         e = hit.entry
-        e.hits += 1
-        e.last_used = time.time()
-        if hit.tier == "disk":
-            self.stats.add(hits_disk=1, tokens_reused=hit.n_tokens)
-            if e.payload is None and e.name in self.entries:
-                self.ram.put(e, hit.payload)
-        else:
-            self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
-        if e.on_disk:
-            self.disk.touch(e)
-        elif not e.pending and e.payload is not None:
-            self._maybe_promote(e, hit.n_tokens)
-        hit.payload = None
-
-    def _maybe_promote(self, e: Entry, n_used: int) -> None:
-        """Write a RAM-only entry to disk when it served at least a block more than persisted entries offer."""
         with self._lock:
-            _, n_disk = self.index.best(e.tokens[:n_used], accept=lambda x: x.persisted and x is not e and (
-                self.trimmable or len(x.tokens) <= n_used))  # an untrimmable state serves only whole
-            if n_used - n_disk < self.block:
-                return
-            log.debug("prompt cache: promoting %s (%d tokens reused, %d on disk) to disk", e.name, n_used, n_disk)
-            self._persist(e, e.payload, self._replaced_by(e.tokens, True, e.pinned))
+            e.hits += 1
+            e.last_used = time.time()
+            if hit.tier == "disk":
+                self.stats.add(hits_disk=1, tokens_reused=hit.n_tokens)
+                if e.payload is None and self.entries.get(e.name) is e:
+                    self._ram_put(e, hit.payload)
+            else:
+                self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
+            on_disk = e.on_disk
+            if not on_disk and not e.pending and e.payload is not None \
+                    and self.policy.worth_promoting(self.index, e, hit.n_tokens):
+                log.debug("prompt cache: promoting %s (%d tokens reused) to disk", e.name, hit.n_tokens)
+                self._persist(e, e.payload, self.policy.replaced_by(self.index, e.tokens, True, e.pinned))
+        if on_disk:  # mtime (LRU) and the .hit sidecar, on the writer thread
+            self.disk.writer.submit(lambda _check: self.disk.touch(e), counts_as_state=False)
+        hit.payload = None
 
     def record_refused(self, hit: Hit) -> None:
         """llama.cpp refused the state (it returns 0 when a state cannot fit): a miss; the entry is kept.
@@ -341,74 +398,61 @@ class BoundCache:
         """Nothing usable was found."""
         self.stats.add(misses=1)
 
-    def _replaced_by(self, tokens: list[int], persist: bool, pinned: bool = False) -> list[Entry]:
-        """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it.
-
-        A queued write of a replaced entry is skipped (``superseded``); its file,
-        if any, is deleted after the new state is written (same writer queue).
-        """
-        if not self.trimmable:
-            return []
-        return [r for r in self.index.covered_by(tokens)
-                if (pinned or not r.pinned) and (persist or not r.persisted)]
-
-    def _covering(self, tokens: list[int]) -> list[Entry]:
-        """Entries that can serve ``tokens`` whole: longer ones too when states can be trimmed.
-
-        States of sliding-window models cannot be trimmed (llama.cpp keeps only
-        in-window SWA cells), so for them only an entry of exactly ``tokens`` counts.
-        """
-        covering = self.index.covering(tokens)
-        if not self.trimmable:
-            covering = [e for e in covering if len(e.tokens) == len(tokens)]
-        return covering
-
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
               persist: bool = False) -> None:
         """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
 
         ``persist`` (or ``pinned``) writes through to disk; otherwise the
-        state stays in RAM until reuse proves it worth a file (module docstring).
+        state stays in RAM until reuse proves it worth a file
+        (:mod:`ollapy.cache.policy`). Before the model's sha256 is known the
+        state is kept aside in memory and indexed once it is.
         """
-        if len(tokens) < self.block or self._closed or not self._ready():
+        if len(tokens) < self.block or self._closed:
             return
         tokens = list(tokens)
-        persist = persist or pinned
         with self._lock:
-            covering = self._covering(tokens)
-            if persist:
-                covering = [e for e in covering if e.persisted]
-            covering = [e for e in covering if e.persisted or e.payload is not None]
-            if covering:
-                if pinned:
-                    for e in covering:
-                        if not e.pinned:
-                            self.disk.set_pin(e, True)
-                            break
-                self.stats.add(skipped_stores=1)
+            if self.index is None:
+                if not self._sync.ready.is_set():
+                    self._keep_early(tokens, get_state, pinned, persist)
                 return
-            payload = get_state()
-            if not payload:
-                return
-            e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
-                      preview=self._preview(tokens))
-            old = self.entries.get(e.name)
-            if old is not None:
-                self._forget(old)
-            replaced = self._replaced_by(tokens, persist, pinned)
-            for r in replaced:
-                r.superseded = True
-                self._forget(r)
-            self.entries[e.name] = e
-            self.index.add(e)
-            for dropped in self.ram.put(e, payload):
-                if not dropped.persisted:
-                    self._forget(dropped)
-            self.stats.add(stores=1, bytes_stored=len(payload))
-            if persist:
-                self._persist(e, payload, replaced)
-            elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
-                self._forget(e)
+            self._store_locked(tokens, get_state, pinned, persist)
+
+    def _keep_early(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
+        payload = get_state()
+        if not payload or len(payload) > self.ram.cap:
+            return
+        self._early.append((tokens, payload, pinned, persist))
+        while sum(len(x[1]) for x in self._early) > self.ram.cap:
+            self._early.pop(0)
+
+    def _store_locked(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
+        persist = persist or pinned
+        kept = self.policy.already_kept(self.index, tokens, persist)
+        if kept:
+            if pinned and not any(e.pinned for e in kept):
+                self.disk.set_pin(kept[0], True)
+            self.stats.add(skipped_stores=1)
+            return
+        payload = get_state()
+        if not payload:
+            return
+        e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
+                  preview=self._preview(tokens))
+        old = self.entries.get(e.name)
+        if old is not None:
+            self._forget(old)
+        replaced = self.policy.replaced_by(self.index, tokens, persist, pinned)
+        for r in replaced:
+            r.superseded = True
+            self._forget(r)
+        self.entries[e.name] = e
+        self.index.add(e)
+        self._ram_put(e, payload)
+        self.stats.add(stores=1, bytes_stored=len(payload))
+        if persist:
+            self._persist(e, payload, replaced)
+        elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
+            self._forget(e)
 
     def _persist(self, e: Entry, payload, replaced: list[Entry]) -> None:
         if self.disk.write_async(e, payload, replaced):
@@ -424,6 +468,10 @@ class BoundCache:
             return ""
 
     # ---- maintenance -----------------------------------------------------------------------
+    def refresh(self, timeout: float = 30.0) -> bool:
+        """Sync the index with the directory now (waits for the sync thread, at most ``timeout`` s)."""
+        return self._sync.refresh_now(timeout)
+
     def flush(self, timeout: float = 60.0) -> bool:
         """Wait for queued disk writes; persist the stats."""
         ok = True
@@ -436,23 +484,18 @@ class BoundCache:
         """Queue disk writes of RAM-only entries that no persisted entry covers; returns how many.
 
         ``newest``: only the ``newest`` most recently used such entries (``close``
-        writes back :data:`WRITE_BACK_NEWEST`: the conversation a next process
-        may continue, not every one-off answer of an ``--each-line`` batch);
-        None writes them all.
+        writes back :data:`~ollapy.cache.policy.WRITE_BACK_NEWEST`: the
+        conversation a next process may continue, not every one-off answer of
+        an ``--each-line`` batch); None writes them all.
         """
-        if self.disk is None:
+        if not self._wait_ready():
             return 0
         n = 0
         with self._lock:
-            todo = [e for e in self.entries.values()
-                    if not (e.persisted or e.payload is None or e.superseded)
-                    and not any(c.persisted for c in self._covering(e.tokens) if c is not e)]
-            if newest is not None:
-                todo = sorted(todo, key=lambda x: x.last_used, reverse=True)[:newest]
-            for e in sorted(todo, key=lambda x: len(x.tokens), reverse=True):
+            for e in self.policy.write_back(self.index, list(self.entries.values()), newest):
                 if e.superseded:  # replaced by a longer one written just now
                     continue
-                replaced = self._replaced_by(e.tokens, True, e.pinned)
+                replaced = self.policy.replaced_by(self.index, e.tokens, True, e.pinned)
                 for r in replaced:
                     r.superseded = True
                     self._forget(r)
@@ -477,16 +520,19 @@ class BoundCache:
         return out
 
     def close(self, timeout: float = 120.0) -> DrainResult:
-        """Write back (``write_back`` caches), drain the writer (at most ``timeout`` s), drop the RAM tier.
+        """Wait for the sha256 (at most ``timeout`` s), write back (``write_back`` caches), drain the writer,
+        drop the RAM tier.
 
         Idempotent. Returns what could not be saved (also kept as
         ``last_drain``); a KeyboardInterrupt while draining removes this
-        process's temporary files, sets ``last_drain`` and propagates.
+        cache's temporary files, sets ``last_drain`` and propagates.
         """
         if self._closed:
             return self.last_drain
         self._closed = True
         try:
+            self._wait_ready(timeout)
+            self._sync.close()
             if self.disk is not None:
                 if self.write_back:
                     self.write_back_now(newest=WRITE_BACK_NEWEST)
@@ -500,6 +546,7 @@ class BoundCache:
             with self._lock:
                 for e in list(self.ram.entries.values()):
                     self.ram.drop(e)
+                self._early.clear()
         if self.last_drain.unsaved:
             log.debug("prompt cache: %d state(s) not saved", self.last_drain.unsaved)
         return self.last_drain

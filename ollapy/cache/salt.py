@@ -33,20 +33,28 @@ def _memo_path(root: Path, path: Path) -> Path:
     return root / "digests" / f"{key}.json"
 
 
+def memoized_sha256(path: str | Path, root: Path) -> str | None:
+    """The memoized sha256 of a file (a ``stat`` and a small read), or None when it must be computed."""
+    try:
+        p = Path(path).resolve()
+        st = p.stat()
+        data = json.loads(_memo_path(root, p).read_text())
+        if data.get("path") == str(p) and data.get("size") == st.st_size and data.get("mtime_ns") == st.st_mtime_ns:
+            return normalize_digest(data.get("sha256"))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
+
+
 def file_sha256(path: str | Path, root: Path | None = None) -> str:
     """sha256 hex of a file, memoized under ``root/digests`` by (resolved path, size, mtime_ns)."""
     p = Path(path).resolve()
     st = p.stat()
     memo = _memo_path(root, p) if root is not None else None
-    if memo is not None:
-        try:
-            data = json.loads(memo.read_text())
-            if data.get("path") == str(p) and data.get("size") == st.st_size and data.get("mtime_ns") == st.st_mtime_ns:
-                d = normalize_digest(data.get("sha256"))
-                if d:
-                    return d
-        except (OSError, ValueError, AttributeError):
-            pass
+    if root is not None:
+        d = memoized_sha256(p, root)
+        if d:
+            return d
     h = hashlib.sha256()
     with open(p, "rb") as f:
         while True:

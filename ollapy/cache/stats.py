@@ -1,7 +1,8 @@
 """Prompt-cache counters, persisted across processes without a shared mutable file.
 
 Each process rewrites its own ``<root>/stats/<pid>-<nonce>.json`` atomically
-(at most once a second, and at exit). ``ollapy cache stats`` sums every file;
+(at most once a second, from the cache's sync thread, never from the engine's;
+and at exit). ``ollapy cache stats`` sums every file;
 files of processes that are gone are folded into ``total.json`` under an
 ``O_EXCL`` lock file, so the directory stays small. Each file names its host:
 a process counts as gone only when it ran on this host (replicas on other hosts
@@ -65,8 +66,11 @@ def _write_json(path: Path, data: dict) -> None:
     write_atomically(path, lambda f: f.write(json.dumps(data).encode()), suffix=".json")
 
 
+SAVE_EVERY_S = 1.0
+
+
 class Stats:
-    """This process's counters; :meth:`add` is cheap, :meth:`save` persists them."""
+    """This process's counters; :meth:`add` is cheap (memory only), :meth:`save` persists them."""
 
     def __init__(self, root: Path | None) -> None:
         self.root = root
@@ -79,12 +83,15 @@ class Stats:
             self._file = root / "stats" / f"{os.getpid()}-{os.urandom(3).hex()}.json"
 
     def add(self, **kw: int) -> None:
-        """Increase counters; persists when the last save is over a second old."""
+        """Increase counters, in memory only (no file I/O: the engine thread calls this)."""
         with self._lock:
             for k, v in kw.items():
                 self.c[k] = self.c.get(k, 0) + v
             self._dirty = True
-        if time.monotonic() - self._last_save > 1.0:
+
+    def save_if_due(self, every: float = SAVE_EVERY_S) -> None:
+        """:meth:`save` when there is something new and the last save is over ``every`` seconds old."""
+        if self._dirty and time.monotonic() - self._last_save > every:
             self.save()
 
     def snapshot(self, **gauges: int) -> CacheStats:

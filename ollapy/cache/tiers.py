@@ -14,6 +14,11 @@ on atomic renames and unlinks, which readers tolerate. A file's mtime is its
 last use (touched on every hit); ``<name>.hit`` marks entries that served a
 hit; ``<name>.pin`` marks pinned entries (written before the state file is
 renamed into place, so a pinned entry is never seen unpinned).
+Temporary files are named and reaped by the rules of :mod:`.tempfiles`.
+
+A file that fails a check is deleted only while its path still names the
+file that failed (:func:`condemn`): another process may have renamed a valid
+file into its place since this one read the header.
 """
 from __future__ import annotations
 
@@ -23,16 +28,29 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fileformat import SUFFIX, TMP_PREFIX, CacheFileError, PayloadCheck, map_payload, read_header, read_payload, write_file
+from .fileformat import (
+    SUFFIX,
+    TMP_PREFIX,
+    CacheFileError,
+    FileReplaced,
+    Header,
+    PayloadCheck,
+    map_payload,
+    read_header,
+    read_payload,
+    write_file,
+)
+from .tempfiles import pid_alive, reapable
 from .writer import CacheWriter, DrainResult
+
+__all__ = ["DiskTier", "Entry", "RamTier", "condemn", "delete_entry_files", "disk_usage", "enforce_disk_cap",
+           "iter_state_files", "pid_alive"]
 
 log = logging.getLogger("ollapy.cache")
 
 LAYOUT = "v1"
 PIN = ".pin"
 HIT = ".hit"
-STALE_TMP_S = 3600.0
-DEAD_TMP_S = 60.0
 
 
 @dataclass(eq=False)
@@ -77,24 +95,58 @@ def delete_entry_files(path: Path, keep_pin: bool = False) -> None:
         _unlink(path.with_suffix(PIN))
 
 
-class RamTier:
-    """In-process LRU of entries with payloads, bounded by ``cap`` bytes."""
+def condemn(path: Path, ident: tuple[int, int] | None, why: str) -> bool:
+    """Delete the state file at ``path`` (and its sidecars) that failed a check, if ``path`` still names it.
 
-    def __init__(self, cap: int) -> None:
+    ``ident`` is the ``(st_dev, st_ino)`` of the file that failed. When another
+    process renamed a new file into place since (a replica rewrote the entry),
+    that file is left alone: returns False. None (the failing file was never
+    opened) deletes nothing either.
+    """
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if ident is None or (st.st_dev, st.st_ino) != tuple(ident):
+        log.debug("prompt cache: %s failed (%s) but was rewritten since; kept", path.name, why)
+        return False
+    log.debug("prompt cache: dropping %s: %s", path.name, why)
+    delete_entry_files(path)
+    return True
+
+
+class RamTier:
+    """In-process LRU of entries with payloads, bounded by ``cap`` bytes.
+
+    ``lock`` (optional): the owner's lock, which every mutation must hold
+    (asserted, like the rest of the invariants: vLLM's ``block_pool.py`` style).
+    """
+
+    def __init__(self, cap: int, lock=None) -> None:
         self.cap = cap
         self.entries: dict[str, Entry] = {}
         self.bytes = 0
+        self._lock = lock
+
+    def _check(self) -> None:
+        """Invariants: bytes == sum of held payloads, every held entry has one, mutations hold the owner's lock."""
+        assert self._lock is None or self._lock._is_owned(), "RAM tier mutated without its owner's lock"
+        assert all(e.payload is not None for e in self.entries.values()), "an entry in the RAM tier lost its payload"
+        assert self.bytes == sum(len(e.payload) for e in self.entries.values()), self.bytes
 
     def put(self, e: Entry, payload) -> list[Entry]:
         """Hold ``payload`` for ``e``; returns the entries whose payloads were dropped to fit the cap."""
         if e.name in self.entries:
             self.drop(e)
         if len(payload) > self.cap:
+            self._check()
             return []
         e.payload = payload
         self.entries[e.name] = e
         self.bytes += len(payload)
-        return self.fit(keep=e)
+        out = self.fit(keep=e)
+        assert self.bytes <= self.cap and self.entries.get(e.name) is e, (self.bytes, self.cap)
+        return out
 
     def fit(self, keep: Entry | None = None) -> list[Entry]:
         """Evict until under the cap: unpinned before pinned, never-hit before hit, oldest first."""
@@ -106,68 +158,52 @@ class RamTier:
             v = min(victims, key=lambda x: (x.pinned, x.hits > 0, x.last_used))
             self.drop(v)
             out.append(v)
+        self._check()
         return out
 
     def drop(self, e: Entry) -> None:
         """Forget ``e``'s payload."""
-        if self.entries.pop(e.name, None) is not None and e.payload is not None:
+        held = self.entries.pop(e.name, None)
+        assert held is None or held is e, f"two entries named {e.name}"
+        if held is not None:
             self.bytes -= len(e.payload)
         e.payload = None
+        self._check()
 
     def pinned_bytes(self) -> int:
         """Bytes of pinned entries held in RAM."""
         return sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
 
 
-def _stale_temp(f: os.DirEntry, now: float) -> bool:
-    """A ``.tmp-<pid>-*`` file untouched for a minute whose writer process is gone here, or any older than an hour.
-
-    The minute spares a writer on another host that shares the directory
-    (its pid means nothing here) while it is still writing.
-    """
+def _reap_temp(f: os.DirEntry, dir_mtime: float) -> None:
+    """Delete temporary file ``f`` when its writer is gone (rules of :mod:`.tempfiles`)."""
     try:
-        age = now - f.stat().st_mtime
+        mtime = f.stat().st_mtime
     except OSError:
-        return False
-    pid = f.name[len(TMP_PREFIX):].split("-", 1)[0]
-    if age > DEAD_TMP_S and pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
-        return True
-    return age > STALE_TMP_S
-
-
-def pid_alive(pid: int) -> bool:
-    """True when process ``pid`` exists (on this host)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
+        return
+    if reapable(f.name, mtime, dir_mtime):  # a writer killed mid-write
+        _unlink(Path(f.path))
 
 
 def iter_state_files(root: Path):
-    """Yield ``(path, stat, pinned, hit)`` for every state file under ``root`` (all models)."""
+    """Yield ``(path, stat, pinned, hit)`` for every state file under ``root`` (all models); reaps orphaned temp files."""
     base = root / LAYOUT
     try:
         dirs = list(os.scandir(base))
     except OSError:
         return
-    now = time.time()
     for d in dirs:
         if not d.is_dir(follow_symlinks=False):
             continue
         try:
             names = list(os.scandir(d.path))
+            dir_mtime = d.stat().st_mtime
         except OSError:
             continue
         present = {n.name for n in names}
         for f in names:
             if f.name.startswith(TMP_PREFIX):
-                if _stale_temp(f, now):  # a writer killed mid-write
-                    _unlink(Path(f.path))
+                _reap_temp(f, dir_mtime)
                 continue
             if not f.name.endswith(SUFFIX):
                 continue
@@ -250,37 +286,49 @@ class DiskTier:
         return out
 
     def open_entry(self, name: str, path: Path) -> Entry | None:
-        """Read and check a file's header; a bad file is deleted (debug log says why)."""
+        """Read and check a file's header; a bad file is deleted (:func:`condemn`; debug log says why)."""
         try:
             hdr = read_header(path, self.model_sha256, self.salt)
         except CacheFileError as exc:
-            log.debug("prompt cache: dropping %s: %s", path.name, exc)
-            delete_entry_files(path)
+            condemn(path, exc.ident, str(exc))
             return None
         except OSError:
             return None  # vanished (another process evicted it)
         return Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
 
     def load(self, e: Entry, defer_check: bool = False):
-        """The entry's payload from disk, checked; None (file deleted when bad) on any failure.
+        """The entry's payload from disk, checked; None on any failure (a bad file is deleted).
 
         With ``defer_check`` the payload checksum is not awaited: returns
-        ``(payload, PayloadCheck)``, the check running on its own thread while
-        the caller restores (see :class:`~ollapy.cache.fileformat.PayloadCheck`).
+        ``(payload, PayloadCheck, header)``, the check running on its own thread
+        while the caller restores (see :class:`~ollapy.cache.fileformat.PayloadCheck`);
+        on a failed check the caller calls :meth:`condemn` with that header.
+        A header cached since the directory was listed is re-read before the
+        file is condemned: another process may have rewritten the file since.
         """
-        try:
-            if e.header is None:
-                e.header = read_header(e.path, self.model_sha256, self.salt)
-            if defer_check:
-                view = map_payload(e.header)
-                return view, PayloadCheck(view, e.header.payload_crc32)
-            return read_payload(e.header)
-        except CacheFileError as exc:
-            log.debug("prompt cache: dropping %s: %s", e.path.name, exc)
-            delete_entry_files(e.path)
-            return None
-        except OSError:
-            return None  # vanished (another process evicted it)
+        for _ in range(2):
+            cached = e.header is not None
+            try:
+                if e.header is None:
+                    e.header = read_header(e.path, self.model_sha256, self.salt)
+                if defer_check:
+                    view = map_payload(e.header)
+                    return view, PayloadCheck(view, e.header.payload_crc32), e.header
+                return read_payload(e.header)
+            except CacheFileError as exc:
+                e.header = None
+                if cached or isinstance(exc, FileReplaced):
+                    continue  # read the header again: the file may be another process's newer copy
+                condemn(e.path, exc.ident, str(exc))
+                return None
+            except OSError:
+                return None  # vanished (another process evicted it)
+        return None
+
+    def condemn(self, e: Entry, hdr: Header, why: str) -> bool:
+        """Delete ``e``'s file, read through ``hdr``, that failed a check, unless it was rewritten since."""
+        e.header = None
+        return e.path is not None and condemn(e.path, hdr.ident, why)
 
     def touch(self, e: Entry) -> None:
         """Mark a hit: mtime = now (LRU) and the ``.hit`` sidecar (kept over never-hit entries)."""
@@ -341,7 +389,7 @@ class DiskTier:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 e.path.with_suffix(PIN).touch()
             write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload, e.preview,
-                       check=check)
+                       check=check, tmp_prefix=self.writer.tmp_prefix)
             e.on_disk = True
             for r in replaced:
                 if r.path is not None and r.path != e.path and not r.pending:

@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .tempfiles import writer_prefix
+
 log = logging.getLogger("ollapy.cache")
 
 _BUSY: set[CacheWriter] = set()
@@ -82,9 +84,12 @@ class CacheWriter:
     Jobs are callables ``job(abort_check)``; a write job calls
     ``abort_check()`` between chunks, which raises :class:`Aborted` once the
     writer is closing after a timeout or Ctrl-C. ``counts_as_state`` marks
-    jobs whose loss is reported as an unsaved state. ``tmp_dirs`` lists the
-    directories where this process's temporary files (``.tmp-<pid>-*``) may
-    be left by an aborted write.
+    jobs whose loss is reported as an unsaved state. Write jobs name their
+    temporary files with ``tmp_prefix`` (unique to this writer:
+    :func:`~ollapy.cache.tempfiles.writer_prefix`); ``tmp_dirs`` lists the
+    directories where an aborted write may leave one. Giving up removes only
+    this writer's temporary files, never those of another writer sharing
+    the directory (two model names on one GGUF file).
     """
 
     def __init__(self, name: str = "ollapy-cache-writer") -> None:
@@ -99,6 +104,7 @@ class CacheWriter:
         self._thread: threading.Thread | None = None
         self._tid: int | None = None
         self.tmp_dirs: set[Path] = set()
+        self.tmp_prefix = writer_prefix()
         self.written = 0
         self.last_result = DrainResult()
 
@@ -224,17 +230,11 @@ class CacheWriter:
             t.join(timeout=5.0)  # an aborted write stops at its next chunk (8 MiB)
         if running and self.written > written:
             running = False  # it passed its last chunk check and was renamed into place after all
-        return DrainResult(unsaved=queued + running, removed=remove_own_temp_files(self.tmp_dirs))
+        return DrainResult(unsaved=queued + running, removed=remove_temp_files(self.tmp_dirs, self.tmp_prefix))
 
 
-def temp_prefix(pid: int | None = None) -> str:
-    """Prefix of the temporary files a process writes: ``.tmp-<pid>-``."""
-    return f".tmp-{os.getpid() if pid is None else pid}-"
-
-
-def remove_own_temp_files(dirs) -> int:
-    """Delete this process's ``.tmp-<pid>-*`` files in ``dirs``; returns how many were removed."""
-    prefix = temp_prefix()
+def remove_temp_files(dirs, prefix: str) -> int:
+    """Delete the files named ``prefix*`` (one writer's temporary files) in ``dirs``; returns how many."""
     n = 0
     for d in dirs:
         try:

@@ -46,7 +46,8 @@ from ..options import Options, predict_limit
 from .backend.context import Backend
 from .cpuload import ThreadBudget
 from .evalorder import canonical_reuse, grid_points, next_chunk_end, swa_checkpoints
-from .planner import CacheOffer, Plan, SlotView, plan_prefix
+from .planner import MIN_GAIN, CacheOffer, Plan, SlotView, plan_prefix
+from .prefix_source import PrefixCandidate, PrefixSource
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
 from .slot import Slot, SlotState
@@ -63,14 +64,15 @@ MAX_SHIFTS = 64
 class Engine:
     """Serve generation requests over ``backend.n_parallel`` slots of one model.
 
-    ``cache`` is an optional prompt-cache manager (``ollapy.cache``) with
-    ``lookup(tokens)`` and ``store(tokens, get_state, pinned=False)``.
+    ``cache`` is an optional prompt cache, seen only through the
+    :class:`~ollapy.engine.prefix_source.PrefixSource` Protocol.
     ``max_queue`` bounds the requests waiting for a slot; past it
     :meth:`submit` raises BusyError at once. A context manager: leaving the
     ``with`` block calls :meth:`close`.
     """
 
-    def __init__(self, backend: Backend, *, max_queue: int = 512, cache=None, load_duration_ns: int = 0) -> None:
+    def __init__(self, backend: Backend, *, max_queue: int = 512, cache: PrefixSource | None = None,
+                 load_duration_ns: int = 0) -> None:
         self.backend = backend
         self.cache = cache
         self.max_queue = max_queue
@@ -405,7 +407,7 @@ class Engine:
         return [SlotView(s.id, s.usable, s.busy, s.last_used, b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens))
                 for s in self.slots]
 
-    def _offer(self, prompt: list[int], exclude: set[str]):
+    def _offer(self, prompt: list[int], exclude: set[str]) -> tuple[PrefixCandidate | None, CacheOffer | None]:
         if self.cache is None:
             return None, None
         cand = self.cache.peek(prompt, max_tokens=self.num_ctx, exclude=exclude)
@@ -423,11 +425,14 @@ class Engine:
             cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
             plan = plan_prefix(prompt, self._views(), offer, num_ctx=self.num_ctx, kv_bytes_per_token=self._kv_per_token)
             if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt)) < cand.n_tokens:
-                excluded.add(cand.entry.name)  # a sliding-window state holds in-window cells only: never trimmed
+                excluded.add(cand.name)  # a sliding-window state holds in-window cells only: never trimmed
+                continue
+            if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
+                excluded.add(cand.name)  # not worth its bytes: a shorter saved prefix (a smaller state) may be
                 continue
             if self._apply(plan, prompt, cand):
                 break
-            excluded.add(cand.entry.name)  # unreadable or refused: plan again without it
+            excluded.add(cand.name)  # unreadable or refused: plan again without it
         if use_cache and offer is None and not excluded:
             self.cache.record_miss()
         slot = self.slots[plan.slot]
@@ -443,6 +448,7 @@ class Engine:
             reuse = 0
         del slot.tokens[reuse:]
         slot.exact = len(slot.tokens)
+        slot.check(b.seq_pos_max(slot.id) + 1)
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
@@ -451,7 +457,7 @@ class Engine:
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)
 
-    def _apply(self, plan: Plan, prompt: list[int], cand) -> bool:
+    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None) -> bool:
         """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used."""
         b = self.backend
         slot = self.slots[plan.slot]

@@ -125,4 +125,7 @@ def plan_prefix(prompt: list[int], slots: list[SlotView], offer: CacheOffer | No
         gain = n - best.reuse
         if gain >= MIN_GAIN and gain * RESTORE_BYTES_PER_TOKEN >= offer.nbytes:
             best = Plan("cache", spare.id, n, tier=offer.tier)
+    # invariants (cheap asserts): one idle destination, at least one prompt token left, a source iff reuse
+    assert 0 <= best.reuse <= limit and (best.kind == "none") == (best.reuse == 0), best
+    assert any(s.id == best.slot and not s.busy for s in slots), best
     return best

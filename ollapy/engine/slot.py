@@ -10,6 +10,10 @@ generated ones (evaluated alone, as decode rows), and after a context shift
 at most the kept ``num_keep`` prefix (the shifted rest was computed while the
 discarded tokens were still visible). Only ``tokens[:exact]`` is ever reused
 for another request or saved in the prompt cache.
+
+Invariants are cheap asserts (vLLM's ``block_pool.py`` style): :meth:`Slot.check`
+(``exact <= len(tokens)``, and ``seq_pos_max + 1 == len(tokens)`` when the
+caller passes what llama.cpp holds), in :meth:`Slot.begin` and :meth:`Slot.release`.
 """
 from __future__ import annotations
 
@@ -60,8 +64,16 @@ class Slot:
         """True while serving a request."""
         return self.state is not SlotState.IDLE
 
+    def check(self, held: int | None = None) -> None:
+        """Assert the slot's invariants; ``held``: the positions llama.cpp holds (``seq_pos_max + 1``)."""
+        assert 0 <= self.exact <= len(self.tokens), (self.id, self.exact, len(self.tokens))
+        assert held is None or held == len(self.tokens), (self.id, held, len(self.tokens))
+
     def begin(self, req: Request, keep: int) -> None:
-        """Attach a request whose prompt starts prefill at ``n_past`` (already set by the caller)."""
+        """Attach a request whose prompt starts prefill at ``len(tokens)`` (the reused prefix the caller kept)."""
+        self.check()
+        # at least one prompt token is left to evaluate, for fresh logits
+        assert self.state is SlotState.IDLE and len(self.tokens) < len(req.tokens), (self.id, len(self.tokens))
         self.request = req
         self.prompt = req.tokens
         self.keep = keep
@@ -74,6 +86,7 @@ class Slot:
 
     def release(self) -> None:
         """Detach the request and free its sampler; the KV (``tokens``) stays for reuse."""
+        self.check()
         if self.sampler is not None:
             self.sampler.close()
         self.sampler = None

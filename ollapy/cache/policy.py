@@ -1,0 +1,84 @@
+"""The prompt cache's admission policy: which states are worth keeping, and which reach the shared disk tier.
+
+:class:`AdmissionPolicy` decides; :class:`~ollapy.cache.manager.BoundCache`
+keeps the entries, the index and the tiers in sync and applies the decisions.
+The rules (vLLM's automatic prefix caching keeps every block; ollapy writes
+files that other processes read, so it writes only what is likely reused):
+
+* ``store(..., persist=True)``: prefixes that later requests start with (the
+  end of a system prompt, the end of the previous chat turn) and pinned
+  states are written through at once.
+* ``persist=False``: the whole state a finished request leaves (its one-off
+  question and answer) stays in the RAM tier. It reaches disk only on
+  evidence of reuse: a later request restores at least one block more of it
+  than any persisted entry offers (a conversation that continues:
+  :meth:`AdmissionPolicy.worth_promoting`).
+* A state that an existing entry already serves whole is not stored again
+  (:meth:`AdmissionPolicy.covering`); a new state makes the strict prefixes
+  that are no more durable than it redundant (:meth:`AdmissionPolicy.replaced_by`).
+* A cache bound with ``write_back=True`` (the CLI: one process per answer)
+  writes its most recently used RAM-only entry when it is closed, so the next
+  process can continue that conversation (:meth:`AdmissionPolicy.write_back`).
+
+States of sliding-window models cannot be trimmed (llama.cpp saves only the
+in-window cells of SWA layers), so for them a longer entry never serves a
+shorter prefix, and nothing is replaced by a longer state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .index import BlockIndex
+from .tiers import Entry
+
+WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Pure decisions over an index of :class:`~ollapy.cache.tiers.Entry`: ``block`` tokens per index block,
+    ``trimmable`` False for sliding-window models (states serve only whole)."""
+
+    block: int
+    trimmable: bool = True
+
+    def covering(self, index: BlockIndex, tokens: list[int]) -> list[Entry]:
+        """Entries that can serve ``tokens`` whole: longer ones too when states can be trimmed."""
+        covering = index.covering(tokens)
+        if not self.trimmable:
+            covering = [e for e in covering if len(e.tokens) == len(tokens)]
+        return covering
+
+    def already_kept(self, index: BlockIndex, tokens: list[int], persist: bool) -> list[Entry]:
+        """Entries that make a new state of ``tokens`` redundant (empty: store it).
+
+        A persisted entry always counts; a RAM-only one only while it holds its
+        payload and the new state would not be written through (``persist``).
+        """
+        return [e for e in self.covering(index, tokens)
+                if e.persisted or (not persist and e.payload is not None)]
+
+    def replaced_by(self, index: BlockIndex, tokens: list[int], persist: bool, pinned: bool = False) -> list[Entry]:
+        """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it."""
+        if not self.trimmable:
+            return []
+        return [r for r in index.covered_by(tokens)
+                if (pinned or not r.pinned) and (persist or not r.persisted)]
+
+    def worth_promoting(self, index: BlockIndex, e: Entry, n_used: int) -> bool:
+        """True when RAM-only ``e``, which just served ``n_used`` tokens, offers a block more than persisted entries."""
+        _, n_disk = index.best(e.tokens[:n_used], accept=lambda x: x.persisted and x is not e and (
+            self.trimmable or len(x.tokens) <= n_used))  # an untrimmable state serves only whole
+        return n_used - n_disk >= self.block
+
+    def write_back(self, index: BlockIndex, entries: list[Entry], newest: int | None) -> list[Entry]:
+        """RAM-only entries to write at close, longest first: those no persisted entry covers.
+
+        ``newest``: only the ``newest`` most recently used of them (None: all).
+        """
+        todo = [e for e in entries
+                if not (e.persisted or e.payload is None or e.superseded)
+                and not any(c.persisted for c in self.covering(index, e.tokens) if c is not e)]
+        if newest is not None:
+            todo = sorted(todo, key=lambda x: x.last_used, reverse=True)[:newest]
+        return sorted(todo, key=lambda x: len(x.tokens), reverse=True)
