@@ -37,11 +37,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import config
-from .fileformat import Header, PayloadCheck
+from .candidate import Candidate, Hit
 from .index import BlockIndex, HashFn, blake2_chain, common_prefix
 from .policy import WRITE_BACK_NEWEST, AdmissionPolicy
 from .salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
@@ -54,46 +53,6 @@ log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
 __all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit", "PromptCache", "open_prompt_cache"]
-
-
-@dataclass
-class Candidate:
-    """The best saved prefix for a prompt, before anything is read: ``n_tokens`` verified shared tokens."""
-
-    entry: Entry
-    n_tokens: int
-    tier: str  # "ram" or "disk"
-
-    @property
-    def name(self) -> str:
-        """The entry's name (what ``peek``'s ``exclude`` takes)."""
-        return self.entry.name
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the state a restore moves."""
-        return self.entry.nbytes
-
-
-@dataclass
-class Hit:
-    """A verified prefix match: restore ``load()`` (state of all ``tokens``), then trim to ``n_tokens``."""
-
-    n_tokens: int
-    tokens: list[int]
-    tier: str
-    entry: Entry
-    payload: object
-    check: PayloadCheck | None = None
-    header: Header | None = None  # the file header a disk payload was mapped through
-
-    def load(self):
-        """The state payload (checksum-verified, or being verified: see :meth:`verified`)."""
-        return self.payload
-
-    def verified(self) -> bool:
-        """True when the payload's checksum matched (waits for a deferred check; RAM payloads are trusted)."""
-        return self.check is None or self.check.ok()
 
 
 class PromptCache:
