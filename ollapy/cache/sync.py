@@ -11,12 +11,15 @@ One thread per bound cache (``ollapy-cache-sync``) runs, in order:
 
 The engine thread only reads the in-memory index. Before it looks up a
 prompt it calls :meth:`IndexSync.refresh_if_stale`: when the last refresh was
-asked for more than :data:`REFRESH_EVERY_S` ago it asks for one and waits for
-it at most :data:`REFRESH_WAIT_S`. On a healthy disk a refresh takes a
-millisecond or two, so a state that another process (a replica, a previous
-``ollapy run``) just wrote is found. While a refresh is still running it never
-waits: a disk that hangs costs the engine one bounded wait, and no slot
-stalls behind it (the cache then answers from the index it has).
+asked for more than :data:`REFRESH_EVERY_S` ago (or ten times the last
+refresh's duration, whichever is longer: a slow disk is listed less often) it
+asks for one, and waits for it at most :data:`REFRESH_WAIT_S`, and only when
+the previous refresh took under :data:`FAST_REFRESH_S`. On a healthy disk a
+refresh takes a millisecond or two, so a state that another process (a
+replica, a previous ``ollapy run``) just wrote is found. While a refresh is
+still running it never waits. So a disk that turns slow or hangs costs the
+engine one bounded wait, after which no slot waits for it at all (the cache
+answers from the index it has, refreshed in the background).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ log = logging.getLogger("ollapy.cache")
 
 REFRESH_EVERY_S = 0.1
 REFRESH_WAIT_S = 0.25
+FAST_REFRESH_S = 0.05
 TICK_S = 1.0
 
 
@@ -50,6 +54,7 @@ class IndexSync:
         self._requested = 0  # refreshes asked for
         self._done = 0  # refreshes whose results are in the index
         self._last_request = time.monotonic() if fresh else float("-inf")  # fresh: the directory was just listed
+        self._last_duration = 0.0  # seconds the last refresh took
         self._stop = False
         self.ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -73,8 +78,10 @@ class IndexSync:
                     return
                 want = self._requested
             if want > self._done:
+                t0 = time.monotonic()
                 self._call(self._refresh, "refresh")
                 with self._cv:
+                    self._last_duration = time.monotonic() - t0
                     self._done = want
                     self._cv.notify_all()
             self._call(self._tick, "tick")
@@ -86,17 +93,21 @@ class IndexSync:
         return self._requested
 
     def refresh_if_stale(self, every: float = REFRESH_EVERY_S, wait: float = REFRESH_WAIT_S) -> bool:
-        """The engine's call: refresh when the last one was asked for over ``every`` s ago, waiting ``wait`` s at most.
+        """The engine's call: ask for a refresh when the index is older than ``every`` s (or ten refresh
+        durations), and wait for it ``wait`` s at most when refreshes are fast (module docstring).
 
         Returns True when the index is as fresh as asked; False when a refresh
-        is still running (not waited for again) or the cache is not set up yet.
+        is still running, was not waited for (slow disk), or the cache is not
+        set up yet.
         """
         with self._cv:
             if not self.ready.is_set() or self._requested > self._done:
                 return False
-            if time.monotonic() - self._last_request < every:
+            if time.monotonic() - self._last_request < max(every, 10 * self._last_duration):
                 return True
             ticket = self._ask()
+            if self._last_duration >= FAST_REFRESH_S:
+                return False
             return self._cv.wait_for(lambda: self._done >= ticket or self._stop, wait)
 
     def refresh_now(self, timeout: float) -> bool:
