@@ -432,10 +432,10 @@ class BoundCache:
         return self._sync.refresh_now(timeout)
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait for queued disk writes; persist the stats."""
-        ok = True
+        """Wait (at most ``timeout`` s) for the model's sha256 and then for queued disk writes; persist the stats."""
+        ok = self._wait_ready(timeout)
         if self.disk is not None:
-            ok = self.disk.flush(timeout)
+            ok = self.disk.flush(timeout) and ok
         self.stats.save()
         return ok
 
