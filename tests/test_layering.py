@@ -212,6 +212,8 @@ def test_cli_server_and_runtime_reach_the_backend_only_through_the_core():
     offenders = [f"{p.relative_to(ROOT)} -> {m}" for p in callers for m in sorted(_absolute_imports(p))
                  if m == "ollapy.engine.backend" or m.startswith("ollapy.engine.backend.")]
     assert offenders == []
+
+
 def test_the_engine_meets_the_cache_only_through_its_prefix_source_protocol():
     """engine.py types its cache as engine/prefix_source.py's PrefixSource and imports nothing of ollapy.cache;
     the cache imports nothing of the engine (it satisfies the Protocol structurally)."""
