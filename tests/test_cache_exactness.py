@@ -85,8 +85,9 @@ def test_a_server_restart_restores_the_prefix_and_answers_the_same(tmp_path, smo
 
 
 def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gemma_path):
-    """Sliding-window states serve only whole; context checkpoints (every 512 tokens) let a prompt sharing two
-    thirds of a 1,500-token prefix reuse a checkpoint after a restart, and answer exactly as a cold server."""
+    """Sliding-window states serve only whole; context checkpoints (every 512 tokens, persisted) let the same
+    prompt after a restart, and a prompt sharing two thirds of its 1,500-token prefix, restore a checkpoint, and
+    answer exactly as a cold server."""
     import httpx
 
     sentences = [f"Line {i}: the keeper logged wind speed {i * 7 % 40} knots and wave height {i % 9} metres."
@@ -109,6 +110,8 @@ def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gem
         partial = ask(url, part)
     with live_server(tmp_path / "cold", "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
         cold = ask(url, part)
-    assert again["prompt_cache_tokens"] >= first["prompt_eval_count"] - 4 and again["response"] == first["response"]
+    # a server keeps a finished request's state in RAM only: after the restart the persisted checkpoints serve
+    last_checkpoint = (first["prompt_eval_count"] - 2) // 512 * 512
+    assert again["prompt_cache_tokens"] == last_checkpoint and again["response"] == first["response"]
     assert partial["prompt_cache_tokens"] == 512  # the checkpoint below the shared part (~1,000 tokens)
     assert partial["response"] == cold["response"]

@@ -275,7 +275,7 @@ def test_finished_state_is_stored_ram_only_and_save_points_persist(engine_parts)
     e.submit(prompt, OPTS, save_points=(30,)).result()
     # the finished state is its exact cells: the 58 prompt tokens evaluated in chunks, not the last prompt
     # token nor the decoded ones (decode-shaped rows: a longer cold prompt computes them inside a chunk)
-    assert cache.stored == [(30, True), (58, False)]
+    assert cache.stored == [(28, True), (58, False)]  # the save point 30 moved down onto the 4-token chunk grid
 
 
 def test_cancel_records_the_phase(engine_parts):
