@@ -13,8 +13,18 @@ from pydantic import Field, field_validator
 from ..errors import OptionError, UsageError
 from .bodies import Body, LogprobsBody, ToolsBody, check_name, read_history, read_think
 
-
 # ---- OpenAI (/v1) ---------------------------------------------------------------------------------
+
+def read_effort(value: Any, field: str) -> Any:
+    """A think level from OpenAI's ``reasoning_effort`` (a string) or ``reasoning`` (``{"effort": ...}``); None
+    for a ``reasoning`` object without one. Raises OptionError for a level not in :data:`REASONING_EFFORTS`."""
+    effort = value.get("effort") if field == "reasoning" and isinstance(value, dict) else value
+    if field == "reasoning" and effort is None:
+        return None
+    if effort not in REASONING_EFFORTS:
+        raise OptionError(f"invalid {field} value {reprlib.repr(effort)}", hint='use "high", "medium", "low" or "none"')
+    return effort
+
 class StreamOptions(Body):
     """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk with ``usage``."""
 
@@ -127,16 +137,7 @@ class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):
         return read_history([{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
                              for m in v])
 
-    @field_validator("reasoning_effort", "reasoning")
-    @classmethod
-    def _effort(cls, v: Any, info) -> Any:
-        effort = v.get("effort") if info.field_name == "reasoning" and isinstance(v, dict) else v
-        if info.field_name == "reasoning" and effort is None:
-            return None
-        if effort not in REASONING_EFFORTS:
-            raise OptionError(f"invalid {info.field_name} value {reprlib.repr(effort)}",
-                              hint='use "high", "medium", "low" or "none"')
-        return effort
+    _effort = field_validator("reasoning_effort", "reasoning")(classmethod(lambda cls, v, info: read_effort(v, info.field_name)))
 
     @property
     def think_value(self) -> bool | str | None:

@@ -16,7 +16,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import OptionError, UsageError
 from .bodies import Body, check_name, read_history, read_think, read_tools
-from .openai_bodies import REASONING_EFFORTS
+from .openai_bodies import REASONING_EFFORTS, read_effort
 
 _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
 
@@ -262,16 +262,7 @@ class ResponsesBody(Body):
     _tool_choice = field_validator("tool_choice")(classmethod(lambda cls, v: read_response_tool_choice(v)))
     _text_format = field_validator("text")(classmethod(lambda cls, v: read_text_format(v)))
 
-    @field_validator("reasoning_effort", "reasoning")
-    @classmethod
-    def _effort(cls, v: Any, info) -> Any:
-        effort = v.get("effort") if info.field_name == "reasoning" and isinstance(v, dict) else v
-        if info.field_name == "reasoning" and effort is None:
-            return None
-        if effort not in REASONING_EFFORTS:
-            raise OptionError(f"invalid {info.field_name} value {reprlib.repr(effort)}",
-                              hint='use "high", "medium", "low" or "none"')
-        return effort
+    _effort = field_validator("reasoning_effort", "reasoning")(classmethod(lambda cls, v, info: read_effort(v, info.field_name)))
 
     @field_validator("background", "conversation")
     @classmethod
