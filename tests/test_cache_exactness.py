@@ -113,5 +113,6 @@ def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gem
     # a server keeps a finished request's state in RAM only: after the restart the persisted checkpoints serve
     last_checkpoint = (first["prompt_eval_count"] - 2) // 512 * 512
     assert again["prompt_cache_tokens"] == last_checkpoint and again["response"] == first["response"]
-    assert partial["prompt_cache_tokens"] == 512  # the checkpoint below the shared part (~1,000 tokens)
+    # a checkpoint below the shared part (the first 50 of 80 lines, about 1,030 tokens): not the whole prefix
+    assert partial["prompt_cache_tokens"] in (512, 1024) and partial["prompt_cache_tokens"] < partial["prompt_eval_count"]
     assert partial["response"] == cold["response"]
