@@ -402,10 +402,25 @@ class Engine:
                 log.exception("could not start request")
                 req.push(DecodeError(f"could not start request: {exc}"))
 
-    def _views(self) -> list[SlotView]:
+    def _views(self, holed: set[int] = frozenset()) -> list[SlotView]:
+        """What the planner sees of each slot; a slot in ``holed`` offers no prefix (:meth:`_window_holed`)."""
         b = self.backend
-        return [SlotView(s.id, s.usable, s.busy, s.last_used, b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens))
-                for s in self.slots]
+        return [SlotView(s.id, () if s.id in holed else s.usable, s.busy, s.last_used,
+                         b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens)) for s in self.slots]
+
+    def _window_holed(self, seq: int, reuse: int) -> bool:
+        """True when a sliding-window model's ``seq`` trimmed to ``reuse`` would attend with holes.
+
+        llama.cpp server's rule (``pos_min_thold``): the sliding-window cache of
+        the sequence must still hold position ``reuse - n_swa``; a state
+        restored from the cache holds only its in-window cells, and a trim
+        below them leaves that cache empty (``seq_pos_min`` -1).
+        """
+        b = self.backend
+        if not b.n_swa or not reuse:
+            return False
+        pos_min = b.seq_pos_min(seq)
+        return pos_min < 0 or pos_min > max(0, reuse - b.n_swa)
 
     def _offer(self, prompt: list[int], exclude: set[str]) -> tuple[PrefixCandidate | None, CacheOffer | None]:
         if self.cache is None:
@@ -421,9 +436,16 @@ class Engine:
         prompt = req.tokens
         use_cache = self.cache is not None and req.cache
         excluded: set[str] = set()
+        holed: set[int] = set()
         while True:
             cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
-            plan = plan_prefix(prompt, self._views(), offer, num_ctx=self.num_ctx, kv_bytes_per_token=self._kv_per_token)
+            plan = plan_prefix(prompt, self._views(holed), offer, num_ctx=self.num_ctx,
+                               kv_bytes_per_token=self._kv_per_token)
+            if plan.kind in ("slot", "copy"):
+                src = plan.donor if plan.kind == "copy" else plan.slot
+                if self._window_holed(src, canonical_reuse(plan.reuse, len(prompt))):
+                    holed.add(src)  # its in-window cells do not reach down to the reuse point: plan again
+                    continue
             if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt)) < cand.n_tokens:
                 excluded.add(cand.name)  # a sliding-window state holds in-window cells only: never trimmed
                 continue
@@ -441,9 +463,7 @@ class Engine:
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)
             reuse = 0
-        if b.n_swa and reuse and b.seq_pos_min(slot.id) > max(0, reuse - b.n_swa):
-            # llama.cpp server's guard: the sliding window of position `reuse` reaches below the cells this
-            # sequence still holds (a trimmed in-window state); attending with holes would change the answer
+        if self._window_holed(slot.id, reuse):  # never attend with holes (a safety net: planned around above)
             b.seq_clear(slot.id)
             reuse = 0
         del slot.tokens[reuse:]
