@@ -159,3 +159,43 @@ def test_the_runner_child_imports_nothing_from_the_working_directory(tmp_path, s
     assert planted.returncode == 0, planted.stderr
     assert planted.stdout == clean.stdout
     assert sorted(p.name for p in work.iterdir()) == ["logging.py", "queue.py"]  # no mark left: never imported
+
+
+def test_stopping_the_server_mid_stream_ends_the_stream_and_prints_no_traceback(tmp_path, smollm2_path):
+    """SIGINT while a stream runs: the generation is cancelled at once, the stream's last line is an error line
+    (the client sees a complete answer), and serve exits 0 without a traceback (found by a fresh-user trial)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("OLLAPY_DEBUG", None)
+    boot = ("import signal,sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "sys.argv=['ollapy','serve','--allow-paths']; from ollapy.cli import main; main()")
+    proc = subprocess.Popen([sys.executable, "-c", boot], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            try:
+                if httpx.get(url, timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        body = {"model": str(smollm2_path), "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9,", "raw": True, "stream": True,
+                "options": {"temperature": 0, "repeat_penalty": 1, "num_predict": 3000}}
+        lines = []
+        with httpx.stream("POST", url + "/api/generate", json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if not line:
+                    continue
+                lines.append(json.loads(line))
+                if len(lines) == 3:
+                    proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert len(lines) < 1000 and "error" in lines[-1] and not lines[-1].get("done")  # cut short, then ended
+    assert b"Traceback" not in err and b"Exception in ASGI application" not in err, err.decode(errors="replace")

@@ -58,7 +58,17 @@ def serve(
         raise typer.Exit(0)
 
     previous = signal.signal(signal.SIGTERM, _terminated)
-    server = uvicorn.Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults, api_key=key), host=h, port=port,
+    from ..server import generation
+
+    class Server(uvicorn.Server):
+        """uvicorn's server whose first exit signal also cancels the running generations: their streams end
+        with an error line at once, instead of being cut (with a traceback) when the graceful wait runs out."""
+
+        def handle_exit(self, sig, frame) -> None:
+            generation.cancel_all()
+            super().handle_exit(sig, frame)
+
+    server = Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults, api_key=key), host=h, port=port,
                                            log_level="debug" if config.debug() else "warning",
                                            timeout_graceful_shutdown=5))
     try:

@@ -17,6 +17,7 @@ import dataclasses
 import datetime
 import logging
 import time
+import weakref
 from typing import Any, AsyncIterator
 
 from .. import generic_tools
@@ -86,10 +87,26 @@ def _clean_message(m: Any) -> dict:
     return out
 
 
+LIVE: weakref.WeakSet[Generation] = weakref.WeakSet()
+"""Every generation not yet garbage: what :func:`cancel_all` ends when the server shuts down."""
+
+
+def cancel_all() -> int:
+    """Cancel every unfinished generation (the engine ends each within one step; its stream then ends with an
+    error line, so a shutting-down server's connections close instead of being cut). Returns how many."""
+    n = 0
+    for gen in list(LIVE):
+        if not gen.finished and not gen.closed:
+            gen.req.cancel()
+            n += 1
+    return n
+
+
 class Generation:
     """A running request: ``chunks()`` yields engine chunks; ``close()`` cancels (if unfinished) and releases."""
 
     def __init__(self, state, entry, req, load_ns: int, t0: float, route: str, reply: ReplyParser | None = None) -> None:
+        LIVE.add(self)
         self.reply = reply or ReplyParser()  # splits the text into thinking, content and tool calls
         self.state = state
         self.entry = entry
