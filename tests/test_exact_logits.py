@@ -25,10 +25,10 @@ from array import array
 
 import pytest
 
-from ollapy.engine.evalorder import canonical_reuse, grid_points, next_chunk_end
+from ollapy.engine.evalorder import canonical_reuse, grid_for, grid_points, next_chunk_end
 
 N_PROMPT = 600  # crosses one n_ubatch (512) boundary
-SAVE_POINT = grid_points([203])[0]  # a system prompt's end (203), moved onto the 4-token grid as the engine does
+SYSTEM_END = 203  # a system prompt's end; the engine moves it down onto the model's grid (Harness.save_point)
 
 
 @pytest.fixture(scope="module", params=[("smollm2", "on"), ("smollm2", "off"), ("gemma3", "on"), ("gemma3", "off")],
@@ -56,17 +56,20 @@ class Harness:
         self.b = backend
         self.toks = toks
         self._cold: dict[tuple, bytes] = {}
+        self.align = grid_for(backend.n_swa)  # 4, or 64 for a sliding-window model (evalorder.SWA_ALIGN)
+        self.save_point = grid_points([SYSTEM_END], self.align)[0]
 
     def chunk(self, seq: int, start: int, end: int, want_last: bool = False) -> None:
         n = end - start
         want = array("b", [0] * (n - 1) + [1 if want_last else 0])
         self.b.decode(array("i", self.toks[start:end]), array("i", range(start, end)), array("i", [seq] * n), want)
 
-    def canonical_prefill(self, seq: int, start: int, stop: int, points=(SAVE_POINT,)) -> list[tuple[int, int]]:
+    def canonical_prefill(self, seq: int, start: int, stop: int, points=None) -> list[tuple[int, int]]:
         """Chunks of ``[start, stop)`` exactly as the engine makes them (budget n_ubatch each step)."""
+        points = (self.save_point,) if points is None else points
         done = []
         while start < stop:
-            end = next_chunk_end(start, stop, self.b.n_ubatch, points)
+            end = next_chunk_end(start, stop, self.b.n_ubatch, points, self.align)
             self.chunk(seq, start, end)
             done.append((start, end))
             start = end
@@ -86,8 +89,9 @@ class Harness:
         self.b.decode(t, p, s, array("b", [1] * len(t)))
         return self.b.logits_row(len(t) - 1).tobytes()
 
-    def cold(self, seq: int = 0, points=(SAVE_POINT,)) -> bytes:
+    def cold(self, seq: int = 0, points=None) -> bytes:
         """The reference: a cold canonical prefill (memoized per save-point set: the model is deterministic)."""
+        points = (self.save_point,) if points is None else points
         key = tuple(points)
         if key not in self._cold:
             self._cold[key] = self._cold_run(seq, points)
@@ -109,7 +113,7 @@ class Harness:
         engine does. A sliding-window state holds only the in-window cells of its SWA layers, so it can only be
         used whole: the prefix saved is then exactly the canonical one (the engine never trims such a state)."""
         n = len(self.toks)
-        reuse = canonical_reuse(min(length, n - 1), n)
+        reuse = canonical_reuse(min(length, n - 1), n, self.align)
         state = self.state_of_prefix(length if self.b.n_swa == 0 else reuse)
         assert self.b.state_set(seq, state)
         assert self.b.seq_rm(seq, reuse, -1)
@@ -147,7 +151,7 @@ def test_the_last_token_inside_a_chunk_is_not_what_it_is_alone(harness):
 
 
 def test_a_save_point_split_on_the_grid_computes_what_one_chunk_does(harness):
-    assert harness.cold(points=()) == harness.cold(points=(SAVE_POINT,))
+    assert harness.cold(points=()) == harness.cold(points=(harness.save_point,))
 
 
 @pytest.mark.parametrize("length", [N_PROMPT - 1, N_PROMPT - 2, N_PROMPT - 17, 203, 512, 101])

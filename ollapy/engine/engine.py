@@ -45,7 +45,7 @@ from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyErro
 from ..options import Options, predict_limit
 from .backend.context import Backend
 from .cpuload import ThreadBudget
-from .evalorder import canonical_reuse, grid_points, next_chunk_end, swa_checkpoints
+from .evalorder import canonical_reuse, grid_for, grid_points, next_chunk_end, swa_checkpoints
 from .planner import MIN_GAIN, CacheOffer, Plan, SlotView, plan_prefix
 from .prefix_source import PrefixCandidate, PrefixSource
 from .request import Chunk, Request
@@ -85,6 +85,7 @@ class Engine:
         self.steps = 0
         self.requests_done = 0
         self._kv_per_token = backend.kv_bytes_per_token()
+        self.align = grid_for(backend.n_swa)  # the canonical order's chunk grid (evalorder)
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
                                           adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
@@ -127,7 +128,7 @@ class Engine:
         limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)
-        save_points = grid_points(save_points)  # every chunk starts on the grid (evalorder)
+        save_points = grid_points(save_points, self.align)  # every chunk starts on the grid (evalorder)
         if cache and self.cache is not None and self.backend.n_swa:  # context checkpoints (evalorder)
             save_points = tuple(sorted(set(save_points) | set(swa_checkpoints(len(tokens)))))
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
@@ -254,7 +255,7 @@ class Engine:
             if start >= stop:
                 continue  # only the last prompt token is left: it goes with the single rows
             # chunks end at save points with the cache off too: every run of this prompt has the same chunks
-            end = next_chunk_end(start, stop, min(budget, n_ubatch), s.request.save_points)
+            end = next_chunk_end(start, stop, min(budget, n_ubatch), s.request.save_points, self.align)
             if end is None:
                 continue
             if not self._decode_chunk(s, start, end):
@@ -443,10 +444,10 @@ class Engine:
                                kv_bytes_per_token=self._kv_per_token)
             if plan.kind in ("slot", "copy"):
                 src = plan.donor if plan.kind == "copy" else plan.slot
-                if self._window_holed(src, canonical_reuse(plan.reuse, len(prompt))):
+                if self._window_holed(src, canonical_reuse(plan.reuse, len(prompt), self.align)):
                     holed.add(src)  # its in-window cells do not reach down to the reuse point: plan again
                     continue
-            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt)) < cand.n_tokens:
+            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt), self.align) < cand.n_tokens:
                 excluded.add(cand.name)  # a sliding-window state holds in-window cells only: never trimmed
                 continue
             if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
@@ -458,7 +459,7 @@ class Engine:
         if use_cache and offer is None and not excluded:
             self.cache.record_miss()
         slot = self.slots[plan.slot]
-        reuse = canonical_reuse(plan.reuse, len(prompt))
+        reuse = canonical_reuse(plan.reuse, len(prompt), self.align)
         assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)
@@ -537,6 +538,8 @@ class Engine:
         Keeps ``tokens`` equal to the cells the sequence holds, and makes the
         state a finished request leaves exactly its reusable prefix.
         """
+        if self.backend.n_swa:  # a sliding-window state is saved whole: it must end on the grid (evalorder)
+            s.exact -= s.exact % self.align
         if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
             del s.tokens[s.exact:]
         elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable

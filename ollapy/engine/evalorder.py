@@ -44,37 +44,56 @@ from collections.abc import Sequence
 ALIGN = 4
 """Chunk starts are multiples of this (rule 1): ggml-cpu's repacked weights (``repack.cpp``) multiply rows in
 groups of 4 with a gemm kernel and the remainder with a gemv kernel, which round differently."""
+SWA_ALIGN = 64
+"""The grid of a sliding-window model (:func:`grid_for`). A saved state holds only the in-window cells of its
+SWA layers; restored, they sit from KV cell 0 instead of at their positions, so the attention sums over the KV
+dimension see every key shifted by the first kept position. The sums group keys by index (16 lanes, 4
+accumulators: ``GGML_F16_STEP`` 64 in ``vec_dot_f16``; ``KN`` 16 in tinyBLAS): a shift by a multiple of 64 keeps
+every key in its lane, and the masked keys before it add exact zeros. Measured: a Gemma 3 state of 958 tokens
+(shift 446) changed a greedy answer at its 30th token; states on this grid do not."""
 
 
-def canonical_reuse(reuse: int, n_prompt: int) -> int:
+def grid_for(n_swa: int) -> int:
+    """The chunk grid of a model: :data:`SWA_ALIGN` with a sliding window (``n_swa`` > 0), else :data:`ALIGN`."""
+    return SWA_ALIGN if n_swa else ALIGN
+
+
+def canonical_reuse(reuse: int, n_prompt: int, align: int = ALIGN) -> int:
     """Largest prefix length ``<= reuse`` from which a cold run's chunking can be resumed, for ``n_prompt`` tokens.
 
     A reused prefix must end where every cold run of this prompt ends a
-    chunk: at a multiple of :data:`ALIGN` (save points are moved onto that
-    grid by :func:`grid_points`), or at ``n_prompt - 1``; and the tail
+    chunk: on the model's grid ``align`` (:func:`grid_for`; save points are
+    moved onto it by :func:`grid_points`), or at ``n_prompt - 1`` (not for a
+    sliding-window model, whose states must sit on its grid); and the tail
     ``[reuse, n_prompt-1)`` must be empty or at least 2 tokens (rule 3).
     Raises ValueError when ``reuse`` leaves no prompt token to evaluate.
     """
     stop = n_prompt - 1
     if not 0 <= reuse <= stop:
         raise ValueError(f"reuse {reuse} must leave at least one of {n_prompt} prompt tokens to evaluate")
-    while reuse > 0 and not (reuse == stop or (stop - reuse >= 2 and reuse % ALIGN == 0)):
+    def resumable(r: int) -> bool:
+        # the last prompt token's position ends every run's chunks (the 4-grid's partial group is the same), but a
+        # sliding-window state must sit on its grid whatever its length (see SWA_ALIGN)
+        on_grid = r % align == 0 or (align == ALIGN and r == stop)
+        return on_grid and (r == stop or stop - r >= 2)
+
+    while reuse > 0 and not resumable(reuse):
         reuse -= 1
     assert reuse == 0 or reuse == stop or stop - reuse >= 2
     return reuse
 
 
-def grid_points(points: Sequence[int]) -> tuple[int, ...]:
+def grid_points(points: Sequence[int], align: int = ALIGN) -> tuple[int, ...]:
     """Save points moved down onto the :data:`ALIGN` grid (a prefix of a shared prefix is still shared).
 
     Every chunk then starts on the grid in every run, so repacked weights
     group the same rows in fours whatever the run (ggml-cpu ``repack.cpp``
     counts its groups from the chunk's first row).
     """
-    return tuple(sorted({p - p % ALIGN for p in points} - {0}))
+    return tuple(sorted({p - p % align for p in points} - {0}))
 
 
-def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int] = ()) -> int | None:
+def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int] = (), align: int = ALIGN) -> int | None:
     """End of the next prefill chunk ``[start, end)`` of the region ``[start, stop)``, or None to wait a step.
 
     ``stop`` is the last prompt token's position (``N-1``: rule 2 evaluates it
@@ -92,9 +111,9 @@ def next_chunk_end(start: int, stop: int, budget: int, save_points: Sequence[int
         if start + 2 <= p < end and stop - p != 1:
             return p
     if end < stop:
-        aligned = end - end % ALIGN  # the next chunk starts on the grid
+        aligned = end - end % align  # the next chunk starts on the grid
         if stop - aligned == 1:
-            aligned -= ALIGN
+            aligned -= align
         if aligned - start >= 2:
             end = aligned
         elif stop - end == 1:  # a budget under 2 * ALIGN (num_batch < 8): off the grid rather than never
