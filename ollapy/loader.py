@@ -139,7 +139,23 @@ def open_local(ref, options: Options, *, cache: bool = True, write_back: bool = 
         except Exception:  # noqa: BLE001 - a cache that cannot open never stops a model from loading
             log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
     return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=prompt_cache,
-                       max_queue=max_queue, digest=getattr(ref, "digest", None))
+                       max_queue=max_queue, digest=getattr(ref, "digest", None), draft_path=draft_path(options))
+
+
+def draft_path(options: Options) -> Path | None:
+    """The GGUF file of the draft model that ``options.draft`` names (a store name, or a path: a relative one
+    from the working directory), or None for no draft model (``""``, ``ngram``). Raises ModelNotFound."""
+    from .options import draft_model
+
+    name = draft_model(options.draft)
+    if not name:
+        return None
+    if is_path_like(name):
+        p = Path(os.path.expanduser(name)).resolve()
+        if not p.is_file():
+            raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft")
+        return p
+    return resolve(name, pull=False).path
 
 
 def close_all(timeout: float = 120.0) -> int:

@@ -40,7 +40,7 @@ from typing import Any, Callable
 from . import config
 from .admission import Resident, available_memory, choose_evictions, estimate_load
 from .duration import parse_duration
-from .errors import BusyError, OllapyError, OptionError, RunnerError
+from .errors import BusyError, OllapyError, OptionError, PathNotAllowed, RunnerError
 from .options import LOAD_OPTIONS, Options
 
 log = logging.getLogger("ollapy.runtime")
@@ -187,8 +187,11 @@ class Runtime:
 
     def request_options(self, ref, values: dict | None) -> Options:
         """Defaults (``OLLAPY_*``, then ``serve -o``) < model parameters < request ``options``; raises OptionError."""
-        from .loader import base_options
+        from .loader import PATHS_REFUSED_HINT, base_options, is_path_like
 
+        draft = (values or {}).get("draft")
+        if isinstance(draft, str) and not self.allow_paths and is_path_like(draft):  # the model's own DRAFT may be one
+            raise PathNotAllowed("a draft model given as a path is not accepted here", hint=PATHS_REFUSED_HINT)
         return base_options(ref, values or {}, defaults=self.defaults)
 
     def _lock(self, key: str) -> asyncio.Lock:

@@ -11,7 +11,7 @@
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"
 VERSION="${OLLAPY_LLAMA_VERSION:-0.3.36}"
-ARGS="-DGGML_RPC=ON ${OLLAPY_CMAKE_ARGS:-}"
+ARGS="-DGGML_RPC=ON -DGGML_LLAMAFILE=OFF ${OLLAPY_CMAKE_ARGS:-}"
 has_rpc() {
   "$PY" - "$VERSION" <<'PYEOF'
 import importlib.metadata as md, pathlib, sys

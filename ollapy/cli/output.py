@@ -223,4 +223,7 @@ def format_stats(m: dict, *, with_load: bool = True) -> str:
         lines.append("truncated:            yes (prompt longer than num_ctx)")
     if m.get("shifts"):
         lines.append(f"context shifts:       {m['shifts']}")
+    if m.get("draft"):  # speculative decoding: drafted tokens verified, and of them accepted
+        n, k = int(m.get("draft_tokens") or 0), int(m.get("draft_accepted") or 0)
+        lines.append(f"draft:                {n} proposed, {k} accepted ({k / n if n else 0.0:.0%})")
     return "\n".join(lines)

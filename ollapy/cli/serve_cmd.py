@@ -190,13 +190,13 @@ def _until(expires: str | None) -> str:
 
 
 def ps() -> None:
-    """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS KV/SLOT UNTIL)."""
+    """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS KV/SLOT DRAFT UNTIL)."""
     from ..client import Client
     from ..store.progress import human_size
 
     client = Client(timeout=10)
     models = client.ps()
-    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV/SLOT", "UNTIL")]
+    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "SLOTS", "KV/SLOT", "DRAFT", "UNTIL")]
     for m in models:
         size = int(m.get("size") or 0)
         vram = int(m.get("size_vram") or 0)
@@ -216,10 +216,20 @@ def ps() -> None:
         kv = int(m.get("kv_bytes_per_slot") or 0)
         kv_text = f"{human_size(kv)} {m.get('kv_cache_type') or ''}".strip() if kv else "-"
         rows.append((m.get("name", ""), (m.get("digest") or "")[:12] or "-", human_size(size), proc,
-                     str(m.get("context_length", "")), slots, kv_text, _until(m.get("expires_at"))))
+                     str(m.get("context_length", "")), slots, kv_text, _draft_text(m), _until(m.get("expires_at"))))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def _draft_text(m: dict) -> str:
+    """The DRAFT column: how the model drafts (its draft model, ``ngram``, or ``request`` when only requests asked
+    for it) and the share of drafted tokens accepted so far; ``-`` when it has not drafted."""
+    n, k = int(m.get("draft_tokens") or 0), int(m.get("draft_accepted") or 0)
+    how = m.get("draft") or ("request" if n else "")
+    if not how:
+        return "-"
+    return f"{how} {k / n:.0%}" if n else how
 
 
 def stop(model: str = typer.Argument(..., help="Model to unload from the running server.")) -> None:

@@ -51,6 +51,7 @@ from .prefix_source import PrefixCandidate, PrefixSource
 from .request import Chunk, Request
 from .sampler import Sampler, token_logprob
 from .slot import Slot, SlotState
+from .speculation import Candidate, Speculator
 
 if TYPE_CHECKING:
     import asyncio
@@ -72,7 +73,7 @@ class Engine:
     """
 
     def __init__(self, backend: Backend, *, max_queue: int = 512, cache: PrefixSource | None = None,
-                 load_duration_ns: int = 0) -> None:
+                 load_duration_ns: int = 0, speculator: Speculator | None = None) -> None:
         self.backend = backend
         self.cache = cache
         self.max_queue = max_queue
@@ -86,6 +87,7 @@ class Engine:
         self.requests_done = 0
         self._kv_per_token = backend.kv_bytes_per_token()
         self.align = grid_for(backend.n_swa)  # the canonical order's chunk grid (evalorder)
+        self.spec = speculator or Speculator(backend.n_parallel)  # speculative decoding (engine/speculation.py)
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
                                           adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
@@ -168,6 +170,9 @@ class Engine:
             "queue_depth": len(self._waiting),
             "steps": self.steps,
             "requests_done": self.requests_done,
+            "draft": self.spec.draft_name,
+            "draft_tokens": self.spec.drafted,
+            "draft_accepted": self.spec.accepted,
         }
 
     def stop(self, timeout: float = 60) -> bool:
@@ -289,10 +294,12 @@ class Engine:
         return True
 
     def _decode_rows(self, active: list[Slot]) -> None:
-        """One ``llama_decode`` of single rows (decode tokens and last prompt tokens), then sample each."""
+        """One ``llama_decode`` of single rows (decode tokens and last prompt tokens), each generating slot's
+        followed by the tokens it drafted (:mod:`ollapy.engine.speculation`), then sample (and verify) each."""
         b = self.backend
         toks, pos, seqs, want = array("i"), array("i"), array("i"), array("b")
         in_batch: list[Slot] = []
+        drafts = self._plan_drafts(active) if self.spec.active else {}
         for s in active:
             if s.state is SlotState.GENERATE:
                 if len(s.tokens) + 1 > self.num_ctx and not self._make_room(s):
@@ -305,14 +312,17 @@ class Engine:
             else:
                 continue
             s.batch_row = len(toks)
-            toks.append(tok)
-            pos.append(len(s.tokens))
-            seqs.append(s.id)
-            want.append(1)
+            s.draft = drafts.get(s.id, [])
+            for i, t in enumerate([tok, *s.draft]):
+                toks.append(t)
+                pos.append(len(s.tokens) + i)
+                seqs.append(s.id)
+                want.append(1)
             in_batch.append(s)
         if not toks:
             return
         self._set_threads(len(toks))
+        t0 = time.perf_counter()
         try:
             b.decode(toks, pos, seqs, want)
         except DecodeError as exc:
@@ -320,6 +330,8 @@ class Engine:
                 b.seq_rm(s.id, len(s.tokens), -1)
                 self._fail(s, exc)
             return
+        if self.spec.active:
+            self.spec.observe_step(len(toks), time.perf_counter() - t0)
         self.steps += 1
         now = time.perf_counter_ns()
         for s in in_batch:
@@ -330,7 +342,50 @@ class Engine:
                     req.metrics.prompt_eval_duration = now - s.t_start
                     s.t_first = now
                 s.state = SlotState.GENERATE
-            self._sample(s)
+            if s.draft:
+                self._verify(s)
+            else:
+                self._emit(s, self._sample(s, s.batch_row))
+
+    def _plan_drafts(self, active: list[Slot]) -> dict[int, list[int]]:
+        """Ask the speculator what each generating slot verifies in this step (rows fit ``n_batch``)."""
+        decoding, others = [], 0
+        for s in active:
+            if s.state is SlotState.GENERATE:
+                req = s.request
+                limit = req.options.num_predict
+                room = self.num_ctx - len(s.tokens) - 1  # the pending token's cell, then the drafted ones
+                if limit >= 0:
+                    room = min(room, limit - req.metrics.eval_count - 1)
+                decoding.append(Candidate(s.id, s.tokens + [s.pending], room))
+            elif len(s.tokens) == len(s.prompt) - 1:
+                others += 1
+        if not decoding:
+            return {}
+        spare = self.backend.n_batch - len(decoding) - others
+        per_slot = spare // len(decoding)
+        decoding = [Candidate(c.slot, c.tokens, min(c.room, per_slot)) for c in decoding]
+        return self.spec.plan(decoding, others)
+
+    def _verify(self, s: Slot) -> None:
+        """Sample a drafting slot's rows in order while they agree with its draft (verify_by_sampling), keep
+        the KV of the accepted rows, and remove the rejected rows' cells with ``seq_rm``."""
+        draft, req = s.draft, s.request
+        req.metrics.draft_tokens += len(draft)
+        n_acc = 0
+        for i in range(len(draft) + 1):
+            if i:
+                s.tokens.append(draft[i - 1])  # row i's input: an accepted draft token, its KV now valid
+            tok = self._sample(s, s.batch_row + i)
+            agrees = i < len(draft) and tok == draft[i]
+            if agrees:
+                n_acc += 1
+                req.metrics.draft_accepted += 1
+            if self._emit(s, tok) or not agrees:
+                break
+        self.spec.record(s.id, len(draft), n_acc)
+        if s.request is req:  # still running: drop the rejected rows (a finished request was trimmed)
+            self.backend.seq_rm(s.id, len(s.tokens), -1)
 
     def _set_threads(self, n_tokens: int) -> None:
         b = self.backend
@@ -340,19 +395,26 @@ class Engine:
                       self.thread_budget.n_cpu)
             b.set_threads(n_threads)
 
-    def _sample(self, s: Slot) -> None:
+    def _sample(self, s: Slot, row: int) -> int:
+        """Sample (and accept into the slot's sampler) a token from logits row ``row``; note its logprob."""
         b = self.backend
         req = s.request
-        tok = s.sampler.sample(b, s.batch_row)
+        tok = s.sampler.sample(b, row)
         if req.logprobs >= 0 and not b.is_eog(tok):
-            req.pending_logprobs.append(token_logprob(b, s.batch_row, tok, req.logprobs))
+            req.pending_logprobs.append(token_logprob(b, row, tok, req.logprobs))
+        return tok
+
+    def _emit(self, s: Slot, tok: int) -> bool:
+        """Hand a sampled token to the request (text, stop strings, limits); True when the request ended."""
+        b = self.backend
+        req = s.request
         limit = req.options.num_predict
         if limit >= 0 and req.metrics.eval_count >= limit:
             self._finish(s, "length")
-            return
+            return True
         if b.is_eog(tok):
             self._finish(s, "stop")
-            return
+            return True
         req.output_tokens.append(tok)
         req.metrics.eval_count += 1
         text = s.detok.feed(b.token_piece(tok))
@@ -361,11 +423,13 @@ class Engine:
             req.push(Chunk(emit, logprobs=req.take_logprobs()))
         if stopped:
             self._finish(s, "stop", flush=False)
-            return
+            return True
         if limit >= 0 and req.metrics.eval_count >= limit:
             self._finish(s, "length")
-            return
+            return True
         s.pending = tok
+        self.spec.accept(s.id, tok)
+        return False
 
     # ---- slot assignment --------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -477,6 +541,8 @@ class Engine:
         req.metrics.prefix_source = plan.source if reuse else "none"
         slot.sampler = Sampler(b, req.options, req.grammar, prompt)
         slot.begin(req, self.resolve_keep(req.keep, req.options))
+        o = req.options
+        req.metrics.draft = self.spec.begin(slot.id, prompt, o.draft, o.draft_num_predict, o.draft_min)
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)
 
@@ -527,6 +593,7 @@ class Engine:
         matched = s.stops.matched if reason == "stop" and s.stops is not None else None
         self._trim_inexact(s)
         self._save(s, pinned=req.pin, persist=req.pin)
+        self.spec.end(s.id)
         s.release()
         self.requests_done += 1
         req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=context,
@@ -550,6 +617,7 @@ class Engine:
     def _fail(self, s: Slot, exc: BaseException) -> None:
         req = s.request
         self._trim_inexact(s)
+        self.spec.end(s.id)
         s.release()
         req.push(exc)
 
@@ -583,6 +651,7 @@ class Engine:
             b.seq_add(s.id, n_keep + n_discard, -1, -n_discard)
             del s.tokens[n_keep:n_keep + n_discard]
             s.exact = min(s.exact, n_keep)
+            self.spec.shift(s.id, n_keep, n_discard)
             log.debug("slot %d: context shift, kept %d, discarded %d", s.id, n_keep, n_discard)
             return True
         # cannot shift positions: re-prefill the kept tokens plus the recent tail

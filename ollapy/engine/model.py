@@ -28,10 +28,12 @@ from ..errors import OptionError
 from ..options import Options, tensor_split_values
 from .backend.context import Backend, ContextConfig
 from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
+from .draft_model import DraftModel
 from .engine import Engine
 from .interface import ContextFacts, RunnerSnapshot
 from .planner import common_prefix
 from .request import Prompt, Request
+from .speculation import NGRAM, Speculator
 
 if TYPE_CHECKING:
     import asyncio
@@ -49,7 +51,8 @@ class LoadedModel:
     """
 
     def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
-                 template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None) -> None:
+                 template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None,
+                 draft_path: str | Path | None = None) -> None:
         options = options or Options()
         t0 = time.perf_counter_ns()
         self.options = options
@@ -74,8 +77,11 @@ class LoadedModel:
         b = self.backend
         self.facts = ContextFacts(num_ctx=b.num_ctx, n_ctx_train=b.n_ctx_train, n_parallel=b.n_parallel,
                                   n_vocab=b.n_vocab, bos=b.bos, eos=b.eos, add_bos=bool(b.add_bos))
+        self.draft_backend: Backend | None = None
+        speculator = self._load_draft(draft_path, options)
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
-        self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns)
+        self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns,
+                             speculator=speculator)
         self.unsaved_states = 0
         self._closed = False
         self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
@@ -83,6 +89,28 @@ class LoadedModel:
         self._embedder = None  # ollapy.engine.backend.embedding.Embedder, made on the first embed()
         self._embedder_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
+
+    def _load_draft(self, draft_path: str | Path | None, options: Options) -> Speculator:
+        """The engine's speculator, with a draft model's context when ``draft_path`` names one (the ``draft``
+        option / Modelfile ``DRAFT``): the same slots and context length as the target. Raises
+        ModelLoadError (one line naming both models) when the vocabularies differ; the target is freed then."""
+        b = self.backend
+        if draft_path is None:
+            return Speculator(b.n_parallel, draft_name=NGRAM if options.draft == NGRAM else "",
+                              row_invariant=b.row_invariant)
+        try:
+            self.draft_backend = Backend(draft_path, ContextConfig(
+                n_parallel=b.n_parallel, num_ctx=b.num_ctx, num_batch=options.num_batch, num_gpu=options.num_gpu,
+                num_thread=options.num_thread, kv_cache_type=options.kv_cache_type, flash_attn=options.flash_attn,
+                extra_bufts=options.extra_bufts))
+            dm = DraftModel(self.draft_backend, b, self.name, options.draft)
+        except BaseException:
+            if self.draft_backend is not None:
+                self.draft_backend.close()
+            b.close()
+            raise
+        log.debug("draft model %s loaded for %s", options.draft, self.name)
+        return Speculator(b.n_parallel, draft_model=dm, draft_name=options.draft, row_invariant=b.row_invariant)
 
     # ---- prompts ------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -347,6 +375,8 @@ class LoadedModel:
             "devices": b.devices,
             "gpu_offload": b.gpu_offload,
             "gpu_layers": list(b.gpu_layers),  # [offloaded, total] layers (total counts the output layer)
+            "draft": self.engine.spec.draft_name,  # the draft model's name, "ngram" by default, or ""
+            "row_invariant": b.row_invariant,  # drafting's output is bit-identical to plain decoding's
         }
 
     def __enter__(self) -> LoadedModel:
@@ -381,6 +411,8 @@ class LoadedModel:
                 embedder.close()  # waits for an embedding decode in flight; before the model is freed
             if joined:
                 self.backend.close()
+                if self.draft_backend is not None:
+                    self.draft_backend.close()
             else:
                 log.warning("engine loop of %s did not stop; its llama.cpp context is leaked, not freed", self.name)
         if interrupted:

@@ -35,6 +35,9 @@ class Metrics:
     truncated: bool = False
     shifts: int = 0
     prefix_source: str = ""  # none, slot, copy, cache ram, cache disk (see ollapy.engine.planner)
+    draft: str = ""  # how the request drafted: "" (not), "ngram", "model" (ollapy.engine.speculation)
+    draft_tokens: int = 0  # drafted tokens verified
+    draft_accepted: int = 0  # of them, accepted
 
     def as_dict(self) -> dict[str, Any]:
         """The metrics as a dict of Ollama field names (plus ollapy's extras)."""

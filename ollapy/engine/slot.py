@@ -52,6 +52,7 @@ class Slot:
     t_start: int = 0
     t_first: int = 0
     batch_row: int = -1
+    draft: list[int] = field(default_factory=list)  # drafted tokens verified in this step (engine/speculation.py)
     exact: int = 0
 
     @property

@@ -24,7 +24,8 @@ class Metrics:
         r = self.registry
         self.requests = Counter("ollapy_requests", "HTTP generation requests by route and outcome.",
                                 ["route", "status"], registry=r)
-        self.tokens = Counter("ollapy_tokens", "Tokens processed, by kind (prompt, cached, generated).",
+        self.tokens = Counter("ollapy_tokens", "Tokens processed, by kind (prompt, cached, generated; drafted and "
+                              "draft_accepted: speculative decoding's verified and accepted drafted tokens).",
                               ["model", "kind"], registry=r)
         self.ttft = Histogram("ollapy_time_to_first_token_seconds", "Time from request arrival to the first token.",
                               ["model"], buckets=_TTFT_BUCKETS, registry=r)
@@ -41,6 +42,9 @@ class Metrics:
         self.tokens.labels(model, "prompt").inc(max(0, prompt - cached))
         self.tokens.labels(model, "cached").inc(cached)
         self.tokens.labels(model, "generated").inc(gen)
+        if metrics.get("draft"):
+            self.tokens.labels(model, "drafted").inc(int(metrics.get("draft_tokens") or 0))
+            self.tokens.labels(model, "draft_accepted").inc(int(metrics.get("draft_accepted") or 0))
         if ttft_s is not None:
             self.ttft.labels(model).observe(ttft_s)
         if gen > 1 and metrics.get("eval_duration"):

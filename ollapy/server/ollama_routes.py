@@ -156,6 +156,8 @@ def _final_fields(gen: generation.Generation, final) -> dict:
         out[k] = m.get(k, 0)
     if m.get("prefix_source") not in (None, "", "none"):  # where the reused tokens came from: slot, cache disk...
         out["prompt_cache_source"] = m["prefix_source"]
+    if m.get("draft"):  # speculative decoding (ollapy's extras): how it drafted, tokens verified and accepted
+        out.update(draft=m["draft"], draft_tokens=m.get("draft_tokens", 0), draft_accepted=m.get("draft_accepted", 0))
     return out
 
 
@@ -212,5 +214,9 @@ async def api_ps(request: Request):
             "kv_cache_type": e.options.kv_cache_type if e is not None else None,
             "rpc": (e.options.rpc or None) if e is not None else None,  # "host:port,…" whose devices hold layers
             "runner_pid": (s["info"] or {}).get("runner_pid"),  # a model in a child runner process
+            # speculative decoding: the draft model's name or "ngram" (its default), and the tokens drafted and
+            # accepted since it loaded (requests may also draft with their own options.draft)
+            "draft": stats.get("draft") or None, "draft_tokens": stats.get("draft_tokens", 0),
+            "draft_accepted": stats.get("draft_accepted", 0),
         })
     return {"models": out}

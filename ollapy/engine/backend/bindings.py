@@ -92,6 +92,8 @@ def finish_imports() -> None:
 
 
 _initialised = False
+#: ggml-cpu's switch for its tiled K-quant matmul (read once per process)
+TILED_ENV = "GGML_CPU_TILED_MM"
 
 
 def _debug() -> bool:
@@ -107,6 +109,11 @@ def init_backend() -> None:
             # _complete_imports) prints whatever its logger's level lets through: let nothing through
             logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL + 1)
             _silence_llama_log()
+        # ggml-cpu multiplies K-quant weights (Q4_K, Q6_K...) with its "tiled" kernel from 8 rows of a batch up and
+        # with vec_dot below (ggml-cpu/tiled/tiled.cpp, ggml_tiled_min_batch): a row would round differently in a
+        # 7-row and an 8-row batch. Off, so that every row computes alike in any batch (engine/speculation.py);
+        # read once, at the first product. GGML_CPU_TILED_MM=1 in the environment keeps it (row_invariant False).
+        os.environ.setdefault(TILED_ENV, "0")
         C.llama_backend_init()
         _initialised = True
         if vulkan.NOTE:
@@ -149,6 +156,21 @@ def supports_gpu_offload() -> bool:
     return bool(local_gpus())
 
 
+def tiled_matmul_on() -> bool:
+    """True when ggml-cpu's tiled K-quant matmul is on (``GGML_CPU_TILED_MM`` not 0): batches of 8 rows and more
+    then round differently from smaller ones (see :func:`init_backend`)."""
+    try:
+        return int(os.environ.get(TILED_ENV, "1")) != 0
+    except ValueError:
+        return True
+
+
+def build_has_llamafile() -> bool:
+    """True when ggml-cpu was built with llamafile's tinyBLAS (``GGML_LLAMAFILE``, llama.cpp's default): its
+    multi-row products round differently from the one-row ``vec_dot`` path (see engine/speculation.py)."""
+    return "LLAMAFILE = 1" in system_info()
+
+
 def build_has_amx() -> bool:
     """True when the loaded ggml CPU backend was built with AMX kernels."""
     info = system_info()
@@ -167,7 +189,9 @@ def choose_extra_bufts(setting: str) -> tuple[bool, str]:
         return False, "off (forced by extra_bufts=off)"
     if cpu_has_amx() and build_has_amx():
         return False, "off (auto: AMX CPU and AMX build; ggml's AMX path crashes, repacking disabled)"
-    return True, "on (auto: no AMX crash risk, CPU weight repacking kept)"
+    # repacked weights multiply rows in groups of 4 (ggml-cpu repack.cpp), so a row's logits would depend on the
+    # rows beside it: concurrency and speculative drafting could change a greedy answer (engine/speculation.py)
+    return False, "off (auto: no weight repacking, so every row computes alike in any batch)"
 
 
 def devices() -> list[dict]:

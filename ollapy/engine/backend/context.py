@@ -28,7 +28,8 @@ from ..cpuload import default_threads
 from ..hardware import choose_flash_attn
 from ..interrupt import deferred_sigint
 from . import bindings
-from .bindings import C, choose_extra_bufts, finish_imports, init_backend, start_imports
+from .bindings import (C, build_has_llamafile, choose_extra_bufts, finish_imports, init_backend, start_imports,
+                       tiled_matmul_on)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -176,6 +177,10 @@ class Backend:
             raise ModelLoadError(f"{path}: could not create a context of {cp.n_ctx} tokens",
                                  hint="lower num_ctx or num_parallel")
         self.mem = C.llama_get_memory(self.ctx)
+        # every row of a ubatch computed by the same kernels whatever the batch (engine/speculation.py): no
+        # tinyBLAS in the build, no repacked weights, nothing on a GPU (whose kernels are chosen by batch size)
+        self.row_invariant = (not build_has_llamafile() and not tiled_matmul_on() and not self.extra_bufts
+                              and not self.gpu_offload)
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
         # one KV stream per sequence (kv_unified off); plain KV caches save states any slot count can restore

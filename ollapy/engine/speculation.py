@@ -1,0 +1,210 @@
+"""Speculative decoding in the slot loop: who drafts, how many tokens, and what it earned.
+
+One :class:`Speculator` per engine. For every decoding slot of a step it proposes drafted tokens (draftless
+n-gram lookup, :mod:`~.ngram_draft`, or a draft model, :mod:`~.draft_model`), lets the batch-aware policy
+(:mod:`~.draft_policy`) decide how many of them are worth verifying, and learns from the verdicts. The
+engine then puts each slot's pending token and its drafted tokens as consecutive rows of the step's one
+``llama_decode`` (so verification shares the decode with every other slot's row), samples row after row
+with the slot's own sampler (:func:`~.spec_sampling.verify_by_sampling`: the point-mass case of the
+speculative-sampling rule of Leviathan et al. 2023 / Chen et al. 2023), and removes the KV cells of rejected
+rows with ``seq_rm``.
+
+Why the output is exactly plain decoding's (temperature 0, and with a seed at any temperature). A slot's
+sampler sees the same logits rows in the same order as without drafting, and stops at the first row whose
+token differs from the draft, so it draws exactly the random numbers plain decoding draws. That holds when a
+verified row's logits are bit-identical to a one-row decode step's: every row of a ubatch must be computed
+by the same kernels whatever the batch. On the CPU that is the case when llama.cpp is built without
+llamafile's tinyBLAS (``GGML_LLAMAFILE=OFF``: tinyBLAS declines one-row products, so a row would round
+differently alone than beside others) and weights are not repacked (``extra_bufts`` off: repacked weights
+multiply rows in groups of 4) and ggml-cpu's tiled K-quant matmul is off (``GGML_CPU_TILED_MM=0``: it takes
+over from 8 rows up). :attr:`Speculator.row_invariant` reports it; ``scripts/install_llama.sh`` builds that
+way, ``extra_bufts=auto`` is off, and the backend sets ``GGML_CPU_TILED_MM=0`` unless the environment says.
+
+One ubatch per step. With one KV stream per slot llama.cpp splits a batch "equally" (``split_equal``: the
+same number of rows for every sequence of a ubatch), so slots verifying drafts of different lengths would
+cost extra ubatches, each reading all the weights again. When several slots decode, they all verify the same
+number of drafted tokens (the smallest the policy gave any of them; none if one of them drafts nothing).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .draft_model import DraftModel
+from .draft_policy import AcceptanceHistory, ShadowVerdict, SlotDraft, StepCost, plan_draft_lengths
+from .ngram_draft import NgramDrafter
+
+log = logging.getLogger("ollapy.engine")
+
+#: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
+OFF, NGRAM, MODEL = "", "ngram", "model"
+
+
+@dataclass
+class SlotSpec:
+    """One slot's drafting state for its current request."""
+
+    mode: str = OFF
+    n_max: int = 0
+    n_min: int = 1
+    drafter: NgramDrafter = field(default_factory=NgramDrafter)
+    history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
+    shadow: ShadowVerdict | None = None
+
+    def __post_init__(self) -> None:
+        self.shadow = ShadowVerdict(self.history)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A decoding slot as the planner sees it: ``tokens`` (prompt plus accepted output, the pending token
+    last) and ``room``: how many drafted tokens it may verify at most (context left, ``num_predict`` left)."""
+
+    slot: int
+    tokens: Sequence[int]
+    room: int
+
+
+class Speculator:
+    """Per-slot drafting for ``n_slots`` slots; ``draft_model`` (optional) drafts for slots whose request
+    names it. Used from the engine's loop thread only.
+
+    ``row_invariant``: True when a verified row's logits equal a one-row step's (see the module docstring);
+    drafting runs either way, but only then is its output bit-identical to plain decoding.
+    """
+
+    def __init__(self, n_slots: int, *, draft_model: DraftModel | None = None, draft_name: str = "",
+                 row_invariant: bool = True) -> None:
+        self.draft_model = draft_model
+        self.draft_name = draft_name
+        self.row_invariant = row_invariant
+        self.slots = [SlotSpec() for _ in range(n_slots)]
+        self._steps: deque[tuple[int, float]] = deque(maxlen=64)
+        self._cost = StepCost.prior()
+        self._cost_stale = False
+        self._cost_pinned = False
+        self._draft_seconds = 0.0  # the draft model's drafting in the current step
+        self.drafted = 0
+        self.accepted = 0
+
+    # ---- per request ----------------------------------------------------------------------------
+    def begin(self, slot: int, prompt: Sequence[int], draft: str, n_max: int, n_min: int) -> str:
+        """A request starts in ``slot``: its ``draft`` option (``""``, ``ngram`` or a draft model's name),
+        ``draft_num_predict`` (``n_max``) and ``draft_min``. Returns the mode it drafts in (OFF, NGRAM,
+        MODEL)."""
+        st = self.slots[slot]
+        st.history.clear()
+        st.shadow.start(())
+        mode = OFF
+        if n_max > 0 and draft:
+            if draft == NGRAM:
+                mode = NGRAM
+            elif self.draft_model is not None:
+                mode = MODEL
+            else:
+                log.warning("draft model %r is not loaded for this model; drafting off", draft)
+        st.mode, st.n_max, st.n_min = mode, n_max, max(1, n_min)
+        if mode == NGRAM:
+            st.drafter.reset(prompt)
+        return mode
+
+    def end(self, slot: int) -> None:
+        """The slot's request ended."""
+        self.slots[slot].mode = OFF
+
+    def accept(self, slot: int, token: int) -> None:
+        """A token the slot generated (it joins the slot's history; a shadow verdict may be decided)."""
+        st = self.slots[slot]
+        if st.mode == NGRAM:
+            st.drafter.extend((token,))
+            st.shadow.observe(token)
+
+    def drafting(self, slot: int) -> bool:
+        """True while the slot's request drafts."""
+        return self.slots[slot].mode != OFF
+
+    @property
+    def active(self) -> bool:
+        """True when any slot drafts."""
+        return any(st.mode != OFF for st in self.slots)
+
+    # ---- per step -------------------------------------------------------------------------------
+    def plan(self, decoding: Sequence[Candidate], n_other_rows: int = 0) -> dict[int, list[int]]:
+        """The drafted tokens each decoding slot verifies in this step (absent: none).
+
+        ``decoding``: every slot that puts a decode row into this step, drafting or not. ``n_other_rows``:
+        other rows of the step (last prompt tokens). A draft model drafts here (its decodes run now).
+        """
+        proposals: list[list[int]] = []
+        inputs: list[SlotDraft] = []
+        for c in decoding:
+            st = self.slots[c.slot]
+            room = min(st.n_max, c.room)
+            prop: list[int] = []
+            avail = 0
+            if st.mode == NGRAM and room >= st.n_min:
+                prop = st.drafter.propose(room, st.n_min)
+                avail = len(prop)
+            elif st.mode == MODEL and room >= st.n_min:
+                avail = room
+            proposals.append(prop)
+            inputs.append(SlotDraft(avail, st.history.rate()))
+        if not any(d.available for d in inputs):
+            return {}
+        lengths = plan_draft_lengths(inputs, self.cost(), 1, n_other_rows)
+        lengths = [k if k >= self.slots[c.slot].n_min else 0 for k, c in zip(lengths, decoding)]
+        if len(decoding) > 1:  # one ubatch: every slot verifies the same number of rows (module docstring)
+            lengths = [min(lengths)] * len(decoding)
+        out: dict[int, list[int]] = {}
+        want_model: dict[int, tuple[Sequence[int], int]] = {}
+        for c, k, prop in zip(decoding, lengths, proposals):
+            st = self.slots[c.slot]
+            if st.mode == NGRAM:
+                if k:
+                    out[c.slot] = prop[:k]
+                elif prop and not st.shadow.pending:
+                    st.shadow.start(prop)  # not verified: learn what it would have earned
+            elif st.mode == MODEL and k:
+                want_model[c.slot] = (c.tokens, k)
+        if want_model:
+            t0 = time.perf_counter()
+            drafts = self.draft_model.propose(want_model)
+            self._draft_seconds = time.perf_counter() - t0
+            out.update({s: d for s, d in drafts.items() if d})
+        return out
+
+    def record(self, slot: int, n_drafted: int, n_accepted: int) -> None:
+        """One verification's verdict: ``n_accepted`` of ``n_drafted`` drafted tokens kept."""
+        assert 0 <= n_accepted <= n_drafted, (n_accepted, n_drafted)
+        self.slots[slot].history.record(n_drafted, n_accepted)
+        self.drafted += n_drafted
+        self.accepted += n_accepted
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode step of ``rows`` rows took ``seconds`` (with a draft model's drafting for it)."""
+        seconds += self._draft_seconds
+        self._draft_seconds = 0.0
+        self._steps.append((rows, seconds))
+        self._cost_stale = True
+
+    def pin_cost(self, cost: StepCost | None) -> None:
+        """Use ``cost`` instead of the line fitted to measured steps (None: measure again). For tests and
+        benchmarks that must not depend on how busy the machine is."""
+        self._cost_pinned = cost is not None
+        self._cost = cost or StepCost.fit(self._steps)
+
+    def cost(self) -> StepCost:
+        """The step-time line fitted to the recent steps (or the pinned one)."""
+        if self._cost_stale and not self._cost_pinned:
+            self._cost = StepCost.fit(self._steps)
+            self._cost_stale = False
+        return self._cost
+
+    # ---- draft model's sequences ----------------------------------------------------------------
+    def shift(self, slot: int, n_keep: int, n_discard: int) -> None:
+        """Mirror a context shift of ``slot`` in the draft model's sequence."""
+        if self.draft_model is not None:
+            self.draft_model.shift(slot, n_keep, n_discard)

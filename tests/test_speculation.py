@@ -1,0 +1,243 @@
+"""Speculative decoding in the engine (issue 22), on the real test models: drafting never changes an answer.
+
+Greedy (and seeded) output with drafting is token-identical to plain decoding, because a verified row's logits
+are bit-identical to a one-row step's (checked directly below) and the slot's own sampler verifies row after
+row. Also: num_predict, stop strings across a draft boundary, grammars, logprobs, a draft model (refused for
+another vocabulary; kept in step after a cache restore and a context shift), and the statistics of sampling.
+"""
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from conftest import run_cli
+
+from ollapy.engine.backend.context import Backend, ContextConfig
+from ollapy.engine.draft_policy import StepCost
+from ollapy.engine.model import LoadedModel
+from ollapy.errors import ModelLoadError
+from ollapy.options import Options
+
+LOG = "".join(f"Line {i}: the keeper logged wind speed {3 + (i * 7) % 37} knots and wave height {1 + i % 8}.{i % 10} "
+              f"metres at the north light.\n" for i in range(1, 13))
+COPY = ("Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite quarried on the "
+        "island itself. Its lamp burned colza oil until 1904, when a paraffin vapour burner replaced it.")
+
+
+def _generate(model: LoadedModel, text: str, raw: bool = True, fmt=None, logprobs: int = -1, **opts):
+    """(text, tokens generated, metrics, logprobs) of one request."""
+    prompt = model.raw_prompt(text) if raw else model.chat_prompt([{"role": "user", "content": text}])
+    req = model.submit(prompt, replace(model.options, **opts), fmt=fmt, cache=False, logprobs=logprobs)
+    parts, lps, last = [], [], None
+    for c in req:
+        parts.append(c.text)
+        lps.extend(c.logprobs or [])
+        last = c
+    return "".join(parts), list(req.output_tokens), last.metrics, lps
+
+
+#: a step-cost line pinned for these tests: extra rows nearly free, so the policy drafts whatever the machine's
+#: load (the policy itself is tested in test_draft_policy.py); identity must hold whenever it drafts
+CHEAP_ROWS = StepCost(1.0, 0.05)
+
+
+def _open(path, draft_path=None, **opts) -> LoadedModel:
+    m = LoadedModel(path, Options(**opts), draft_path=draft_path)
+    m.engine.spec.pin_cost(CHEAP_ROWS)
+    return m
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    with _open(smollm2_path, num_ctx=1024, temperature=0, repeat_penalty=1.0) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_path):
+    with _open(gemma_path, num_ctx=1024, temperature=0) as m:
+        yield m
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_a_verified_row_gives_the_logits_of_a_one_row_step(request, which):
+    """The invariant drafting rests on: each row of a 1..12-row verification batch equals the one-row decode
+    step of the same token, bit for bit (Gemma's K-quant weights would take ggml-cpu's tiled kernel from 8
+    rows up unless it is off)."""
+    path = request.getfixturevalue(f"{which}_path")
+    with Backend(path, ContextConfig(n_parallel=2, num_ctx=512, num_batch=256)) as b:
+        assert b.row_invariant, "tinyBLAS, tiled K-quant matmul or repacked weights on: see engine/speculation.py"
+        toks = b.tokenize(LOG)[:200]
+        n = len(toks)
+        for seq in (0, 1):
+            b.decode(array("i", toks), array("i", range(n)), array("i", [seq] * n), array("b", [0] * n))
+        cont = b.tokenize(LOG[400:700], add_special=False, parse_special=False)[:12]
+        one = []
+        for i, t in enumerate(cont):  # plain decoding on seq 0: one row per step
+            b.decode(array("i", [t]), array("i", [n + i]), array("i", [0]), array("b", [1]))
+            one.append(b.logits_row(0).copy())
+        for k in (2, 5, 8, 12):  # seq 1: the same tokens as one verification batch of k rows
+            b.seq_rm(1, n, -1)
+            b.decode(array("i", cont[:k]), array("i", range(n, n + k)), array("i", [1] * k), array("b", [1] * k))
+            for i in range(k):
+                row = b.logits_row(i)
+                assert np.array_equal(one[i], row), f"{k} rows: row {i} differs by {np.abs(one[i] - row).max()}"
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_greedy_ngram_drafting_is_token_identical(request, which):
+    model = request.getfixturevalue(which)
+    text = LOG if which == "gemma" else COPY
+    raw = which == "gemma"
+    plain = _generate(model, text, raw=raw, num_predict=96)
+    drafted = _generate(model, text, raw=raw, num_predict=96, draft="ngram")
+    assert drafted[1] == plain[1] and drafted[0] == plain[0]
+    m = drafted[2]
+    assert m.draft == "ngram" and m.draft_tokens > 0 and 0 < m.draft_accepted <= m.draft_tokens
+    assert plain[2].draft == "" and plain[2].draft_tokens == 0
+    assert m.eval_count == plain[2].eval_count
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3, 5, 8, 13])
+def test_num_predict_is_exact_with_drafting(gemma, limit):
+    plain = _generate(gemma, LOG, num_predict=limit)
+    drafted = _generate(gemma, LOG, num_predict=limit, draft="ngram", draft_num_predict=6)
+    assert len(drafted[1]) == limit == drafted[2].eval_count
+    assert drafted[1] == plain[1]
+
+
+def test_stop_strings_across_draft_boundaries_end_where_plain_decoding_ends(gemma):
+    full, toks, _, _ = _generate(gemma, LOG, num_predict=60)
+    # stop strings that start at each of several places in the plain answer (some inside a drafted run)
+    for start in (5, 17, 30, 44):
+        stop = full[start:start + 9]
+        if not stop.strip() or full.find(stop) != start:
+            continue
+        plain = _generate(gemma, LOG, num_predict=60, stop=[stop])
+        drafted = _generate(gemma, LOG, num_predict=60, stop=[stop], draft="ngram")
+        assert plain[0] == full[:start] == drafted[0]
+        assert drafted[2].draft_accepted > 0
+
+
+def test_a_grammar_constrained_answer_is_the_same_with_drafting(smollm2):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "year": {"type": "integer"}},
+              "required": ["name", "year"]}
+    q = "The lighthouse at Skerry Point was built in 1851. Give its name and year as JSON."
+    plain = _generate(smollm2, q, raw=False, fmt=schema, num_predict=60)
+    drafted = _generate(smollm2, q, raw=False, fmt=schema, num_predict=60, draft="ngram")
+    assert drafted[0] == plain[0] and drafted[1] == plain[1]
+    assert set(json.loads(drafted[0])) >= {"name", "year"}
+
+
+def test_logprobs_are_the_same_with_drafting(gemma):
+    plain = _generate(gemma, LOG, num_predict=24, logprobs=2)
+    drafted = _generate(gemma, LOG, num_predict=24, logprobs=2, draft="ngram")
+    assert drafted[2].draft_accepted > 0
+    assert [(p.token, p.logprob, p.top) for p in drafted[3]] == [(p.token, p.logprob, p.top) for p in plain[3]]
+
+
+def test_seeded_sampling_with_drafting_draws_the_same_tokens_and_distribution(gemma):
+    """The slot's sampler verifies row by row, so it draws the same random numbers as plain decoding: per seed
+    the tokens are identical, and so (chi-square over 40 seeds on the 8 most frequent first-divergence
+    tokens) is the distribution."""
+    counts_plain: dict[int, int] = {}
+    counts_draft: dict[int, int] = {}
+    accepted = 0
+    for seed in range(40):
+        opts = dict(num_predict=12, temperature=1.0, top_k=40, top_p=1.0, seed=seed)
+        plain = _generate(gemma, LOG, **opts)
+        drafted = _generate(gemma, LOG, draft="ngram", **opts)
+        assert drafted[1] == plain[1], seed
+        accepted += drafted[2].draft_accepted
+        for c, toks in ((counts_plain, plain[1]), (counts_draft, drafted[1])):
+            for t in toks:
+                c[t] = c.get(t, 0) + 1
+    assert accepted > 0
+    top = sorted(counts_plain, key=counts_plain.get, reverse=True)[:8]
+    a = np.array([counts_plain[t] for t in top], dtype=float)
+    b = np.array([counts_draft.get(t, 0) for t in top], dtype=float)
+    chi2 = float(((a - b) ** 2 / np.maximum(a + b, 1)).sum())
+    assert chi2 < 14.07  # 7 degrees of freedom, p = 0.05
+
+
+def test_four_concurrent_drafting_requests_answer_as_plain_ones(gemma_path):
+    with _open(gemma_path, num_ctx=512, num_parallel=4, temperature=0) as m:
+        prompts = [LOG, LOG.replace("north", "south"), LOG[:600], LOG.replace("keeper", "warden")]
+        limits = (40, 60, 80, 120)  # four slots decode together, then fewer (the policy drafts more when alone)
+
+        def answers(**opts) -> list[list[int]]:
+            reqs = [m.submit(m.raw_prompt(p), replace(m.options, num_predict=n, **opts), cache=False)
+                    for p, n in zip(prompts, limits)]
+            for r in reqs:
+                assert list(r)[-1].done
+            return [list(r.output_tokens) for r in reqs]
+
+        plain = answers()
+        drafted = answers(draft="ngram")
+        assert drafted == plain
+        assert m.engine.spec.accepted > 0
+
+
+def test_draft_model_drafts_and_answers_as_plain_decoding(smollm2_path):
+    """Plumbing with the model as its own draft (acceptance near 100% at temperature 0, as the issue allows)."""
+    with _open(smollm2_path, smollm2_path, num_ctx=512, temperature=0, repeat_penalty=1.0, draft=str(smollm2_path)) as m:
+        plain = _generate(m, COPY, raw=False, num_predict=48, draft="")
+        drafted = _generate(m, COPY, raw=False, num_predict=48)
+        assert drafted[1] == plain[1]
+        m2 = drafted[2]
+        assert m2.draft == "model" and m2.draft_tokens > 20 and m2.draft_accepted >= 0.9 * m2.draft_tokens
+        dm = m.engine.spec.draft_model
+        prompt = m.chat_prompt([{"role": "user", "content": COPY}]).tokens
+        # the draft sequence holds a prefix of the slot's prompt plus accepted output (never a rejected token)
+        held = dm.held(0)
+        assert len(held) > len(prompt) and held == (prompt + drafted[1])[:len(held)]
+        # a second request reuses the slot's prefix (the target trimmed it; the draft sequence is cut to match)
+        again = _generate(m, COPY, raw=False, num_predict=48)
+        assert again[1] == plain[1] and again[2].prompt_cache_tokens > 0 and again[2].draft_accepted > 0
+        held = dm.held(0)
+        assert held == (prompt + again[1])[:len(held)]
+
+
+def test_a_cut_draft_model_changes_nothing_whatever_it_proposes(smollm2_path, smollm2_draft_path):
+    with _open(smollm2_path, smollm2_draft_path, num_ctx=512, temperature=0, repeat_penalty=1.0,
+               draft=str(smollm2_draft_path)) as m:
+        plain = _generate(m, COPY, raw=False, num_predict=48, draft="")
+        drafted = _generate(m, COPY, raw=False, num_predict=48)
+        assert drafted[1] == plain[1] and drafted[2].draft_tokens > 0
+
+
+def test_draft_model_follows_a_context_shift(smollm2_path):
+    opts = dict(num_ctx=128, temperature=0, repeat_penalty=1.0, draft=str(smollm2_path), num_keep=8)
+    with _open(smollm2_path, smollm2_path, **opts) as m:
+        plain = _generate(m, "Count from 1 to 100: 1, 2, 3, 4,", num_predict=200, draft="", shift=True)
+        drafted = _generate(m, "Count from 1 to 100: 1, 2, 3, 4,", num_predict=200, shift=True)
+        assert plain[2].shifts > 0 and drafted[2].shifts == plain[2].shifts
+        assert drafted[1] == plain[1] and drafted[2].draft_accepted > 0
+        assert m.engine.spec.draft_model.stats.cleared == 0  # shifted in place, never re-prefilled
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused_in_one_line(smollm2_path, gemma_path):
+    with pytest.raises(ModelLoadError) as exc:
+        LoadedModel(smollm2_path, Options(num_ctx=256, draft=str(gemma_path)), draft_path=gemma_path)
+    assert "does not share the vocabulary" in exc.value.message and "\n" not in exc.value.message
+    r = run_cli("run", str(smollm2_path), "-o", f"draft={gemma_path}", "hi")
+    err = r.stderr.decode().strip()
+    assert r.returncode == 1 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err
+    assert smollm2_path.name in err and gemma_path.name in err
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_ollapy_run_drafts_prints_the_draft_line_and_the_same_text(request, which, tmp_path):
+    path = request.getfixturevalue(f"{which}_path")
+    prompt = LOG if which == "gemma" else COPY
+    base = ["run", str(path), "--verbose", "--no-cache", "-o", "temperature=0", "-o", "num_predict=64"]
+    plain = run_cli(*base, prompt)
+    drafted = run_cli(*base, "-o", "draft=ngram", prompt)
+    assert plain.returncode == 0 == drafted.returncode, drafted.stderr.decode()
+    assert drafted.stdout == plain.stdout and drafted.stdout.strip()
+    line = [ln for ln in drafted.stderr.decode().splitlines() if ln.startswith("draft:")]
+    assert len(line) == 1 and " accepted (" in line[0]
+    assert not [ln for ln in plain.stderr.decode().splitlines() if ln.startswith("draft:")]
