@@ -363,8 +363,8 @@ def test_cli_run_through_server_matches_in_process(server, smollm2_path):
     bad = run_cli("run", "nosuch", "hi", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
     assert bad.returncode == 1 and b"not found" in bad.stderr and b"Traceback" not in bad.stderr
     ps = run_cli("ps", env={"OLLAPY_HOST": f"127.0.0.1:{server.port}"})
-    header = [b"NAME", b"ID", b"SIZE", b"PROCESSOR", b"CONTEXT", b"SLOTS", b"KV/SLOT", b"UNTIL"]
-    assert ps.returncode == 0 and ps.stdout.split()[:8] == header
+    header = [b"NAME", b"ID", b"SIZE", b"PROCESSOR", b"CONTEXT", b"SLOTS", b"KV/SLOT", b"DRAFT", b"UNTIL"]
+    assert ps.returncode == 0 and ps.stdout.split()[:9] == header
     assert b" f16" in ps.stdout  # KV bytes per slot and the KV type of the loaded model
     none = run_cli("ps", env={"OLLAPY_HOST": "127.0.0.1:9"})
     assert none.returncode == 1 and b"no ollapy server is running" in none.stderr

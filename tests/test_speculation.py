@@ -8,6 +8,7 @@ another vocabulary; kept in step after a cache restore and a context shift), and
 from __future__ import annotations
 
 import json
+import os
 from array import array
 from dataclasses import replace
 
@@ -241,3 +242,90 @@ def test_ollapy_run_drafts_prints_the_draft_line_and_the_same_text(request, whic
     line = [ln for ln in drafted.stderr.decode().splitlines() if ln.startswith("draft:")]
     assert len(line) == 1 and " accepted (" in line[0]
     assert not [ln for ln in plain.stderr.decode().splitlines() if ln.startswith("draft:")]
+
+
+def test_serve_four_concurrent_clients_draft_and_answer_as_plain(tmp_path, gemma_path):
+    """Through `ollapy serve` (num_parallel 4): four clients at once, drafting or not, get the same text; the
+    server counts drafted and accepted tokens in /metrics and /api/ps."""
+    import concurrent.futures
+
+    import httpx
+    from conftest import live_server
+
+    prompts = [LOG, LOG.replace("north", "south"), LOG.replace("keeper", "warden"), LOG.replace("wind", "gust")]
+
+    def ask(url: str, prompt: str, **opts) -> dict:
+        body = {"model": str(gemma_path), "prompt": prompt, "raw": True, "stream": False,
+                "options": {"temperature": 0, "num_predict": 48, **opts}}
+        r = httpx.post(url + "/api/generate", json=body, timeout=900)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    with live_server(tmp_path, "--allow-paths", env={"OLLAPY_NUM_PARALLEL": "4", "OLLAPY_CACHE": "0"}) as url:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            plain = list(pool.map(lambda p: ask(url, p), prompts))
+            drafted = list(pool.map(lambda p: ask(url, p, draft="ngram"), prompts))
+        metrics = httpx.get(url + "/metrics", timeout=30).text
+        ps = httpx.get(url + "/api/ps", timeout=30).json()["models"][0]
+    assert [d["response"] for d in drafted] == [p["response"] for p in plain]
+    assert all(d["draft"] == "ngram" and d["draft_tokens"] > 0 for d in drafted)
+    assert all("draft" not in p for p in plain)
+    proposed = sum(d["draft_tokens"] for d in drafted)
+    accepted = sum(d["draft_accepted"] for d in drafted)
+    assert f'ollapy_tokens_total{{kind="drafted",model="{gemma_path}"}} {float(proposed)}' in metrics
+    assert f'ollapy_tokens_total{{kind="draft_accepted",model="{gemma_path}"}} {float(accepted)}' in metrics
+    assert ps["draft_tokens"] == proposed and ps["draft_accepted"] == accepted
+
+
+def test_the_repl_drafts_after_set_parameter_and_answers_the_same(smollm2_path):
+    import re
+    import sys
+
+    import pexpect
+    from conftest import ROOT
+
+    env = dict(os.environ, OLLAPY_NOHISTORY="1")
+    c = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "run", str(smollm2_path), "--verbose", "-o",
+                                       "temperature=0", "-o", "num_predict=40"],
+                      env=env, encoding="utf-8", timeout=300, cwd=str(ROOT), dimensions=(40, 200))
+    c.expect_exact(">>> ")
+
+    def ask() -> str:
+        c.sendline(COPY)
+        c.expect("total duration")
+        text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|[\u2800-\u28ff]|\r", "", c.before)
+        return text.split(COPY, 1)[-1].strip()
+
+    plain = ask()
+    c.expect_exact(">>> ")
+    c.sendline("/clear")
+    c.expect_exact(">>> ")
+    c.sendline("/set parameter draft ngram")
+    c.expect_exact("Set parameter 'draft' to 'ngram'")
+    c.expect_exact(">>> ")
+    drafted = ask()
+    c.expect(r"draft: +(\d+) proposed, (\d+) accepted")
+    assert int(c.match.group(1)) > 0
+    c.expect_exact(">>> ")
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+    assert plain and drafted == plain
+
+
+def test_a_draft_model_after_a_prompt_cache_restore_in_a_new_process(smollm2_path):
+    """Second `ollapy run` restores the prompt from the disk cache; the draft model (here the model itself, the
+    plumbing case) catches up from the restored tokens and the answer is the cold run's and --no-cache's."""
+    import re
+
+    system = " ".join(f"Rule {i}: the courier with badge {i * 7 % 31} walks to street {i * 13 % 97}." for i in range(40))
+    base = ["run", str(smollm2_path), "--verbose", "--system", system, "-o", "temperature=0", "-o", "num_predict=32",
+            "-o", f"draft={smollm2_path}"]
+    q = "Which street does the courier with badge 14 walk to?"
+    cold, warm, nocache = run_cli(*base, q), run_cli(*base, q), run_cli(*base, "--no-cache", q)
+    for r in (cold, warm, nocache):
+        assert r.returncode == 0, r.stderr.decode()
+    assert cold.stdout == warm.stdout == nocache.stdout and cold.stdout.strip()
+    reused = int(re.search(rb"prompt cache: +(\d+) token", warm.stderr).group(1))
+    assert reused > 300
+    drafted = re.search(rb"draft: +(\d+) proposed, (\d+) accepted", warm.stderr)
+    assert drafted and int(drafted.group(2)) > 0

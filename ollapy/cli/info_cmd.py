@@ -40,6 +40,7 @@ def collect_info(rpc_endpoints: str = "") -> dict:
         "cpu_amx": report["cpu_amx"],
         "build_amx": report["build_amx"],
         "extra_bufts": report["extra_bufts"],
+        "row_invariant": report["row_invariant"],
         "paths": {
             "models": str(config.models_dir()),
             "prompt_cache": str(config.cache_dir()),
@@ -72,6 +73,7 @@ def info(
         f"python:            {data['python']} ({data['platform']})",
         f"gpu offload:       {'yes' if data['gpu_offload'] else 'no (no GPU device in this build)'}",
         f"extra buffers:     {data['extra_bufts']}",
+        f"row-invariant:     {data['row_invariant']}",
         f"cpu amx / build:   {data['cpu_amx']} / {data['build_amx']}",
         "devices:",
     ]

@@ -9,22 +9,15 @@ a long prompt stalls other slots by a bounded amount), then ONE
 the last prompt token of every slot whose chunks are done. Only those rows ask
 for logits; each slot samples from its own row with its own sampler chain.
 
-Slot choice for a new request: :func:`ollapy.engine.planner.plan_prefix`
-picks ONE prefix source (the slot's own KV, a busy donor slot's KV copied
-in-context, or a prompt-cache state) and :meth:`Engine._start` applies only
-that one. At least one prompt token is always evaluated, for fresh logits.
+Slot choice for a new request: :mod:`ollapy.engine.assignment` (one prefix
+source per request: the slot's own KV, a donor slot's KV, or a prompt-cache
+state). At least one prompt token is always evaluated, for fresh logits.
 
-Context shift on overflow (llama.cpp's ``--context-shift``; keep ``num_keep``
-tokens, drop half of the rest). ``num_keep`` defaults to BOS plus the system
-prompt, at least 4 tokens (the "attention sinks" of StreamingLLM, Xiao et al.
-2023). Shifted KV and reuse: after a shift the slot's KV beyond the kept
-``num_keep`` tokens differs from a fresh prefill of the same tokens (it was
-computed with the discarded tokens in view), so a later request on that slot
-reuses at most the kept prefix (``Slot.exact``), and shifted KV is never saved
-to the prompt cache. Reuse therefore never puts KV into a slot that a fresh
-prefill of the same tokens would not compute. The same holds bit for bit
-because of the canonical evaluation order: ``Slot.exact`` also stops before
-decode-shaped cells (the last prompt token, generated tokens).
+Context shift on overflow: :mod:`ollapy.engine.context_shift` (shifted KV is never reused past ``num_keep``
+nor saved). ``Slot.exact`` also stops before decode-shaped cells (the last prompt token, generated tokens).
+
+Speculative decoding: :mod:`ollapy.engine.speculation` proposes drafted tokens for generating slots; they ride
+as extra rows of the same single ``llama_decode`` and are verified row by row with the slot's own sampler.
 
 Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
 joined engine frees llama.cpp's context (a free under a running
@@ -43,13 +36,14 @@ from typing import TYPE_CHECKING
 
 from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ..options import Options, predict_limit
+from .assignment import SlotAssigner
 from .backend.context import Backend
+from .context_shift import make_room, truncate_prompt
 from .cpuload import ThreadBudget
-from .evalorder import canonical_reuse, grid_for, grid_points, next_chunk_end, swa_checkpoints
-from .planner import MIN_GAIN, CacheOffer, Plan, SlotView, plan_prefix
-from .prefix_source import PrefixCandidate, PrefixSource
+from .evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
+from .prefix_source import PrefixSource
 from .request import Chunk, Request
-from .sampler import Sampler, token_logprob
+from .sampler import token_logprob
 from .slot import Slot, SlotState
 from .speculation import Candidate, Speculator
 
@@ -58,9 +52,6 @@ if TYPE_CHECKING:
 
 
 log = logging.getLogger("ollapy.engine")
-
-MAX_SHIFTS = 64
-
 
 class Engine:
     """Serve generation requests over ``backend.n_parallel`` slots of one model.
@@ -85,9 +76,10 @@ class Engine:
         self._next_id = 1
         self.steps = 0
         self.requests_done = 0
-        self._kv_per_token = backend.kv_bytes_per_token()
+        self.kv_per_token = backend.kv_bytes_per_token()  # KV bytes per token of one slot (the planner's unit)
         self.align = grid_for(backend.n_swa)  # the canonical order's chunk grid (evalorder)
         self.spec = speculator or Speculator(backend.n_parallel)  # speculative decoding (engine/speculation.py)
+        self._assigner = SlotAssigner(self)  # a new request's slot and prefix source (engine/assignment.py)
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
                                           adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
@@ -302,7 +294,7 @@ class Engine:
         drafts = self._plan_drafts(active) if self.spec.active else {}
         for s in active:
             if s.state is SlotState.GENERATE:
-                if len(s.tokens) + 1 > self.num_ctx and not self._make_room(s):
+                if len(s.tokens) + 1 > self.num_ctx and not make_room(self, s):
                     continue
                 if s.state is not SlotState.GENERATE:  # re-prefill after a non-shiftable overflow
                     continue
@@ -460,121 +452,12 @@ class Engine:
                     return
                 req = self._waiting.popleft()
             try:
-                self._start(req, idle)
+                self._assigner.start(req, idle)
             except OllapyError as exc:
                 req.push(exc)
             except Exception as exc:  # noqa: BLE001
                 log.exception("could not start request")
                 req.push(DecodeError(f"could not start request: {exc}"))
-
-    def _views(self, holed: set[int] = frozenset()) -> list[SlotView]:
-        """What the planner sees of each slot; a slot in ``holed`` offers no prefix (:meth:`_window_holed`)."""
-        b = self.backend
-        return [SlotView(s.id, () if s.id in holed else s.usable, s.busy, s.last_used,
-                         b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens)) for s in self.slots]
-
-    def _window_holed(self, seq: int, reuse: int) -> bool:
-        """True when a sliding-window model's ``seq`` trimmed to ``reuse`` would attend with holes.
-
-        llama.cpp server's rule (``pos_min_thold``): the sliding-window cache of
-        the sequence must still hold position ``reuse - n_swa``; a state
-        restored from the cache holds only its in-window cells, and a trim
-        below them leaves that cache empty (``seq_pos_min`` -1).
-        """
-        b = self.backend
-        if not b.n_swa or not reuse:
-            return False
-        pos_min = b.seq_pos_min(seq)
-        return pos_min < 0 or pos_min > max(0, reuse - b.n_swa)
-
-    def _offer(self, prompt: list[int], exclude: set[str]) -> tuple[PrefixCandidate | None, CacheOffer | None]:
-        if self.cache is None:
-            return None, None
-        cand = self.cache.peek(prompt, max_tokens=self.num_ctx, exclude=exclude)
-        if cand is None:
-            return None, None
-        return cand, CacheOffer(cand.n_tokens, cand.nbytes, cand.tier)
-
-    def _start(self, req: Request, idle: list[Slot]) -> None:
-        """Plan the request's one prefix source (:func:`plan_prefix`), apply it, and start its prefill."""
-        b = self.backend
-        prompt = req.tokens
-        use_cache = self.cache is not None and req.cache
-        excluded: set[str] = set()
-        holed: set[int] = set()
-        while True:
-            cand, offer = self._offer(prompt, excluded) if use_cache else (None, None)
-            plan = plan_prefix(prompt, self._views(holed), offer, num_ctx=self.num_ctx,
-                               kv_bytes_per_token=self._kv_per_token)
-            if plan.kind in ("slot", "copy"):
-                src = plan.donor if plan.kind == "copy" else plan.slot
-                if self._window_holed(src, canonical_reuse(plan.reuse, len(prompt), self.align)):
-                    holed.add(src)  # its in-window cells do not reach down to the reuse point: plan again
-                    continue
-            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt), self.align) < cand.n_tokens:
-                excluded.add(cand.name)  # a sliding-window state holds in-window cells only: never trimmed
-                continue
-            if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
-                excluded.add(cand.name)  # not worth its bytes: a shorter saved prefix (a smaller state) may be
-                continue
-            if self._apply(plan, prompt, cand):
-                break
-            excluded.add(cand.name)  # unreadable or refused: plan again without it
-        if use_cache and offer is None and not excluded:
-            self.cache.record_miss()
-        slot = self.slots[plan.slot]
-        reuse = canonical_reuse(plan.reuse, len(prompt), self.align)
-        assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
-        if not b.seq_rm(slot.id, reuse, -1):
-            b.seq_clear(slot.id)
-            reuse = 0
-        if self._window_holed(slot.id, reuse):  # never attend with holes (a safety net: planned around above)
-            b.seq_clear(slot.id)
-            reuse = 0
-        del slot.tokens[reuse:]
-        slot.exact = len(slot.tokens)
-        # seq_pos_max + 1 == len(tokens); not yet asserted for SWA models: after a Gemma checkpoint restore
-        # llama.cpp reported an empty sequence for a slot holding 1024 tokens (test_cache_exactness, gemma_partial)
-        slot.check(None if b.n_swa else b.seq_pos_max(slot.id) + 1)
-        req.metrics.prompt_eval_count = len(prompt)
-        req.metrics.prompt_cache_tokens = reuse
-        req.metrics.prefix_source = plan.source if reuse else "none"
-        slot.sampler = Sampler(b, req.options, req.grammar, prompt)
-        slot.begin(req, self.resolve_keep(req.keep, req.options))
-        o = req.options
-        req.metrics.draft = self.spec.begin(slot.id, prompt, o.draft, o.draft_num_predict, o.draft_min)
-        log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
-                  req.metrics.prefix_source)
-
-    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None) -> bool:
-        """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used."""
-        b = self.backend
-        slot = self.slots[plan.slot]
-        if plan.kind == "copy":
-            donor = self.slots[plan.donor]
-            b.seq_cp(donor.id, slot.id)  # cross-stream: buffers are copied at the next llama_decode
-            slot.tokens = list(donor.tokens[:b.seq_pos_max(slot.id) + 1])
-            slot.exact = min(donor.exact, len(slot.tokens))
-        elif plan.kind == "cache":
-            hit = self.cache.load(cand, defer_check=True)  # a disk payload's checksum runs during state_set
-            if hit is None:
-                return False
-            restored = b.state_set(slot.id, hit.load())  # llama.cpp returns 0 when the state cannot fit
-            if not hit.verified():
-                b.seq_clear(slot.id)  # restored from a file that failed its checksum: never used
-                slot.tokens = []
-                slot.exact = 0
-                self.cache.record_corrupt(hit)
-                return False
-            if not restored:
-                slot.tokens = []
-                slot.exact = 0
-                self.cache.record_refused(hit)
-                return False
-            slot.tokens = list(hit.tokens)
-            slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
-            self.cache.record_hit(hit)
-        return True
 
     # ---- ending and saving ------------------------------------------------------------------
     def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
@@ -631,47 +514,3 @@ class Engine:
             self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist)
         except Exception:  # noqa: BLE001 - a cache failure never fails a request
             log.exception("prompt cache store failed")
-
-    # ---- context shift ----------------------------------------------------------------------
-    def _make_room(self, s: Slot) -> bool:
-        """Free KV space in a full generating slot; False when the request was ended instead."""
-        req = s.request
-        if not req.options.shift or req.metrics.shifts >= MAX_SHIFTS:
-            self._finish(s, "length")
-            return False
-        n_keep = min(s.keep, len(s.tokens) - 2)
-        n_discard = (len(s.tokens) - n_keep) // 2
-        if n_discard <= 0:
-            self._finish(s, "length")
-            return False
-        req.metrics.shifts += 1
-        b = self.backend
-        if b.can_shift:
-            b.seq_rm(s.id, n_keep, n_keep + n_discard)
-            b.seq_add(s.id, n_keep + n_discard, -1, -n_discard)
-            del s.tokens[n_keep:n_keep + n_discard]
-            s.exact = min(s.exact, n_keep)
-            self.spec.shift(s.id, n_keep, n_discard)
-            log.debug("slot %d: context shift, kept %d, discarded %d", s.id, n_keep, n_discard)
-            return True
-        # cannot shift positions: re-prefill the kept tokens plus the recent tail
-        kept = s.tokens[:n_keep] + s.tokens[n_keep + n_discard:] + [s.pending]
-        b.seq_clear(s.id)
-        s.tokens = []
-        s.exact = 0
-        s.prompt = kept
-        s.state = SlotState.PREFILL
-        log.debug("slot %d: model cannot shift; re-prefilling %d tokens", s.id, len(kept))
-        return True
-
-
-def truncate_prompt(tokens: list[int], keep: int, n_ctx: int) -> tuple[list[int], int]:
-    """Cut a prompt that does not fit: keep the first ``keep`` tokens and the most recent tail.
-
-    Leaves room for generation: the result is at most ``n_ctx // 2 + keep`` tokens
-    (and always under ``n_ctx``). Returns ``(tokens, keep)``.
-    """
-    keep = min(keep, n_ctx // 4)
-    room = max(1, n_ctx // 2)
-    tail = tokens[-room:]
-    return tokens[:keep] + tail, keep

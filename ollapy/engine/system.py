@@ -11,7 +11,8 @@ def system_report(extra_bufts_setting: str) -> dict:
     """Versions and devices of the loaded llama.cpp build (loads llama.cpp, not a model).
 
     Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "type",
-    "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts"}`` where
+    "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts", "row_invariant"}``
+    where ``row_invariant`` says whether the CPU computes every row of a batch alike (and if not, why), and
     ``vulkan_visible_devices`` is the line saying ollapy made a software Vulkan device visible (None when it did
     not; :mod:`ollapy.engine.backend.vulkan`) and ``extra_bufts`` is the reason for the choice
     :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
@@ -19,8 +20,14 @@ def system_report(extra_bufts_setting: str) -> dict:
     """
     from .backend import bindings, vulkan
 
-    _use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
+    use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
+    bindings.init_backend()  # sets ggml-cpu's tiled-matmul switch unless the environment did
+    why = [w for w, on in (("tinyBLAS (GGML_LLAMAFILE) in the build", bindings.build_has_llamafile()),
+                           ("tiled K-quant matmul (GGML_CPU_TILED_MM)", bindings.tiled_matmul_on()),
+                           ("weight repacking (extra_bufts)", use)) if on]
     return {
+        # on the CPU, every row of a batch is computed alike (engine/speculation.py); a GPU decides per model load
+        "row_invariant": "yes on the CPU" if not why else "no: " + ", ".join(why),
         "llama_cpp_python": bindings.library_version(),
         "system_info": bindings.system_info(),
         "gpu_offload": bindings.supports_gpu_offload(),

@@ -216,6 +216,7 @@ async def api_ps(request: Request):
             "runner_pid": (s["info"] or {}).get("runner_pid"),  # a model in a child runner process
             # speculative decoding: the draft model's name or "ngram" (its default), and the tokens drafted and
             # accepted since it loaded (requests may also draft with their own options.draft)
+            "row_invariant": (s["info"] or {}).get("row_invariant"),  # rows computed alike in any batch
             "draft": stats.get("draft") or None, "draft_tokens": stats.get("draft_tokens", 0),
             "draft_accepted": stats.get("draft_accepted", 0),
         })

@@ -28,8 +28,7 @@ from ..cpuload import default_threads
 from ..hardware import choose_flash_attn
 from ..interrupt import deferred_sigint
 from . import bindings
-from .bindings import (C, build_has_llamafile, choose_extra_bufts, finish_imports, init_backend, start_imports,
-                       tiled_matmul_on)
+from .bindings import C, build_has_llamafile, choose_extra_bufts, finish_imports, init_backend, start_imports, tiled_matmul_on
 
 if TYPE_CHECKING:
     import numpy as np
