@@ -16,7 +16,7 @@
 # With tools, the answer is a JSON call or response (llama.cpp's generic tool format, under a grammar), and the
 # base model calls tools at random (Codex's create_goal/request_user_input, Claude Code's tools) and loops.
 # So, as a user of such a model would, the Modelfile makes it greedy and end its answer at the first line end
-# (PARAMETER stop "\n", reported as stop_reason "stop_sequence" / status "completed"), and the agents run
+# (PARAMETER stop "\n": stop_reason "end_turn" / status "completed", as an end-of-turn token), and the agents run
 # without tools (AGENT_TOOLS=off, the default: Claude Code `--tools ""`; Codex `--disable` of the features that
 # add function tools and `-c web_search=disabled`). AGENT_TOOLS=on keeps the agents' tools (for a model that can
 # use them). The system prompt still is the agent's own, so the second run shows the prompt cache at work.
