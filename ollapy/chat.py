@@ -17,12 +17,13 @@ CHATML = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
-# Gemma's turn format; Gemma has no system role, so a system message is prepended to the first user turn.
+# Gemma's turn format; Gemma has no system role, so system messages (all of them, in order: Codex sends two
+# developer messages) are prepended to the next user turn.
 GEMMA = (
     "{{ bos_token }}"
     "{% set ns = namespace(sys='') %}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'system' %}{% set ns.sys = message['content'] + '\n\n' %}"
+    "{% if message['role'] == 'system' %}{% set ns.sys = ns.sys + message['content'] + '\n\n' %}"
     "{% else %}"
     "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
     "{{ '<start_of_turn>' + role + '\n' + (ns.sys if role == 'user' else '') + message['content'] | trim + '<end_of_turn>\n' }}"

@@ -8,8 +8,21 @@
 # /metrics, the requests it made, their time to first token and how many prompt tokens the prompt cache served:
 # the second run of an agent should reuse the first one's system prompt and tools.
 #
-# Slow (the agents' prompts are many thousand tokens; a 2-core machine prefills a few hundred tokens a second)
-# and not part of the test run. Usage: scripts/check_agents.sh   (PYTHON=... to pick the interpreter)
+# The test model is Gemma 3 270M *base*: it has no chat template (ollapy's Gemma fallback renders the turns) and
+# does not end a turn by itself. With the agents' defaults it writes until the output cap, and both agents treat
+# that as an error: Claude Code answers stop_reason "max_tokens" with up to 3 "Output token limit hit. Resume
+# directly" retries and then exits 1 ("API Error: Claude's response exceeded the N output token maximum");
+# Codex reports "Incomplete response returned, reason: max_output_tokens" (response.incomplete) and exits 1.
+# With tools, the answer is a JSON call or response (llama.cpp's generic tool format, under a grammar), and the
+# base model calls tools at random (Codex's create_goal/request_user_input, Claude Code's tools) and loops.
+# So, as a user of such a model would, the Modelfile makes it greedy and end its answer at the first line end
+# (PARAMETER stop "\n": stop_reason "end_turn" / status "completed", as an end-of-turn token), and the agents run
+# without tools (AGENT_TOOLS=off, the default: Claude Code `--tools ""`; Codex `--disable` of the features that
+# add function tools and `-c web_search=disabled`). AGENT_TOOLS=on keeps the agents' tools (for a model that can
+# use them). The system prompt still is the agent's own, so the second run shows the prompt cache at work.
+#
+# Slow on 2 cores (Codex's prompt is ~4,500 tokens without tools, Claude Code's ~1,400; with tools many thousand
+# more) and not part of the test run. Usage: scripts/check_agents.sh   (PYTHON=... to pick the interpreter)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +30,14 @@ PY=${PYTHON:-$ROOT/.venv/bin/python}
 AGENTS=${OLLAPY_AGENTS_DIR:-$HOME/.cache/ollapy/agents}
 PROMPT=${PROMPT:-"Reply with one word: ready"}
 MAX_OUT=${MAX_OUT:-128}  # the agents ask for up to 32k output tokens; a base test model would use them all
+AGENT_TOOLS=${AGENT_TOOLS:-off}
+if [ "$AGENT_TOOLS" = off ]; then
+  CLAUDE_TOOLS=(--tools "")
+  CODEX_TOOLS=(--disable goals --disable multi_agent --disable shell_tool --disable unified_exec --disable view_image
+               -c 'tools.experimental_request_user_input={enabled=false}' -c web_search=disabled)
+else
+  CLAUDE_TOOLS=() CODEX_TOOLS=()
+fi
 
 mkdir -p "$AGENTS"
 if [ ! -x "$AGENTS/node_modules/.bin/claude" ] || [ ! -x "$AGENTS/node_modules/.bin/codex" ]; then
@@ -37,7 +58,9 @@ export CLAUDE_STREAM_IDLE_TIMEOUT_MS=3600000 API_TIMEOUT_MS=3600000
 mkdir -p "$CODEX_HOME" "$CLAUDE_CONFIG_DIR" "$WORK/project"
 
 GEMMA=$("$PY" "$ROOT/scripts/fetch_test_models.py" | awk '$1 == "gemma3" {print $2}')
-printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER num_predict %s\n' "$GEMMA" "$MAX_OUT" > "$WORK/Modelfile"
+printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER num_predict %s\nPARAMETER temperature 0\nPARAMETER stop "\\n"\nPARAMETER stop "<end_of_turn>"\nPARAMETER stop "<start_of_turn>"\n' \
+  "$GEMMA" "$MAX_OUT" > "$WORK/Modelfile"
+echo "--- Modelfile ---"; cat "$WORK/Modelfile"; echo "--- agent tools: $AGENT_TOOLS ---"
 "$PY" -m ollapy.cli.main create gemma3-agents -f "$WORK/Modelfile" >&2
 
 "$PY" -m ollapy.cli.main serve > "$WORK/serve.log" 2>&1 &
@@ -106,10 +129,10 @@ EOF
 }
 
 for i in 1 2; do
-  run_agent "claude run $i" claude --model gemma3-agents -- -p "$PROMPT"
+  run_agent "claude run $i" claude --model gemma3-agents -- -p "$PROMPT" "${CLAUDE_TOOLS[@]}"
 done
 for i in 1 2; do
-  run_agent "codex run $i" codex --model gemma3-agents -- exec --skip-git-repo-check "$PROMPT"
+  run_agent "codex run $i" codex --model gemma3-agents -- exec --skip-git-repo-check "${CODEX_TOOLS[@]}" "$PROMPT"
 done
 if [ "$FAILED" != 0 ] || ! kill -0 "$SERVER" 2>/dev/null; then
   echo "--- server log (tail) ---"

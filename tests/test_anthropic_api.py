@@ -36,7 +36,8 @@ LONG_WORDS = " ".join(f"word{i % 97} and" for i in range(750))  # 1,500 words
 def api(tmp_path_factory, smollm2_path):
     models = {"smol": {}, "smol-tools": {"template": HERMES},
               "smol-think": {"template": THINK_TEMPLATE, "messages": EXAMPLE},
-              "smol-4k": {"parameters": {"num_ctx": 4096}}, "smol-512": {"parameters": {"num_ctx": 512}}}
+              "smol-4k": {"parameters": {"num_ctx": 4096}}, "smol-512": {"parameters": {"num_ctx": 512}},
+              "smol-stop": {"parameters": {"stop": ["Paris"]}}}
     with live_api(tmp_path_factory.mktemp("anthropic"), smollm2_path, models) as api:
         api.ac = anthropic.Anthropic(base_url=api.url, api_key="none", max_retries=0)
         yield api
@@ -95,6 +96,19 @@ def test_stop_sequence_and_max_tokens(api):
     assert m.content[0].text == "The capital of France is "
     short = _create(api, max_tokens=3)
     assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
+
+
+def test_a_models_own_stop_string_ends_the_turn(api):
+    """A Modelfile ``PARAMETER stop`` ends the answer as the model's end of turn: ``end_turn``, no
+    ``stop_sequence`` (Anthropic names there only one of the request's ``stop_sequences``; Claude Code sends none)."""
+    m = _create(api, model="smol-stop")
+    assert m.content[0].text == "The capital of France is "
+    assert (m.stop_reason, m.stop_sequence) == ("end_turn", None)
+    with api.ac.messages.stream(model="smol-stop", max_tokens=32, messages=FRANCE, **GREEDY) as s:
+        final = s.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("end_turn", None)
+    asked = _create(api, model="smol-stop", stop_sequences=["Paris"])
+    assert (asked.stop_reason, asked.stop_sequence) == ("stop_sequence", "Paris")
 
 
 def test_system_as_string_and_as_blocks(api):

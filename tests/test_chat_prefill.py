@@ -62,3 +62,19 @@ def test_prefill_is_continued_not_restarted(smollm2_path, tmp_path):
         assert r.message.content.startswith(" Paris"), r.message.content
         plain = c.chat(model=str(smollm2_path), messages=[U], options={"temperature": 0, "num_predict": 6})
         assert r.prompt_eval_count > plain.prompt_eval_count  # the prefill's tokens are part of the prompt
+
+
+def test_gemma_fallback_keeps_every_system_message():
+    """Codex sends two developer (system) messages, and the generic tool format appends the tools to the first:
+    Gemma's fallback template once kept only the last one, dropping Codex's instructions and every tool."""
+    from ollapy import chat, generic_tools
+    from ollapy.engine.backend.templating import render_chat_template
+
+    tools = [{"type": "function", "function": {"name": "exec_command", "description": "run", "parameters": {}}}]
+    msgs = generic_tools.generic_messages(
+        [{"role": "system", "content": "You are a coding agent."}, {"role": "system", "content": "Skills: none."}, U],
+        tools)
+    text = render_chat_template(chat.GEMMA, msgs, "<bos>", "<eos>", True)
+    assert text.startswith("<bos><start_of_turn>user\nYou are a coding agent.")
+    assert '"exec_command"' in text and generic_tools.INSTRUCTION in text
+    assert text.index("exec_command") < text.index("Skills: none.\n\n" + U["content"] + "<end_of_turn>")

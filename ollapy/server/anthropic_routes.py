@@ -43,8 +43,9 @@ async def messages(request: Request):
         return err(exc)
     msg_id = message_id()
     if not body.stream:
-        return await collected(request, gen, lambda text, final: message(gen, body.model, msg_id, text, final), err)
-    return message_stream(gen, body.model, msg_id)
+        return await collected(request, gen, lambda text, final: message(gen, body.model, msg_id, text, final,
+                                                                          body.stop_sequences), err)
+    return message_stream(gen, body.model, msg_id, body.stop_sequences)
 
 
 @router.post("/messages/count_tokens")

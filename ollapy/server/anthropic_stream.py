@@ -46,15 +46,17 @@ def usage(m: dict) -> dict:
             "output_tokens": int(m.get("eval_count") or 0)}
 
 
-def stop_reason(final, calls: int) -> tuple[str, str | None]:
+def stop_reason(final, calls: int, requested: list[str] | None = None) -> tuple[str, str | None]:
     """``(stop_reason, stop_sequence)``: ``tool_use`` when the answer made calls, ``max_tokens`` when it hit the
-    limit, ``stop_sequence`` (with the string) when one of ``stop_sequences`` ended it, else ``end_turn``."""
+    limit, ``stop_sequence`` (with the string) when one of the request's ``stop_sequences`` (``requested``) ended
+    it, else ``end_turn``. A stop string of the model's own (a Modelfile ``PARAMETER stop``) ends its turn as its
+    end-of-turn token would: Anthropic's ``stop_sequence`` names only "one of your custom stop sequences"."""
     if calls:
         return "tool_use", None
     if final.done_reason == "length":
         return "max_tokens", None
     seq = getattr(final, "stop_sequence", None)
-    return ("stop_sequence", seq) if seq else ("end_turn", None)
+    return ("stop_sequence", seq) if seq and seq in (requested or ()) else ("end_turn", None)
 
 
 def content_blocks(d: ReplyDelta) -> list[dict]:
@@ -69,10 +71,11 @@ def content_blocks(d: ReplyDelta) -> list[dict]:
     return out
 
 
-def message(gen: generation.Generation, model: str, msg_id: str, text: str, final) -> dict:
-    """The non-streamed ``message`` object of a finished generation."""
+def message(gen: generation.Generation, model: str, msg_id: str, text: str, final,
+            stop_sequences: list[str] | None = None) -> dict:
+    """The non-streamed ``message`` object of a finished generation (``stop_sequences``: the request's)."""
     d = gen.split_text(text)
-    reason, seq = stop_reason(final, len(d.calls))
+    reason, seq = stop_reason(final, len(d.calls), stop_sequences)
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": content_blocks(d),
             "stop_reason": reason, "stop_sequence": seq, "usage": usage(gen.metrics())}
 
@@ -148,8 +151,10 @@ async def _with_pings(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
             nxt.cancel()
 
 
-def message_stream(gen: generation.Generation, model: str, msg_id: str) -> GenStream:
-    """The SSE response of a streamed ``/v1/messages`` answer (see the module docstring)."""
+def message_stream(gen: generation.Generation, model: str, msg_id: str,
+                   stop_sequences: list[str] | None = None) -> GenStream:
+    """The SSE response of a streamed ``/v1/messages`` answer (see the module docstring; ``stop_sequences``: the
+    request's)."""
 
     async def events() -> AsyncIterator[bytes]:
         start = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
@@ -169,7 +174,7 @@ def message_stream(gen: generation.Generation, model: str, msg_id: str) -> GenSt
                 if c.done:
                     for ev in blocks.close():
                         yield ev
-                    reason, seq = stop_reason(c, blocks.calls)
+                    reason, seq = stop_reason(c, blocks.calls, stop_sequences)
                     yield sse("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
                                                 "usage": usage(gen.metrics())})
                     yield sse("message_stop", {})
