@@ -57,8 +57,12 @@ MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a sl
 EXTRA_BUFTS = _setting(
     "OLLAPY_EXTRA_BUFTS",
     "auto",
-    "CPU extra buffer types (weight repacking, AMX): auto (off only on AMX CPUs with an AMX build, where ggml crashes), on, off.",
+    "CPU extra buffer types (weight repacking, AMX): auto (off: repacked weights multiply rows in groups of 4, so a "
+    "row would depend on the batch), on, off.",
 )
+DRAFT_ROW_COST = _setting("OLLAPY_DRAFT_ROW_COST", "",
+                          "Speculative decoding: what one more row costs in a decode step, as a fraction of a one-row "
+                          "step (0 to 1), for the draft policy; empty = measured from the engine's own steps.")
 NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
                       "CPU threads for decoding. 0 = ollapy chooses from the process's own CPUs (its affinity mask, "
                       "capped by a cgroup CPU quota): every one up to 4, half of them above (about the physical "
@@ -246,6 +250,21 @@ def cache_dir() -> Path:
 def state_dir() -> Path:
     """Directory for history and sessions (platformdirs user state dir)."""
     return Path(platformdirs.user_state_dir(APP))
+
+
+def draft_row_cost() -> float | None:
+    """The pinned per-row cost of the draft policy (a fraction of a one-row step), or None to measure it; raises
+    SettingError."""
+    raw = DRAFT_ROW_COST.raw().strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise invalid(DRAFT_ROW_COST, "a number from 0 to 1, or empty") from None
+    if not 0.0 <= value <= 1.0:
+        raise invalid(DRAFT_ROW_COST, "a number from 0 to 1, or empty")
+    return value
 
 
 def num_parallel() -> int:
@@ -478,6 +497,7 @@ def _test_models_raw() -> str:
 ACCESSORS.update({
     HOST.env: host, MODELS.env: models_dir, CACHE_DIR.env: cache_dir, DEBUG.env: _debug_checked,
     NUM_PARALLEL.env: num_parallel, NUM_CTX.env: num_ctx, MAX_QUEUE.env: max_queue, EXTRA_BUFTS.env: extra_bufts,
+    DRAFT_ROW_COST.env: draft_row_cost,
     NUM_THREAD.env: num_thread, KEEP_ALIVE.env: keep_alive, MAX_LOADED.env: max_loaded_models,
     NOHISTORY.env: nohistory, TEST_MODELS.env: _test_models_raw, REGISTRY.env: registry_url,
     CATALOGUE.env: _catalogue_raw, PULL_RETRIES.env: pull_retries, CACHE_RAM.env: cache_ram_bytes,

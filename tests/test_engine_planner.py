@@ -304,7 +304,7 @@ def test_close_order_engine_then_cache_then_backend():
     cache = FakeCache([1] * 20)
     m = LoadedModel.__new__(LoadedModel)  # the real close() over fake parts (no model file)
     m.name, m.backend, m.cache, m.unsaved_states, m._closed = "fake", b, cache, 0, False
-    m._embedder, m._embedder_lock = None, threading.Lock()
+    m._embedder, m._embedder_lock, m.draft_backend = None, threading.Lock(), None
     m.engine = Engine(b, cache=cache)
     orig_stop = m.engine.stop
 
@@ -339,7 +339,7 @@ def test_an_engine_that_does_not_stop_is_never_freed():
     b.decode = slow_decode
     m = LoadedModel.__new__(LoadedModel)
     m.name, m.backend, m.cache, m.unsaved_states, m._closed = "fake", b, None, 0, False
-    m._embedder, m._embedder_lock = None, threading.Lock()
+    m._embedder, m._embedder_lock, m.draft_backend = None, threading.Lock(), None
     m.engine = Engine(b)
     req = m.engine.submit([1, 2, 3], OPTS)
     assert stuck.wait(10)

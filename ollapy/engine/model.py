@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import chat
+from .. import chat, config
 from ..errors import OptionError
 from ..options import Options, tensor_split_values
 from .backend.context import Backend, ContextConfig
 from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
 from .draft_model import DraftModel
+from .draft_policy import StepCost
 from .engine import Engine
 from .interface import ContextFacts, RunnerSnapshot
 from .planner import common_prefix
@@ -79,6 +80,9 @@ class LoadedModel:
                                   n_vocab=b.n_vocab, bos=b.bos, eos=b.eos, add_bos=bool(b.add_bos))
         self.draft_backend: Backend | None = None
         speculator = self._load_draft(draft_path, options)
+        row_cost = config.draft_row_cost()
+        if row_cost is not None:  # OLLAPY_DRAFT_ROW_COST: the policy's step-cost line, pinned
+            speculator.pin_cost(StepCost(1.0 - row_cost, row_cost))
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns,
                              speculator=speculator)
