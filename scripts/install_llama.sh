@@ -8,10 +8,17 @@
 # pip's wheel cache is keyed on the source archive, not on CMAKE_ARGS: a wheel built earlier without RPC
 # would be reused silently. So the wheel is built with --no-cache-dir into a folder of ollapy's own cache
 # whose name carries a hash of the flags, and the installed library is checked for libggml-rpc afterwards.
+#
+# One patch to the vendored llama.cpp (the source distribution is unpacked and built from its folder):
+# ggml-cpu's llamafile_sgemm (tinyBLAS) declines one-row products ("only enable sgemm for prompt processing",
+# n < 2), which then go to vec_dot and round differently from the same row inside a batch. With the guard at
+# n < 1 a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on
+# it: ollapy/engine/speculation.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
+# VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, sgemm_takes_one_row).
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"
 VERSION="${OLLAPY_LLAMA_VERSION:-0.3.36}"
-ARGS="-DGGML_RPC=ON -DGGML_LLAMAFILE=OFF ${OLLAPY_CMAKE_ARGS:-}"
+ARGS="-DGGML_RPC=ON ${OLLAPY_CMAKE_ARGS:-}"
 has_rpc() {
   "$PY" - "$VERSION" <<'PYEOF'
 import importlib.metadata as md, pathlib, sys
@@ -25,7 +32,8 @@ libs = [f for f in dist.files or [] if "libggml-rpc" in f.name]
 sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
-KEY=$(printf '%s %s' "$VERSION" "$ARGS" | sha1sum | cut -c1-12)
+PATCHES="sgemm-one-row"
+KEY=$(printf '%s %s %s' "$VERSION" "$ARGS" "$PATCHES" | sha1sum | cut -c1-12)
 MARK="$(dirname "$PY")/../.ollapy-llama-build"  # which build this venv has: version + flags hash
 if [ "$(cat "$MARK" 2>/dev/null || true)" = "$KEY" ] && has_rpc; then
   exit 0
@@ -36,7 +44,20 @@ if [ -z "$WHEEL" ]; then
   echo "building llama-cpp-python $VERSION with CMAKE_ARGS='$ARGS' (on 2 cores about 6 min for a CPU build, 20+ for Vulkan; once per machine)" >&2
   TMP="$CACHE.partial.$$"
   rm -rf "$TMP" && mkdir -p "$TMP"
-  CMAKE_ARGS="$ARGS" "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$TMP" "llama-cpp-python==$VERSION"
+  "$PY" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$TMP/sdist"
+  tar -xzf "$TMP"/sdist/llama_cpp_python-*.tar.gz -C "$TMP"
+  SRC=$(ls -d "$TMP"/llama_cpp_python-*/ | head -n1)
+  "$PY" - "$SRC/vendor/llama.cpp/ggml/src/ggml-cpu/llamafile/sgemm.cpp" <<'PYEOF'
+import pathlib, sys
+p = pathlib.Path(sys.argv[1])
+text = p.read_text()
+guard = "    if (n < 2)\n        return false;\n"
+if text.count(guard) != 1:
+    sys.exit(f"install_llama.sh: the one-row guard of llamafile_sgemm was not found in {p}; update the patch")
+p.write_text(text.replace(guard, "    if (n < 1)  // ollapy: one-row products too, so a row computes alike in any batch\n"
+                                 "        return false;\n"))
+PYEOF
+  CMAKE_ARGS="$ARGS" "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$TMP" "$SRC"
   mkdir -p "$CACHE"
   mv "$TMP"/llama_cpp_python-*.whl "$CACHE"/
   rm -rf "$TMP"
@@ -49,3 +70,4 @@ if ! has_rpc; then
   exit 1
 fi
 echo "$KEY" > "$MARK"
+echo "$PATCHES" > "$(dirname "$PY")/../.ollapy-llama-patches"

@@ -11,9 +11,10 @@ What it established (and keeps checking), with the vendored llama.cpp:
   token evaluated alone give different logits (ggml-cpu multiplies a one-row
   product with ``vec_dot`` and a multi-row one with tinyBLAS, which accumulate
   in different orders; a large difference after int8 activation quantization).
-  So the engine always evaluates it alone, cold or cached. ollapy's build has
-  no tinyBLAS and turns the tiled K-quant matmul off, so there the two agree
-  (``Backend.row_invariant``); with repacked weights they still differ.
+  So the engine always evaluates it alone, cold or cached. ollapy's build lets
+  tinyBLAS take one-row products too (scripts/install_llama.sh) and turns the
+  tiled K-quant matmul off, so there the two agree (``Backend.row_invariant``);
+  with repacked weights they still differ.
 * Which other rows share a chunk does not matter (tinyBLAS keeps one
   accumulator per output element), except for repacked weights (Gemma's Q4_K
   with ``extra_bufts`` on), whose gemm kernel takes rows in groups of 4 and
@@ -152,9 +153,9 @@ def test_the_last_token_inside_a_chunk_is_what_it_is_alone_when_rows_are_invaria
             h.canonical_prefill(0, base, start)
         h.chunk(0, start, end, want_last=True)
         differ += h.b.logits_row(end - start - 1).tobytes() != alone
-    from ollapy.engine.backend.bindings import build_has_llamafile, tiled_matmul_on
+    from ollapy.engine.backend.bindings import one_row_products_differ, tiled_matmul_on
 
-    if h.row_invariant and not build_has_llamafile() and not tiled_matmul_on():  # SmolLM2's Q4_1: never repacked
+    if h.row_invariant and not one_row_products_differ() and not tiled_matmul_on():  # SmolLM2's Q4_1: no repack
         assert differ == 0
     else:
         assert differ >= 1

@@ -13,12 +13,13 @@ Why the output is exactly plain decoding's (temperature 0, and with a seed at an
 sampler sees the same logits rows in the same order as without drafting, and stops at the first row whose
 token differs from the draft, so it draws exactly the random numbers plain decoding draws. That holds when a
 verified row's logits are bit-identical to a one-row decode step's: every row of a ubatch must be computed
-by the same kernels whatever the batch. On the CPU that is the case when llama.cpp is built without
-llamafile's tinyBLAS (``GGML_LLAMAFILE=OFF``: tinyBLAS declines one-row products, so a row would round
-differently alone than beside others) and weights are not repacked (``extra_bufts`` off: repacked weights
+by the same kernels whatever the batch. On the CPU that is the case when llamafile's tinyBLAS takes one-row
+products too (llama.cpp's ``llamafile_sgemm`` declines ``n < 2``, so a row would round differently alone than
+beside others; ``scripts/install_llama.sh`` patches the guard to ``n < 1``), weights are not repacked
+(``extra_bufts`` off: repacked weights
 multiply rows in groups of 4) and ggml-cpu's tiled K-quant matmul is off (``GGML_CPU_TILED_MM=0``: it takes
-over from 8 rows up). :attr:`Speculator.row_invariant` reports it; ``scripts/install_llama.sh`` builds that
-way, ``extra_bufts=auto`` is off, and the backend sets ``GGML_CPU_TILED_MM=0`` unless the environment says.
+over from 8 rows up). :attr:`Speculator.row_invariant` reports it; ``extra_bufts=auto`` is off, and the
+backend sets ``GGML_CPU_TILED_MM=0`` unless the environment says.
 
 One ubatch per step. With one KV stream per slot llama.cpp splits a batch "equally" (``split_equal``: the
 same number of rows for every sequence of a ubatch), so slots verifying drafts of different lengths would

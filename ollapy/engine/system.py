@@ -22,7 +22,7 @@ def system_report(extra_bufts_setting: str) -> dict:
 
     use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
     bindings.init_backend()  # sets ggml-cpu's tiled-matmul switch unless the environment did
-    why = [w for w, on in (("tinyBLAS (GGML_LLAMAFILE) in the build", bindings.build_has_llamafile()),
+    why = [w for w, on in (("tinyBLAS declines one-row products (a stock build)", bindings.one_row_products_differ()),
                            ("tiled K-quant matmul (GGML_CPU_TILED_MM)", bindings.tiled_matmul_on()),
                            ("weight repacking (extra_bufts)", use)) if on]
     return {

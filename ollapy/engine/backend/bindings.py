@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import threading
+from pathlib import Path
 
 from ..hardware import cpu_has_amx
 from . import vulkan
@@ -166,9 +167,24 @@ def tiled_matmul_on() -> bool:
 
 
 def build_has_llamafile() -> bool:
-    """True when ggml-cpu was built with llamafile's tinyBLAS (``GGML_LLAMAFILE``, llama.cpp's default): its
-    multi-row products round differently from the one-row ``vec_dot`` path (see engine/speculation.py)."""
+    """True when ggml-cpu was built with llamafile's tinyBLAS (``GGML_LLAMAFILE``, llama.cpp's default)."""
     return "LLAMAFILE = 1" in system_info()
+
+
+def build_patches() -> frozenset[str]:
+    """The patches scripts/install_llama.sh applied to the vendored llama.cpp of this environment (it records
+    them in ``sys.prefix/.ollapy-llama-patches``); empty for any other install."""
+    try:
+        return frozenset((Path(sys.prefix) / ".ollapy-llama-patches").read_text().split())
+    except OSError:
+        return frozenset()
+
+
+def one_row_products_differ() -> bool:
+    """True when ggml-cpu multiplies a one-row product with another kernel than a multi-row one: a stock build
+    with tinyBLAS, whose ``llamafile_sgemm`` declines ``n < 2`` (the one row then goes to ``vec_dot`` and rounds
+    differently). scripts/install_llama.sh patches the guard to ``n < 1`` (``sgemm-one-row``)."""
+    return build_has_llamafile() and "sgemm-one-row" not in build_patches()
 
 
 def build_has_amx() -> bool:

@@ -28,7 +28,7 @@ from ..cpuload import default_threads
 from ..hardware import choose_flash_attn
 from ..interrupt import deferred_sigint
 from . import bindings
-from .bindings import C, build_has_llamafile, choose_extra_bufts, finish_imports, init_backend, start_imports, tiled_matmul_on
+from .bindings import C, choose_extra_bufts, finish_imports, init_backend, one_row_products_differ, start_imports, tiled_matmul_on
 
 if TYPE_CHECKING:
     import numpy as np
@@ -176,9 +176,9 @@ class Backend:
             raise ModelLoadError(f"{path}: could not create a context of {cp.n_ctx} tokens",
                                  hint="lower num_ctx or num_parallel")
         self.mem = C.llama_get_memory(self.ctx)
-        # every row of a ubatch computed by the same kernels whatever the batch (engine/speculation.py): no
-        # tinyBLAS in the build, no repacked weights, nothing on a GPU (whose kernels are chosen by batch size)
-        self.row_invariant = (not build_has_llamafile() and not tiled_matmul_on() and not self.extra_bufts
+        # every row of a ubatch computed by the same kernels whatever the batch (engine/speculation.py): tinyBLAS
+        # for one row too (or not at all), no tiled K-quant matmul, no repacked weights, nothing on a GPU
+        self.row_invariant = (not one_row_products_differ() and not tiled_matmul_on() and not self.extra_bufts
                               and not self.gpu_offload)
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
