@@ -306,8 +306,9 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
     for (task, mode), rates in out.items():
         drafted, accepted = drafts[(task, mode)]
         acc = f", {accepted}/{drafted} draft tokens accepted" if drafted else ""
-        lines.append(f"native {task} {mode:<6} {statistics.median(rates):8.1f} tok/s "
-                     f"({statistics.median(rates) / statistics.median(out[(task, 'plain')]):.2f}x native plain{acc})")
+        plain = statistics.median(out[(task, "plain")])
+        vs = f"{statistics.median(rates) / plain:.2f}x native plain" if plain > 0 else "native plain generated nothing"
+        lines.append(f"native {task} {mode:<6} {statistics.median(rates):8.1f} tok/s ({vs}{acc})")
     return lines, {k: statistics.median(v) for k, v in out.items()}
 
 
