@@ -143,7 +143,7 @@ def test_cancel_mid_decode_and_mid_prefill_frees_slot(smollm2_path, alone):
 
 def test_num_predict_exact(model4):
     for n in (1, 7, 33):
-        r = model4.submit(model4.raw_prompt("1, 2, 3, 4, 5, 6, 7, 8,"), GREEDY.merged({"num_predict": n}))
+        r = model4.submit(model4.raw_prompt("Count from 1 to 100: 1, 2, 3, 4,"), GREEDY.merged({"num_predict": n}))
         _, final = r.result()
         assert final.metrics.eval_count == n == len(r.output_tokens)
         assert final.done_reason == "length"

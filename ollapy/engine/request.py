@@ -40,8 +40,13 @@ class Metrics:
     draft_accepted: int = 0  # of them, accepted
 
     def as_dict(self) -> dict[str, Any]:
-        """The metrics as a dict of Ollama field names (plus ollapy's extras)."""
-        return dict(self.__dict__)
+        """The metrics as a dict of Ollama field names (plus ollapy's extras; the draft fields only when the
+        request drafted)."""
+        d = dict(self.__dict__)
+        if not self.draft:
+            for k in ("draft", "draft_tokens", "draft_accepted"):
+                del d[k]
+        return d
 
 
 @dataclass
