@@ -349,7 +349,9 @@ class Engine:
                 room = self.num_ctx - len(s.tokens) - 1  # the pending token's cell, then the drafted ones
                 if limit >= 0:
                     room = min(room, limit - req.metrics.eval_count - 1)
-                decoding.append(Candidate(s.id, s.tokens + [s.pending], room))
+                # the token list is copied only for a draft model (an n-gram drafter keeps its own history)
+                tokens = s.tokens + [s.pending] if self.spec.uses_draft_model(s.id) else ()
+                decoding.append(Candidate(s.id, tokens, room))
             elif len(s.tokens) == len(s.prompt) - 1:
                 others += 1
         if not decoding:

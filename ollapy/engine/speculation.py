@@ -62,7 +62,8 @@ class SlotSpec:
 @dataclass(frozen=True)
 class Candidate:
     """A decoding slot as the planner sees it: ``tokens`` (prompt plus accepted output, the pending token
-    last) and ``room``: how many drafted tokens it may verify at most (context left, ``num_predict`` left)."""
+    last; only for a slot drafting with the draft model, else empty: n-gram drafters keep their own history) and
+    ``room``: how many drafted tokens it may verify at most (context left, ``num_predict`` left)."""
 
     slot: int
     tokens: Sequence[int]
@@ -122,6 +123,10 @@ class Speculator:
         if st.mode == NGRAM:
             st.drafter.extend((token,))
             st.shadow.observe(token)
+
+    def uses_draft_model(self, slot: int) -> bool:
+        """True while the slot's request drafts with the draft model (which needs the slot's whole token list)."""
+        return self.slots[slot].mode == MODEL
 
     def drafting(self, slot: int) -> bool:
         """True while the slot's request drafts."""
