@@ -62,7 +62,8 @@ EXTRA_BUFTS = _setting(
 )
 DRAFT_ROW_COST = _setting("OLLAPY_DRAFT_ROW_COST", "",
                           "Speculative decoding: what one more row costs in a decode step, as a fraction of a one-row "
-                          "step (0 to 1), for the draft policy; empty = measured from the engine's own steps.")
+                          "step (0 to 1), for the draft policy; empty = measured from the engine's own steps (and "
+                          "remembered in step-costs/ beside the prompt cache for the next process).")
 NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
                       "CPU threads for decoding. 0 = ollapy chooses from the process's own CPUs (its affinity mask, "
                       "capped by a cgroup CPU quota): every one up to 4, half of them above (about the physical "
@@ -245,6 +246,12 @@ def cache_dir() -> Path:
     """Prompt-cache root (``OLLAPY_CACHE_DIR`` or platformdirs user cache dir / prompt-cache)."""
     raw = CACHE_DIR.raw()
     return Path(raw).expanduser() if raw else Path(platformdirs.user_cache_dir(APP)) / "prompt-cache"
+
+
+def step_costs_dir() -> Path:
+    """The draft policy's remembered step times (engine/step_costs.py): ``step-costs`` beside the prompt-cache
+    root, so ``OLLAPY_CACHE_DIR`` moves both."""
+    return cache_dir().parent / "step-costs"
 
 
 def state_dir() -> Path:

@@ -11,10 +11,18 @@
 #
 # One patch to the vendored llama.cpp (the source distribution is unpacked and built from its folder):
 # ggml-cpu's llamafile_sgemm (tinyBLAS) declines one-row products ("only enable sgemm for prompt processing",
-# n < 2), which then go to vec_dot and round differently from the same row inside a batch. With the guard at
-# n < 1 a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on
-# it: ollapy/engine/speculation.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
-# VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, sgemm_takes_one_row).
+# n < 2), which then go to vec_dot. Whether that changes a row's bits depends on the type (read in
+# ggml-cpu/llamafile/sgemm.cpp and ggml-cpu/arch/x86/quants.c, and measured by
+# tests/test_speculation.py::test_a_verified_row_gives_the_logits_of_a_one_row_step):
+# - Q8_0, Q4_0, Q5_0 on x86 with AVX2+FMA: tinyBLAS_Q0_AVX and ggml_vec_dot_qX_0_q8_0 do the same operations
+#   per output element (one fp32 accumulator per block lane, fma of the scale product with the int8 dot, the same
+#   horizontal sum), so the split is harmless, and vec_dot is the faster one-row kernel (Gemma 3 270M: 15 vs 22 ms
+#   a step). These keep the guard.
+# - every other type tinyBLAS takes (F32, F16, BF16, IQ4_NL; all types off x86) rounds differently in vec_dot, so
+#   one row goes to tinyBLAS too (guard n < 1).
+# So a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on it:
+# ollapy/engine/speculation.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
+# VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, one_row_products_differ).
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"
 VERSION="${OLLAPY_LLAMA_VERSION:-0.3.36}"
@@ -32,7 +40,7 @@ libs = [f for f in dist.files or [] if "libggml-rpc" in f.name]
 sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
-PATCHES="sgemm-one-row"
+PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot"
 KEY=$(printf '%s %s %s' "$VERSION" "$ARGS" "$PATCHES" | sha1sum | cut -c1-12)
 MARK="$(dirname "$PY")/../.ollapy-llama-build"  # which build this venv has: version + flags hash
 if [ "$(cat "$MARK" 2>/dev/null || true)" = "$KEY" ] && has_rpc; then
@@ -54,8 +62,17 @@ text = p.read_text()
 guard = "    if (n < 2)\n        return false;\n"
 if text.count(guard) != 1:
     sys.exit(f"install_llama.sh: the one-row guard of llamafile_sgemm was not found in {p}; update the patch")
-p.write_text(text.replace(guard, "    if (n < 1)  // ollapy: one-row products too, so a row computes alike in any batch\n"
-                                 "        return false;\n"))
+p.write_text(text.replace(guard, """\
+    // ollapy: a row must compute alike alone and inside a batch. For Q8_0/Q4_0/Q5_0 on AVX2+FMA, vec_dot
+    // rounds exactly like tinyBLAS_Q0_AVX and is the faster one-row kernel; every other type goes to tinyBLAS
+    // for one row too (vec_dot would round it differently).
+#if defined(__AVX2__) && defined(__FMA__)
+    if (n < 2 && (Atype == GGML_TYPE_Q8_0 || Atype == GGML_TYPE_Q4_0 || Atype == GGML_TYPE_Q5_0))
+        return false;
+#endif
+    if (n < 1)
+        return false;
+"""))
 PYEOF
   CMAKE_ARGS="$ARGS" "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$TMP" "$SRC"
   mkdir -p "$CACHE"

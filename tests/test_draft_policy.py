@@ -19,6 +19,8 @@ from ollapy.engine.draft_policy import (
 SMOL = StepCost.fit([(1, 1 / 96), (2, 2 / 129), (4, 4 / 162), (8, 8 / 179)])
 # a step bound by reading the weights (a GPU, a large model): extra rows nearly free
 FLAT = StepCost(base=1.0, per_row=0.01)
+# a line at 0.3 one-row steps per extra row (between a GPU's and a CPU's)
+LINE = StepCost(base=0.7, per_row=0.3)
 
 
 def test_fit_recovers_a_line_and_falls_back_to_the_prior():
@@ -26,14 +28,14 @@ def test_fit_recovers_a_line_and_falls_back_to_the_prior():
     assert line.base == pytest.approx(1.0) and line.per_row == pytest.approx(2.0)
     assert StepCost.fit([]) == StepCost.prior()
     one = StepCost.fit([(1, 0.02), (1, 0.02)])  # one batch size only: the prior's shape at the measured scale
-    assert one.time(1) == pytest.approx(0.02) and one.time(2) == pytest.approx(0.026)
+    assert one.time(1) == pytest.approx(0.02) and one.time(2) == pytest.approx(0.03)
     assert StepCost.fit([(1, 2.0), (2, 1.0)]).per_row == 0.0  # noise never makes rows free of charge... or negative
     assert SMOL.base == pytest.approx(0.00565, abs=2e-4) and SMOL.per_row == pytest.approx(0.00488, abs=2e-4)
 
 
 def test_one_slot_drafts_as_long_as_extra_rows_pay():
     assert plan_draft_lengths([SlotDraft(8, 0.9)], FLAT) == [8]
-    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior()) == [3]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], LINE) == [3]
     # SmolLM2 on the CPU: a row costs almost as much as a step, so only a near-certain draft pays
     assert plan_draft_lengths([SlotDraft(4, 0.8)], SMOL) == [2]
     assert plan_draft_lengths([SlotDraft(4, 0.5)], SMOL) == [0]
@@ -44,14 +46,14 @@ def test_busy_batches_draft_less_or_not_at_all():
     assert plan_draft_lengths([SlotDraft(4, 0.8)], SMOL) == [2]
     assert plan_draft_lengths([SlotDraft(4, 0.8)] * 4, SMOL) == [0, 0, 0, 0]
     assert plan_draft_lengths([SlotDraft(4, 0.95)] * 4, SMOL) == [2, 2, 2, 2]
-    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior()) == [3]
-    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 4, StepCost.prior()) == [1, 1, 1, 1]
-    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 8, StepCost.prior()) == [0] * 8
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], LINE) == [3]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 4, LINE) == [1, 1, 1, 1]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)] * 8, LINE) == [0] * 8
     assert plan_draft_lengths([SlotDraft(4, 0.95)] * 4, FLAT) == [4, 4, 4, 4]
 
 
 def test_the_slot_that_repeats_drafts_and_the_others_do_not():
-    plan = plan_draft_lengths([SlotDraft(4, 0.95), SlotDraft(4, 0.3), SlotDraft(0, 0.9)], StepCost.prior())
+    plan = plan_draft_lengths([SlotDraft(4, 0.95), SlotDraft(4, 0.3), SlotDraft(0, 0.9)], LINE)
     assert plan == [4, 0, 0]
 
 
@@ -62,9 +64,49 @@ def test_prefill_rows_in_the_same_step_make_drafting_cheaper_relative_to_the_ste
 
 
 def test_draft_min_is_a_block():
-    assert plan_draft_lengths([SlotDraft(4, 0.8)], StepCost.prior(), n_min=2) == [3]
+    assert plan_draft_lengths([SlotDraft(4, 0.8)], LINE, n_min=2) == [3]
     assert plan_draft_lengths([SlotDraft(1, 0.99)], FLAT, n_min=2) == [0]
-    assert plan_draft_lengths([SlotDraft(4, 0.3)], StepCost.prior(), n_min=3) == [0]
+    assert plan_draft_lengths([SlotDraft(4, 0.3)], LINE, n_min=3) == [0]
+
+
+def test_measured_row_counts_use_their_median_and_unmeasured_ones_a_capped_line():
+    """Gemma-3-270M on 2 cores: one row in vec_dot, 2-4 rows in one tinyBLAS pass, 5 rows a second pass."""
+    ms = {1: 18.0, 2: 34.0, 3: 36.0, 5: 62.0}
+    cost = StepCost.fit([(r, v) for r, v in ms.items() for _ in range(3)] + [(4, 99.0), (4, 99.0)])
+    assert {r: cost.time(r) for r in ms} == ms  # medians where 3 steps were measured
+    line = cost.base + cost.per_row * 4
+    assert line > 40  # the line through 1, 2, 3, 5 (and two slow 4-row steps) makes 4 rows dear...
+    assert cost.time(4) == pytest.approx(36.0 * (1 + 0.5 / 3))  # ...the cap: 3 rows' median plus the prior's price
+    assert cost.time(9) == pytest.approx(min(cost.base + cost.per_row * 9, 62.0 * (1 + 0.5 * 4 / 5)))
+    # with those costs a proposal the history backs drafts 3 tokens (4 rows), not 1 (as a line would say)
+    backed = SlotDraft(6, 0.5, (0.95, 0.9, 0.85, 0.3, 0.1, 0.05))
+    assert plan_draft_lengths([backed], cost) == [3]
+
+
+def test_per_token_survival_cuts_a_draft_where_the_history_stops_backing_it():
+    assert plan_draft_lengths([SlotDraft(5, 0.9, (0.95, 0.9, 0.2, 0.1, 0.05))], LINE) == [2]
+    assert plan_draft_lengths([SlotDraft(5, 0.1, (0.95, 0.9, 0.85, 0.8, 0.75))], FLAT) == [5]  # survival wins
+    assert plan_draft_lengths([SlotDraft(3, 0.9, (0.3, 0.2, 0.1))], LINE) == [0]
+    with pytest.raises(ValueError, match="survival"):
+        plan_draft_lengths([SlotDraft(3, 0.9, (0.9,))], FLAT)
+
+
+def test_context_rates_learn_per_kind_and_first_token_and_follow_the_text():
+    from ollapy.engine.draft_policy import ContextRates
+    from ollapy.engine.ngram_draft import NOVEL, ONCE, SEEN
+    r = ContextRates()
+    assert r.rate(NOVEL, True) == 0.5 and r.rate(ONCE, False) == pytest.approx(2 / 3)
+    for _ in range(10):  # copies: every ONCE token kept
+        r.record([ONCE, ONCE, ONCE], 3)
+    assert r.rate(ONCE, True) > 0.9 and r.rate(ONCE, False) > 0.9 and r.rate(NOVEL, True) == 0.5
+    for _ in range(10):  # then the first token after a number is wrong each time; later tokens never judged
+        r.record([NOVEL, ONCE], 0)
+    assert r.rate(NOVEL, True) < 0.2 and r.rate(ONCE, False) > 0.9
+    assert r.survival([(SEEN, 0.5), (ONCE, 0.0)]) == pytest.approx([0.5, 0.5 * r.rate(ONCE, False)])
+    with pytest.raises(ValueError, match="n_accepted"):
+        r.record([ONCE], 2)
+    r.clear()
+    assert r.rate(NOVEL, True) == 0.5
 
 
 def test_nothing_to_plan_and_bad_input():

@@ -130,3 +130,21 @@ def test_extending_in_pieces_equals_extending_at_once(a, b):
     fresh = NgramDrafter()
     fresh.extend(a)
     assert pieces.propose(5) == fresh.propose(5)
+
+
+def test_contexts_back_a_template_and_doubt_what_follows_a_number():
+    """A log whose lines share a template with one varying number: the template's tokens are followed alike
+    each time (SEEN, high), the token after the number varies (SEEN, low), a copied passage is ONCE."""
+    from ollapy.engine.ngram_draft import NOVEL, ONCE, SEEN
+    line = lambda n: [1, 2, 3, 100 + n, 4, 5, 6, 9]  # "Line: wind speed N knots and wave\n" (N varies)
+    history = [t for n in (7, 3, 9, 1, 8, 2) for t in line(n)]
+    d = NgramDrafter(max_ngram=4)
+    d.reset(history + [1, 2])
+    ctx = d.contexts([3, 100 + 5, 4, 5])  # template, the number (unpredictable), template again
+    assert [k for k, _ in ctx] == [SEEN, SEEN, NOVEL, SEEN]
+    template, number = ctx[0][1], ctx[1][1]
+    assert template > 0.8 and number < 0.2  # "speed" was always followed by a number, never the same one
+    assert ctx[3][1] > 0.8  # after "N knots" (N new): backs off to "knots" -> "and", always alike
+    d.reset([50, 51, 52, 53, 54, 55, 56, 57, 58, 59] + [50, 51, 52, 53])
+    assert [k for k, _ in d.contexts([54, 55, 56])] == [ONCE, ONCE, ONCE]  # a copy of an earlier passage
+    assert d.contexts([]) == []

@@ -13,10 +13,13 @@ Model. Two measurements:
   slot tries drafting). Under the geometric model of Leviathan et al. 2023 (Section 3.1) a slot that
   verifies ``k`` drafted tokens emits ``1 + a + ... + a^k`` tokens in expectation, so its ``j``-th drafted
   token adds ``a^j``.
-- **Step time** as a function of the rows in the batch, ``t(rows)``, a least-squares line fitted to the
-  engine's measured steps (:class:`StepCost`; before two distinct batch sizes were measured, a prior of
-  ``t(rows) = 1 + 0.3 * (rows - 1)`` in units of a one-row step, between what SmolLM2-135M (0.5) and
-  Gemma-3-270M (0.2) show on a 2-core CPU: shared/ENVIRONMENT.md).
+- **Step time** as a function of the rows in the batch, ``t(rows)`` (:class:`StepCost`): the median of the
+  engine's recent steps of exactly that many rows once at least :data:`MIN_SAMPLES` were measured, else a
+  least-squares line fitted to all recent steps (before two distinct batch sizes were measured, a prior of
+  ``t(rows) = 1 + 0.3 * (rows - 1)`` in units of a one-row step). The table matters because the cost is not a
+  line on a CPU: with Gemma-3-270M on 2 cores a one-row step goes to ``vec_dot`` and two rows to tinyBLAS, whose
+  4-column tiles make 2, 3 and 4 rows cost about the same (1.8-2.2 one-row steps) and 5 rows a second pass over
+  the weights (about 3.4); a line through those points would draft 1 token where 3 are as cheap.
 
 Rule. Start from no drafts: ``rows = n_decoding + n_other_rows`` (prefill rows in the same step),
 ``tokens = n_decoding`` (one per decoding slot), throughput ``tokens / t(rows)``. Repeatedly add the draft
@@ -36,14 +39,16 @@ draftless proposal compared with the tokens the slot then generated), so it resu
 """
 from __future__ import annotations
 
+import statistics
 from collections import deque
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 #: Beta prior of the acceptance estimate: pseudo-successes, pseudo-failures (a new slot starts at 2/3).
 PRIOR_ACCEPTED, PRIOR_REJECTED = 2.0, 1.0
 #: Slope of the prior step-time line, in one-row steps per extra row.
-PRIOR_ROW_COST = 0.3
+PRIOR_ROW_COST = 0.5
 
 
 class AcceptanceHistory:
@@ -81,6 +86,62 @@ class AcceptanceHistory:
         return sum(d for d, _ in self._events), sum(a for _, a in self._events)
 
 
+class ContextRates:
+    """A slot's learned acceptance of n-gram-drafted tokens whose context the history cannot judge: one that
+    never occurred (``NOVEL``) or occurred once (``ONCE``; see ngram_draft.NgramDrafter.contexts), separately
+    for a proposal's first token and its later ones (the first continues the slot's own text, where a lookup
+    fails most: after a number, whose next digit no earlier line predicts; later ones continue a copy).
+
+    Each rate is a Beta posterior (prior: ``NOVEL`` 1/2, ``ONCE`` 2/3) over the tokens verified so far, older
+    verdicts decaying by ``decay`` per verification so the rate follows the text (a copied passage ends, free
+    text begins). Copying a paragraph teaches ``ONCE`` ~1 within a few verifications; free text teaches both ~0.
+    """
+
+    PRIORS = {0: (1.0, 2.0), 1: (2.0, 3.0)}  # kind -> (accepted, verified) pseudo-counts (NOVEL, ONCE)
+
+    def __init__(self, decay: float = 0.9) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
+        self.decay = decay
+        self._counts: dict[tuple[int, bool], list[float]] = {}
+        self.clear()
+
+    def clear(self) -> None:
+        """Back to the priors (a new request)."""
+        self._counts = {(kind, first): list(prior) for kind, prior in self.PRIORS.items() for first in (True, False)}
+
+    def rate(self, kind: int, first: bool) -> float:
+        """Estimated probability in (0, 1) that a token of ``kind`` (a proposal's ``first`` or a later one) is
+        accepted, given its predecessors were. KeyError for a kind without a learned rate (SEEN)."""
+        a, n = self._counts[(kind, first)]
+        return a / n
+
+    def survival(self, contexts: Sequence[tuple[int, float]]) -> list[float]:
+        """Cumulative acceptance probabilities of a proposal whose tokens have ``contexts`` (``(kind,
+        estimate)`` per token, as NgramDrafter.contexts gives): element ``j`` estimates that tokens 0..j are all
+        accepted. The estimate is used where the history judged the context, the kind's rate elsewhere."""
+        p, out = 1.0, []
+        for j, (kind, est) in enumerate(contexts):
+            c = self._counts.get((kind, j == 0))
+            p *= c[0] / c[1] if c is not None else est
+            out.append(p)
+        return out
+
+    def record(self, kinds: Sequence[int], n_accepted: int) -> None:
+        """A verdict on a proposal whose tokens had ``kinds``: the first ``n_accepted`` accepted, the next (if
+        any) rejected, the rest never judged. Raises ValueError when n_accepted is out of range."""
+        if not 0 <= n_accepted <= len(kinds):
+            raise ValueError(f"need 0 <= n_accepted <= {len(kinds)}, got {n_accepted}")
+        for c in self._counts.values():
+            c[0] *= self.decay
+            c[1] *= self.decay
+        for j, kind in enumerate(kinds[:n_accepted + 1]):
+            c = self._counts.get((kind, j == 0))
+            if c is not None:
+                c[1] += 1.0
+                c[0] += j < n_accepted
+
+
 def shadow_accepted(proposal: Sequence[int], generated: Sequence[int]) -> int:
     """How many tokens of a proposal that was not verified the slot then generated anyway: the length of
     the common prefix of ``proposal`` and ``generated`` (what verification would have accepted)."""
@@ -92,6 +153,12 @@ def shadow_accepted(proposal: Sequence[int], generated: Sequence[int]) -> int:
     return n
 
 
+class VerdictSink(Protocol):
+    """Where a verdict goes: ``n_accepted`` of ``n_drafted`` proposed tokens were (or would have been) kept."""
+
+    def record(self, n_drafted: int, n_accepted: int) -> None: ...
+
+
 class ShadowVerdict:
     """Learns a non-drafting slot's acceptance from proposals it did not verify (see the module docstring).
 
@@ -101,7 +168,7 @@ class ShadowVerdict:
     replaces it (nothing recorded).
     """
 
-    def __init__(self, history: AcceptanceHistory) -> None:
+    def __init__(self, history: VerdictSink) -> None:
         self.history = history
         self._proposal: list[int] = []
         self._matched = 0
@@ -128,12 +195,18 @@ class ShadowVerdict:
         self._proposal = []
 
 
+#: Steps of one row count needed before their median replaces the line for that count.
+MIN_SAMPLES = 3
+
+
 @dataclass(frozen=True)
 class StepCost:
-    """Step time as a line in the batch's rows: ``t(rows) = base + per_row * rows`` seconds (or any unit)."""
+    """Step time by the batch's rows: the median of measured steps of that row count (``measured``), else the
+    line ``t(rows) = base + per_row * rows`` (seconds, or any unit)."""
 
     base: float
     per_row: float
+    measured: Mapping[int, float] = field(default_factory=dict)
 
     @classmethod
     def prior(cls) -> StepCost:
@@ -142,29 +215,45 @@ class StepCost:
 
     @classmethod
     def fit(cls, samples: Iterable[tuple[int, float]]) -> StepCost:
-        """Least-squares line through measured ``(rows, seconds)`` steps.
+        """Median per row count (those with at least :data:`MIN_SAMPLES` steps) plus a least-squares line
+        through all measured ``(rows, seconds)`` steps for the other counts.
 
-        Falls back to :meth:`prior` scaled to the measured mean when fewer than two distinct row counts were
-        measured; clamps the slope at 0 (noise can make it negative) and the intercept at a small positive
-        value. Rows must be >= 1; non-positive durations are skipped.
+        The line falls back to :meth:`prior` scaled to the measured mean when fewer than two distinct row
+        counts were measured; its slope is clamped at 0 (noise can make it negative) and its intercept at a
+        small positive value. Rows must be >= 1; non-positive durations are skipped.
         """
-        pts = [(float(r), float(s)) for r, s in samples if r >= 1 and s > 0]
-        if len({r for r, _ in pts}) < 2:
+        pts = [(int(r), float(s)) for r, s in samples if r >= 1 and s > 0]
+        by_rows: dict[int, list[float]] = {}
+        for r, s in pts:
+            by_rows.setdefault(r, []).append(s)
+        measured = {r: statistics.median(v) for r, v in by_rows.items() if len(v) >= MIN_SAMPLES}
+        if len(by_rows) < 2:
             if not pts:
                 return cls.prior()
             one = sum(s / (1 + PRIOR_ROW_COST * (r - 1)) for r, s in pts) / len(pts)  # implied one-row time
-            return cls(one * (1 - PRIOR_ROW_COST), one * PRIOR_ROW_COST)
+            return cls(one * (1 - PRIOR_ROW_COST), one * PRIOR_ROW_COST, measured)
         n = len(pts)
         mr = sum(r for r, _ in pts) / n
         ms = sum(s for _, s in pts) / n
         var = sum((r - mr) ** 2 for r, _ in pts)
         slope = max(0.0, sum((r - mr) * (s - ms) for r, s in pts) / var)
         base = max(ms - slope * mr, 1e-3 * ms)
-        return cls(base, slope)
+        return cls(base, slope, measured)
 
     def time(self, rows: int) -> float:
-        """Predicted duration of a step of ``rows`` rows."""
-        return self.base + self.per_row * rows
+        """Predicted duration of a step of ``rows`` rows: the measured median when there is one; else the
+        line's value, but no more than the largest smaller batch measured plus the prior's relative price of
+        the extra rows. That cap lets the planner find a cheap batch size the line cannot see (Gemma on a CPU:
+        4 rows cost what 3 do, while a line through 1, 2, 3 and 5 rows makes 4 dear) at a price that still
+        needs a good proposal; the real cost replaces it after :data:`MIN_SAMPLES` steps."""
+        m = self.measured.get(rows)
+        if m is not None:
+            return m
+        line = self.base + self.per_row * rows
+        below = max((r for r in self.measured if r < rows), default=0)
+        if not below:
+            return line
+        return min(line, self.measured[below] * (1.0 + PRIOR_ROW_COST * (rows - below) / below))
 
 
 @dataclass(frozen=True)
@@ -173,11 +262,18 @@ class SlotDraft:
 
     ``available``: drafted tokens it could verify now (its proposal's length, already capped by
     ``draft_num_predict``, the context left and ``num_predict``; 0 = none). ``acceptance``: its
-    :meth:`AcceptanceHistory.rate`.
+    :meth:`AcceptanceHistory.rate`. ``survival`` (optional, ``available`` non-increasing values in [0, 1]):
+    per-token estimates instead of the geometric model (n-gram drafting: ngram_draft.NgramDrafter.confidences).
     """
 
     available: int
     acceptance: float
+    survival: Sequence[float] = ()
+
+    def gain(self, j: int) -> float:
+        """Expected tokens that the ``j``-th drafted token (1-based) adds: ``survival[j - 1]`` (the probability
+        that tokens 1..j are all accepted) when given, else ``acceptance ** j`` (the geometric model)."""
+        return self.survival[j - 1] if self.survival else self.acceptance ** j
 
 
 def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 1, n_other_rows: int = 0,
@@ -193,6 +289,8 @@ def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 
     for s in slots:
         if not 0.0 <= s.acceptance <= 1.0:
             raise ValueError(f"acceptance must be in [0, 1], got {s.acceptance}")
+        if s.survival and len(s.survival) < s.available:
+            raise ValueError(f"survival needs {s.available} values, got {len(s.survival)}")
     lengths = [0] * len(slots)
     rows = len(slots) + n_other_rows
     if not slots or rows == 0:
@@ -203,15 +301,15 @@ def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 
     while True:
         pick, pick_rows, pick_gain, pick_ratio = -1, 0, 0.0, 0.0
         for i, s in enumerate(slots):
-            k, a = lengths[i], s.acceptance
+            k = lengths[i]
             if k == 0:
                 if s.available < n_min:
                     continue
                 add = n_min
-                gain = sum(a ** j for j in range(1, n_min + 1))
+                gain = sum(s.gain(j) for j in range(1, n_min + 1))
             elif k < s.available:
                 add = 1
-                gain = a ** (k + 1)
+                gain = s.gain(k + 1)
             else:
                 continue
             if gain / add > pick_ratio:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from .. import chat, config
 from ..errors import OptionError
 from ..options import Options, tensor_split_values
+from .backend import bindings
 from .backend.context import Backend, ContextConfig
 from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
 from .draft_model import DraftModel
@@ -35,6 +36,7 @@ from .interface import ContextFacts, RunnerSnapshot
 from .planner import common_prefix
 from .request import Prompt, Request
 from .speculation import NGRAM, Speculator
+from .step_costs import StepCostStore, step_cost_key
 
 if TYPE_CHECKING:
     import asyncio
@@ -81,8 +83,14 @@ class LoadedModel:
         self.draft_backend: Backend | None = None
         speculator = self._load_draft(draft_path, options)
         row_cost = config.draft_row_cost()
+        self._step_costs: tuple[StepCostStore, str] | None = None
         if row_cost is not None:  # OLLAPY_DRAFT_ROW_COST: the policy's step-cost line, pinned
             speculator.pin_cost(StepCost(1.0 - row_cost, row_cost))
+        else:  # start from the step times an earlier process measured for this model on this machine
+            store = StepCostStore(config.step_costs_dir())
+            key = step_cost_key(self.path, self._step_cost_facts(draft_path))
+            speculator.seed_steps(store.load(key))
+            self._step_costs = (store, key)
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns,
                              speculator=speculator)
@@ -93,6 +101,20 @@ class LoadedModel:
         self._embedder = None  # ollapy.engine.backend.embedding.Embedder, made on the first embed()
         self._embedder_lock = threading.Lock()
         log.debug("template for %s: %s", self.name, self.template.source)
+
+    def _step_cost_facts(self, draft_path: str | Path | None) -> dict[str, object]:
+        """What a decode step's time depends on besides the model file (the key of step_costs.StepCostStore)."""
+        b = self.backend
+        draft = ""
+        if draft_path is not None:
+            try:
+                st = Path(draft_path).resolve().stat()
+                draft = f"{Path(draft_path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
+            except OSError:
+                draft = str(draft_path)
+        return {"threads": b.threads, "slots": b.n_parallel, "num_ctx": b.num_ctx, "gpu": b.gpu_offload,
+                "flash_attn": b.flash_attn, "extra_bufts": b.extra_bufts, "draft": draft,
+                "build": f"{bindings.library_version()}+{','.join(sorted(bindings.build_patches()))}"}
 
     def _load_draft(self, draft_path: str | Path | None, options: Options) -> Speculator:
         """The engine's speculator, with a draft model's context when ``draft_path`` names one (the ``draft``
@@ -400,6 +422,11 @@ class LoadedModel:
             return self.unsaved_states
         self._closed = True
         joined = self.engine.stop(timeout=60)
+        if joined and self._step_costs is not None:
+            store, key = self._step_costs
+            steps = self.engine.spec.measured_steps()
+            if steps:
+                store.save(key, steps)
         interrupted = False
         try:
             if self.cache is not None and hasattr(self.cache, "close"):

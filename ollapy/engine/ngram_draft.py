@@ -12,9 +12,11 @@ tokens costs more than it gives.
 Index. For every ``n`` one dict maps an n-gram (a tuple of token ids) to the position of the token that
 followed its most recent occurrence. An n-gram enters the index only once its following token is known
 (when that token is appended), so the history's current suffix, whose continuation is what we are
-guessing, never matches itself. Appending a token costs ``max_ngram - min_ngram + 1`` dict writes; a
-proposal costs at most as many dict reads plus ``n_max`` list reads: O(1) per token, independent of the
-history's length. Memory: one dict entry per distinct n-gram per ``n``.
+guessing, never matches itself. Appending a token costs ``max_ngram - min_ngram + 1`` dict reads and writes
+(the n-gram's previous continuation is compared with the new one: :meth:`NgramDrafter.contexts` turns that
+agreement into a per-token estimate for the draft policy); a proposal costs at most as many dict reads plus
+``n_max`` list reads: O(1) per token, independent of the history's length. Memory: two dict entries per
+distinct n-gram per ``n``.
 
 Sources (semantics read, no code copied):
 
@@ -33,6 +35,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from typing import Protocol
+
+#: kinds of context a proposed token follows (NgramDrafter.contexts)
+NOVEL, ONCE, SEEN = 0, 1, 2
 
 
 class Drafter(Protocol):
@@ -67,6 +72,9 @@ class NgramDrafter:
         self._tokens: list[int] = []
         # _index[n - min_ngram]: n-gram -> position of the token that followed its most recent occurrence
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram - min_ngram + 1)]
+        # _agree[n - min_ngram]: n-gram -> [continuations compared, equal to the previous one]: how
+        # consistently it is followed by the same token (contexts())
+        self._agree: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(max_ngram - min_ngram + 1)]
 
     @property
     def tokens(self) -> list[int]:
@@ -80,6 +88,8 @@ class NgramDrafter:
         """Forget everything, then take ``tokens`` as the history. O(len(tokens))."""
         self._tokens = []
         for d in self._index:
+            d.clear()
+        for d in self._agree:
             d.clear()
         self.extend(tokens)
 
@@ -98,11 +108,55 @@ class NgramDrafter:
         toks = self._tokens
         lo, hi = self.min_ngram, self.max_ngram
         index = self._index
+        agree = self._agree
         for t in tokens:
+            t = int(t)
             pos = len(toks)  # t's position: the n-grams ending at pos - 1 now have a known continuation
             for n in range(lo, min(hi, pos) + 1):
-                index[n - lo][tuple(toks[pos - n:pos])] = pos
-            toks.append(int(t))
+                g = tuple(toks[pos - n:pos])
+                ix = index[n - lo]
+                prev = ix.get(g)
+                if prev is not None:
+                    a = agree[n - lo].get(g)
+                    if a is None:
+                        a = agree[n - lo][g] = [0, 0]
+                    a[0] += 1
+                    a[1] += toks[prev] == t
+                ix[g] = pos
+            toks.append(t)
+
+    def contexts(self, proposal: Sequence[int]) -> list[tuple[int, float]]:
+        """What the history says about each token of ``proposal`` (a :meth:`propose` result, in order), from its
+        context: the tokens before it in the history followed by the proposal.
+
+        Per token ``(kind, estimate)``. :data:`ONCE` when its ``max_ngram``-token context occurred exactly once
+        before (a copy of an earlier passage; estimate 0: the caller's learned rate applies). Otherwise the
+        longest context of ``max_ngram`` down to ``min_ngram`` tokens that recurred gives :data:`SEEN` with
+        ``(agreed + 1) / (compared + 2)``, where ``compared`` counts the times it recurred and ``agreed`` those
+        when the same token followed as the time before: a context followed by a different token each time
+        (the digits after "wind speed" in a log, or after a digit) gets a low estimate, one always followed
+        alike a high one. :data:`NOVEL` (estimate 0) when no context recurred. The counting follows llama.cpp's
+        ``common/ngram-cache.cpp`` (draft only continuations with enough support, backing off to shorter
+        n-grams), here as agreement with the previous occurrence: O(max_ngram) per token.
+        """
+        hi, lo = self.max_ngram, self.min_ngram
+        ctx = self._tokens[-hi:] + list(proposal)
+        base = len(ctx) - len(proposal)
+        out: list[tuple[int, float]] = []
+        for j in range(len(proposal)):
+            i = base + j
+            found: tuple[int, float] = (NOVEL, 0.0)
+            for n in range(min(hi, i), lo - 1, -1):
+                g = tuple(ctx[i - n:i])
+                a = self._agree[n - lo].get(g)
+                if a is not None:
+                    found = (SEEN, (a[1] + 1.0) / (a[0] + 2.0))
+                    break
+                if n == hi and g in self._index[hi - lo]:
+                    found = (ONCE, 0.0)
+                    break
+            out.append(found)
+        return out
 
     def match(self) -> tuple[int, int] | None:
         """``(n, start)`` of the longest suffix n-gram with an earlier occurrence; ``start`` is the position of

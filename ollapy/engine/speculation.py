@@ -35,10 +35,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .draft_model import DraftModel
-from .draft_policy import AcceptanceHistory, ShadowVerdict, SlotDraft, StepCost, plan_draft_lengths
+from .draft_policy import AcceptanceHistory, ContextRates, ShadowVerdict, SlotDraft, StepCost, plan_draft_lengths
 from .ngram_draft import NgramDrafter
 
 log = logging.getLogger("ollapy.engine")
+
+#: step times kept per row count (the policy's cost table: draft_policy.StepCost)
+STEP_SAMPLES = 16
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
 OFF, NGRAM, MODEL = "", "ngram", "model"
@@ -46,17 +49,43 @@ OFF, NGRAM, MODEL = "", "ngram", "model"
 
 @dataclass
 class SlotSpec:
-    """One slot's drafting state for its current request."""
+    """One slot's drafting state for its current request.
+
+    n-gram proposals are priced token by token: what the history says of each token's context
+    (NgramDrafter.contexts) and, where it says nothing, the rates the slot learns (``rates``). A draft model's
+    proposals are priced by the slot's acceptance ``history`` (the geometric model).
+    """
 
     mode: str = OFF
     n_max: int = 0
     n_min: int = 1
-    drafter: NgramDrafter = field(default_factory=NgramDrafter)
+    drafter: NgramDrafter = field(default_factory=lambda: NgramDrafter(max_ngram=4))
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
+    rates: ContextRates = field(default_factory=ContextRates)
+    kinds: list[int] = field(default_factory=list)  # context kinds of the n-gram proposal planned last
     shadow: ShadowVerdict | None = None
+    _shadow_kinds: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.shadow = ShadowVerdict(self.history)
+        self.shadow = ShadowVerdict(self)
+
+    def clear(self) -> None:
+        """Forget what was learned (a new request)."""
+        self.history.clear()
+        self.rates.clear()
+        self.shadow.start(())
+
+    def start_shadow(self, proposal: Sequence[int]) -> None:
+        """Learn from ``proposal`` (planned last, not verified) by comparing it with what the slot generates."""
+        self._shadow_kinds = list(self.kinds)
+        self.shadow.start(proposal)
+
+    def record(self, n_drafted: int, n_accepted: int) -> None:
+        """A shadow verdict (VerdictSink; verified ones come through Speculator.record): into the acceptance
+        history and, for an n-gram proposal, the context rates."""
+        self.history.record(n_drafted, n_accepted)
+        if self._shadow_kinds:
+            self.rates.record(self._shadow_kinds[:n_drafted], n_accepted)
 
 
 @dataclass(frozen=True)
@@ -84,7 +113,7 @@ class Speculator:
         self.draft_name = draft_name
         self.row_invariant = row_invariant
         self.slots = [SlotSpec() for _ in range(n_slots)]
-        self._steps: deque[tuple[int, float]] = deque(maxlen=64)
+        self._steps: dict[int, deque[float]] = {}  # rows -> the last STEP_SAMPLES step times of that many rows
         self._cost = StepCost.prior()
         self._cost_stale = False
         self._cost_pinned = False
@@ -98,8 +127,7 @@ class Speculator:
         ``draft_num_predict`` (``n_max``) and ``draft_min``. Returns the mode it drafts in (OFF, NGRAM,
         MODEL)."""
         st = self.slots[slot]
-        st.history.clear()
-        st.shadow.start(())
+        st.clear()
         mode = OFF
         if n_max > 0 and draft:
             if draft == NGRAM:
@@ -151,13 +179,19 @@ class Speculator:
             room = min(st.n_max, c.room)
             prop: list[int] = []
             avail = 0
+            st.kinds = []
+            survival: list[float] = []
             if st.mode == NGRAM and room >= st.n_min:
                 prop = st.drafter.propose(room, st.n_min)
                 avail = len(prop)
+                if prop:
+                    contexts = st.drafter.contexts(prop)
+                    st.kinds = [kind for kind, _ in contexts]
+                    survival = st.rates.survival(contexts)
             elif st.mode == MODEL and room >= st.n_min:
                 avail = room
             proposals.append(prop)
-            inputs.append(SlotDraft(avail, st.history.rate()))
+            inputs.append(SlotDraft(avail, st.history.rate(), survival))
         if not any(d.available for d in inputs):
             return {}
         lengths = plan_draft_lengths(inputs, self.cost(), 1, n_other_rows)
@@ -172,7 +206,7 @@ class Speculator:
                 if k:
                     out[c.slot] = prop[:k]
                 elif prop and not st.shadow.pending:
-                    st.shadow.start(prop)  # not verified: learn what it would have earned
+                    st.start_shadow(prop)  # not verified: learn what it would have earned
             elif st.mode == MODEL and k:
                 want_model[c.slot] = (c.tokens, k)
         if want_model:
@@ -185,7 +219,10 @@ class Speculator:
     def record(self, slot: int, n_drafted: int, n_accepted: int) -> None:
         """One verification's verdict: ``n_accepted`` of ``n_drafted`` drafted tokens kept."""
         assert 0 <= n_accepted <= n_drafted, (n_accepted, n_drafted)
-        self.slots[slot].history.record(n_drafted, n_accepted)
+        st = self.slots[slot]
+        st.history.record(n_drafted, n_accepted)
+        if st.kinds:
+            st.rates.record(st.kinds[:n_drafted], n_accepted)
         self.drafted += n_drafted
         self.accepted += n_accepted
 
@@ -193,19 +230,39 @@ class Speculator:
         """A decode step of ``rows`` rows took ``seconds`` (with a draft model's drafting for it)."""
         seconds += self._draft_seconds
         self._draft_seconds = 0.0
-        self._steps.append((rows, seconds))
+        q = self._steps.get(rows)
+        if q is None:
+            q = self._steps[rows] = deque(maxlen=STEP_SAMPLES)
+        q.append(seconds)
         self._cost_stale = True
 
     def pin_cost(self, cost: StepCost | None) -> None:
         """Use ``cost`` instead of the line fitted to measured steps (None: measure again). For tests and
         benchmarks that must not depend on how busy the machine is."""
         self._cost_pinned = cost is not None
-        self._cost = cost or StepCost.fit(self._steps)
+        self._cost = cost or StepCost.fit(self._step_samples())
+
+    def seed_steps(self, steps: Sequence[tuple[int, float]]) -> None:
+        """Start from ``(rows, seconds)`` steps measured earlier (another process: step_costs.StepCostStore);
+        this engine's own steps push them out."""
+        for rows, seconds in steps:
+            q = self._steps.get(rows)
+            if q is None:
+                q = self._steps[rows] = deque(maxlen=STEP_SAMPLES)
+            q.append(seconds)
+        self._cost_stale = True
+
+    def measured_steps(self) -> list[tuple[int, float]]:
+        """The ``(rows, seconds)`` steps the policy currently prices by (to remember them across processes)."""
+        return self._step_samples()
+
+    def _step_samples(self) -> list[tuple[int, float]]:
+        return [(rows, s) for rows, q in self._steps.items() for s in q]
 
     def cost(self) -> StepCost:
         """The step-time line fitted to the recent steps (or the pinned one)."""
         if self._cost_stale and not self._cost_pinned:
-            self._cost = StepCost.fit(self._steps)
+            self._cost = StepCost.fit(self._step_samples())
             self._cost_stale = False
         return self._cost
 

@@ -1,0 +1,85 @@
+"""The draft policy's step times, remembered across processes (ollapy.engine.step_costs)."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+from conftest import run_cli
+
+from ollapy import config
+from ollapy.engine.model import LoadedModel
+from ollapy.engine.step_costs import KEEP, StepCostStore, step_cost_key
+from ollapy.options import Options
+
+COPY = ("Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite quarried on the "
+        "island itself. Its lamp burned colza oil until 1904, when a paraffin vapour burner replaced it.")
+
+
+def test_the_store_keeps_the_last_steps_per_batch_size_and_ignores_foreign_files(tmp_path):
+    store = StepCostStore(tmp_path / "step-costs")
+    assert store.load("abc123") == []  # nothing stored yet
+    steps = [(1, 0.010 + i * 1e-4) for i in range(20)] + [(4, 0.025)] * 3
+    store.save("abc123", steps)
+    back = store.load("abc123")
+    assert [s for r, s in back if r == 1] == [s for _, s in steps[20 - KEEP:20]]  # the newest KEEP
+    assert [(r, s) for r, s in back if r == 4] == [(4, 0.025)] * 3
+    (tmp_path / "step-costs" / "abc123.json").write_text("{not json")
+    assert store.load("abc123") == []
+    (tmp_path / "step-costs" / "abc123.json").write_text(json.dumps({"format": 99, "steps": [[1, 0.01]]}))
+    assert store.load("abc123") == []
+
+
+def test_the_key_changes_with_what_a_step_costs(tmp_path):
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"x" * 10)
+    k = step_cost_key(model, {"threads": 2, "slots": 1})
+    assert k.isalnum() and k == step_cost_key(model, {"slots": 1, "threads": 2})
+    assert k != step_cost_key(model, {"threads": 4, "slots": 1})
+    os.utime(model, ns=(1, 1))  # another file at the same path
+    assert k != step_cost_key(model, {"threads": 2, "slots": 1})
+
+
+def _drafted(m: LoadedModel) -> int:
+    req = m.submit(m.chat_prompt([{"role": "user", "content": COPY}]),
+                   Options(num_ctx=512, temperature=0, num_predict=48, draft="ngram"), cache=False)
+    list(req)
+    return len(req.output_tokens)
+
+
+def test_a_new_load_starts_from_the_steps_the_last_one_measured(smollm2_path):
+    opts = Options(num_ctx=512, temperature=0, draft="ngram")
+    with LoadedModel(smollm2_path, opts) as m:
+        assert m.engine.spec.cost().measured == {}  # nothing remembered yet: the prior
+        assert _drafted(m) > 0
+        steps = m.engine.spec.measured_steps()
+    assert steps and {r for r, _ in steps} >= {1}
+    files = list(config.step_costs_dir().glob("*.json"))
+    assert len(files) == 1
+    with LoadedModel(smollm2_path, opts) as m2:  # before any request: the saved steps price the policy
+        cost = m2.engine.spec.cost()
+        for rows in {r for r, _ in steps}:
+            mine = [s for r, s in steps if r == rows]
+            if len(mine) >= 3:
+                assert cost.measured[rows] == statistics.median(mine)
+    with LoadedModel(smollm2_path, Options(num_ctx=1024, temperature=0, draft="ngram")) as m3:
+        assert m3.engine.spec.cost().measured == {}  # another context length: another key
+
+
+def test_ollapy_run_remembers_step_times_for_the_next_process(smollm2_path, tmp_path):
+    env = {"OLLAPY_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["run", str(smollm2_path), "--verbose", "-o", "temperature=0", "-o", "num_predict=48", "-o", "draft=ngram",
+            COPY]
+    first = run_cli(*args, env=env)
+    assert first.returncode == 0, first.stderr.decode()
+    files = list((tmp_path / "step-costs").glob("*.json"))
+    assert len(files) == 1
+    saved = json.loads(files[0].read_text())["steps"]
+    second = run_cli(*args, env=env)
+    assert second.returncode == 0 and second.stdout == first.stdout
+    again = json.loads(files[0].read_text())["steps"]
+    assert again != saved  # the second process saved its own steps on top of the first's
+    pinned_dir = tmp_path / "pinned"
+    pinned = run_cli(*args, env={"OLLAPY_CACHE_DIR": str(pinned_dir / "cache"), "OLLAPY_DRAFT_ROW_COST": "0.5"})
+    assert pinned.returncode == 0 and pinned.stdout == first.stdout
+    assert not (pinned_dir / "step-costs").exists()  # a pinned cost is neither read nor written
