@@ -4,7 +4,8 @@
 Every row runs ``ollapy run MODEL --verbose --no-cache -o temperature=0 -o num_predict=N PROMPT`` twice per
 round, once plain and once with drafting (``-o draft=ngram`` or ``-o draft=DRAFT.gguf``), in alternating
 order, and takes the median over rounds of the paired ratio of ``eval rate`` (tokens/s of decoding). Greedy
-output must be token-identical, so each row also compares the two texts. It prints the draft line of
+(argmax: temperature 0 and ``repeat_penalty`` 1, llama-server's default, so that the native anchor runs the same
+text) output must be token-identical, so each row also compares the two texts. It prints the draft line of
 ``--verbose`` ("draft: N proposed, M accepted (rate)") when the engine prints one.
 
 | row | task | target |
@@ -127,8 +128,8 @@ class Row:
         return bool(self.ratios) and self.ratio() >= self.target and self.same_text and self.draft_line
 
     def line(self) -> str:
-        acc = f"{self.accepted}/{self.drafted} accepted ({self.accepted / self.drafted:.0%})" if self.drafted else \
-            "no draft line in --verbose"
+        acc = (f"{self.accepted}/{self.drafted} accepted ({self.accepted / self.drafted:.0%})" if self.drafted else
+               "0 drafted" if self.draft_line else "no draft line in --verbose")
         why = "" if self.same_text else "; TEXT DIFFERS"
         spread = f"; rounds {min(self.ratios):.2f}-{max(self.ratios):.2f}" if len(self.ratios) > 1 else ""
         return (f"{self.name:<12}{self.ratio():>7.2f}x  >= {self.target:<5}{'ok' if self.ok() else 'MISSED':<8}"
@@ -144,8 +145,15 @@ def parse_verbose(stderr: str) -> tuple[float, int, int | None, int | None]:
     return float(rate.group(1)), int(count.group(1)), *(map(int, draft.groups()) if draft else (None, None))
 
 
+#: greedy decoding = the argmax at every step: temperature 0 and no repeat penalty. Ollama's default
+#: repeat_penalty (1.1) would make another text than llama-server's greedy one (its default is 1.0), so the
+#: native anchor would run another task; the penalty also breaks the very repetition drafting feeds on.
+GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
+GREEDY_CLI = [a for k, v in GREEDY.items() for a in ("-o", f"{k}={v}")]
+
+
 def run_cli(env: dict, model: str, prompt: str, num_predict: int, extra: list[str]) -> Run:
-    cmd = [*CLI, "run", model, "--verbose", "--no-cache", "-o", "temperature=0", "-o", f"num_predict={num_predict}",
+    cmd = [*CLI, "run", model, "--verbose", "--no-cache", *GREEDY_CLI, "-o", f"num_predict={num_predict}",
            *extra, prompt]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, cwd=str(ROOT))
     if p.returncode != 0:
@@ -181,7 +189,7 @@ async def _streams(url: str, model: str, prompt: str, num_predict: int, n: int, 
     import httpx
 
     body = {"model": model, "prompt": prompt, "raw": True, "stream": False,
-            "options": {"temperature": 0, "num_predict": num_predict, **options}}
+            "options": {**GREEDY, "num_predict": num_predict, **options}}
     async with httpx.AsyncClient(timeout=900) as client:
         t0 = time.perf_counter()
         replies = await asyncio.gather(*(client.post(url + "/api/generate", json=body) for _ in range(n)))
@@ -246,12 +254,13 @@ def draft_counters(metrics: str) -> tuple[int, int] | None:
 
 # ---- native llama-server --------------------------------------------------------------------------------
 def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds: int, tmp: Path,
-                ours_a: Callable[[], float]) -> tuple[list[str], dict[tuple[str, str], float], list[float]]:
+                ours_a: Callable[[], float]) -> tuple[list[str], dict[tuple[str, str], float], list[float], list[str]]:
     """llama-server plain vs ``--spec-type ngram-simple`` (and ``-md``) on (a) and (c), /completion timings.
 
     ``ours_a`` (ollapy's n-gram eval rate on (a), one CLI run) runs once per round beside llama-server's n-gram
     run on (a), the order alternating, so the "vs native" ratios compare runs made at the same time (this VM's
-    speed drifts by +-20% over minutes). Returns the lines, the median rates, and those per-round ratios."""
+    speed drifts by +-20% over minutes). Returns the lines, the median rates, those per-round ratios, and
+    llama-server's first n-gram text on (a) (to check that both ran the same task)."""
     import httpx
 
     sys.path.insert(0, str(ROOT))
@@ -283,7 +292,8 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
     def complete(url: str, prompt: str, n: int, chat: bool) -> dict:
         """One greedy request: (a) is a raw continuation (/completion); SmolLM2's tasks are chat requests, as
         ollapy runs them (/v1/chat/completions applies the model's template; raw, SmolLM2 answers nothing)."""
-        common = {"temperature": 0, "top_k": 1, "cache_prompt": False, "seed": 1}
+        common = {**GREEDY, "top_k": 1, "cache_prompt": False, "seed": 1}
+        prompt = prompt.strip()  # what `ollapy run` sends (it strips its prompt argument, as Ollama's CLI does)
         if chat:
             r = httpx.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}],
                                                                 "max_tokens": n, **common}, timeout=900)
@@ -304,6 +314,7 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
     drafts: dict[tuple[str, str], tuple[int, int]] = {}
     ours: list[float] = []
     paired_vs: list[float] = []
+    native_text: list[str] = []
     for task in ("a", "c"):
         model_key, prompt, n = TASKS[task]
         for mode, extra in modes.items():
@@ -318,7 +329,10 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
                     pair = task == "a" and mode == "ngram"
                     if pair and r % 2:
                         ours.append(ours_a())
-                    timings.append(complete(url, prompt, n, chat)["timings"])
+                    body = complete(url, prompt, n, chat)
+                    timings.append(body["timings"])
+                    if pair:
+                        native_text.append(body.get("content", ""))
                     if pair and not r % 2:
                         ours.append(ours_a())
                     if pair:
@@ -336,7 +350,7 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
         plain = statistics.median(out[(task, "plain")])
         vs = f"{statistics.median(rates) / plain:.2f}x native plain" if plain > 0 else "native plain generated nothing"
         lines.append(f"native {task} {mode:<6} {statistics.median(rates):8.1f} tok/s ({vs}{acc})")
-    return lines, {k: statistics.median(v) for k, v in out.items()}, paired_vs
+    return lines, {k: statistics.median(v) for k, v in out.items()}, paired_vs, native_text[:1]
 
 
 # ---- main -----------------------------------------------------------------------------------------------
@@ -398,19 +412,23 @@ def main() -> int:
             missed.append("native")
         else:
             ours_rates: list[float] = []
+            ours_text: list[str] = []
 
             def ours_a() -> float:
                 got = run_cli(env, models["gemma-raw"], TASKS["a"][1], TASKS["a"][2], ngram)
                 if got.drafted is None:
                     raise RuntimeError("ollapy printed no draft line on (a) with -o draft=ngram")
                 ours_rates.append(got.eval_rate)
+                ours_text.append(got.text)
                 return got.eval_rate
 
-            lines, native, ratios = native_rows(exe, {"gemma-raw": paths["gemma3"], "smol": paths["smollm2"]},
+            lines, native, ratios, their_text = native_rows(exe, {"gemma-raw": paths["gemma3"], "smol": paths["smollm2"]},
                                                 draft_gguf, args.rounds, tmp, ours_a)
             print("\n".join(lines))
             vs = statistics.median(ratios)
             verdict = "ok" if vs >= 1.1 else "MISSED"
+            same = bool(their_text) and ours_text[0].strip() == their_text[0].strip()
+            print(f"(a) text: ollapy's greedy continuation {'is' if same else 'is NOT'} llama-server's")
             print(f"{'a vs native':<12}{vs:>7.2f}x  >= 1.1  {verdict:<8}median of {len(ratios)} interleaved pairs "
                   f"(rounds {min(ratios):.2f}-{max(ratios):.2f}): ollapy n-gram {statistics.median(ours_rates):.1f} "
                   f"tok/s vs llama-server ngram-simple {native[('a', 'ngram')]:.1f} tok/s")

@@ -332,7 +332,11 @@ def test_a_draft_model_after_a_prompt_cache_restore_in_a_new_process(smollm2_pat
     base = ["run", str(smollm2_path), "--verbose", "--system", system, "-o", "temperature=0", "-o", "num_predict=32",
             "-o", f"draft={smollm2_path}"]
     q = "Which street does the courier with badge 14 walk to?"
-    cold, warm, nocache = run_cli(*base, q), run_cli(*base, q), run_cli(*base, "--no-cache", q)
+    # the policy's row cost pinned: the cold run's measured steps (remembered for the next process) would say,
+    # rightly, that a draft model as big as the target does not pay, and the warm run would not draft at all
+    env = {"OLLAPY_DRAFT_ROW_COST": "0.05"}
+    cold, warm, nocache = (run_cli(*base, q, env=env), run_cli(*base, q, env=env),
+                           run_cli(*base, "--no-cache", q, env=env))
     for r in (cold, warm, nocache):
         assert r.returncode == 0, r.stderr.decode()
     assert cold.stdout == warm.stdout == nocache.stdout and cold.stdout.strip()

@@ -53,6 +53,9 @@ class LoadedModel:
     exit calls :meth:`close`.
     """
 
+    #: where the draft policy's measured step times are remembered (None: not remembered, e.g. a pinned cost)
+    _step_costs: tuple[StepCostStore, str] | None = None
+
     def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
                  template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None,
                  draft_path: str | Path | None = None) -> None:
@@ -83,7 +86,6 @@ class LoadedModel:
         self.draft_backend: Backend | None = None
         speculator = self._load_draft(draft_path, options)
         row_cost = config.draft_row_cost()
-        self._step_costs: tuple[StepCostStore, str] | None = None
         if row_cost is not None:  # OLLAPY_DRAFT_ROW_COST: the policy's step-cost line, pinned
             speculator.pin_cost(StepCost(1.0 - row_cost, row_cost))
         else:  # start from the step times an earlier process measured for this model on this machine
