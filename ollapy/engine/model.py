@@ -36,7 +36,7 @@ from .interface import ContextFacts, RunnerSnapshot
 from .planner import common_prefix
 from .request import Prompt, Request
 from .speculation import NGRAM, Speculator
-from .step_costs import StepCostStore, step_cost_key
+from .step_costs import StepCostStore, file_identity, step_cost_key
 
 if TYPE_CHECKING:
     import asyncio
@@ -107,15 +107,9 @@ class LoadedModel:
     def _step_cost_facts(self, draft_path: str | Path | None) -> dict[str, object]:
         """What a decode step's time depends on besides the model file (the key of step_costs.StepCostStore)."""
         b = self.backend
-        draft = ""
-        if draft_path is not None:
-            try:
-                st = Path(draft_path).resolve().stat()
-                draft = f"{Path(draft_path).resolve()}:{st.st_size}:{st.st_mtime_ns}"
-            except OSError:
-                draft = str(draft_path)
         return {"threads": b.threads, "slots": b.n_parallel, "num_ctx": b.num_ctx, "gpu": b.gpu_offload,
-                "flash_attn": b.flash_attn, "extra_bufts": b.extra_bufts, "draft": draft,
+                "flash_attn": b.flash_attn, "extra_bufts": b.extra_bufts,
+                "draft": file_identity(draft_path) if draft_path is not None else "",
                 "build": f"{bindings.library_version()}+{','.join(sorted(bindings.build_patches()))}"}
 
     def _load_draft(self, draft_path: str | Path | None, options: Options) -> Speculator:

@@ -30,17 +30,21 @@ FORMAT = 1
 KEEP = 16
 
 
-def step_cost_key(model: str | os.PathLike, facts: Mapping[str, object]) -> str:
-    """A file-name-safe key for ``model``'s step times under ``facts`` (what else a step's time depends on:
-    threads, slots, build...). The model file's resolved path, size and mtime are part of it; a model that cannot
-    be stat'ed keys by its path alone."""
-    p = Path(model)
+def file_identity(path: str | os.PathLike) -> str:
+    """``path`` resolved, with its size and mtime (another file at the same path is another identity); the path
+    alone when it cannot be stat'ed."""
+    p = Path(path)
     try:
         st = p.resolve().stat()
-        ident = [str(p.resolve()), st.st_size, st.st_mtime_ns]
     except OSError:
-        ident = [str(p), 0, 0]
-    blob = json.dumps({"model": ident, **{k: str(v) for k, v in facts.items()}}, sort_keys=True)
+        return str(p)
+    return f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def step_cost_key(model: str | os.PathLike, facts: Mapping[str, object]) -> str:
+    """A file-name-safe key for ``model``'s step times under ``facts`` (what else a step's time depends on:
+    threads, slots, build...), the model file's :func:`file_identity` included."""
+    blob = json.dumps({"model": file_identity(model), **{k: str(v) for k, v in facts.items()}}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
