@@ -11,7 +11,8 @@ text) output must be token-identical, so each row also compares the two texts. I
 | row | task | target |
 |---|---|---|
 | a  | Gemma 3 continues a 20-line log whose lines share one template (160 tokens) | n-gram >= 1.6x, same text |
-| a2 | SmolLM2: "repeat this paragraph exactly", and a code edit that renames one variable | >= 1.2x |
+| a2 | SmolLM2: "repeat this paragraph exactly" | >= 1.2x |
+|    | SmolLM2: a code edit that renames one variable (it rewrites the code instead: acceptance reported) | >= 0.97x |
 | b  | SmolLM2: RAG extraction quoting a passage from a ~1,500-token context | >= 1.2x |
 | c  | SmolLM2: a free-form story (drafting must not cost when it does not help) | >= 0.97x |
 | d  | 4 concurrent streams of (a) through ``ollapy serve`` (num_parallel 4), aggregate tokens/s | >= 1.0x |
@@ -386,9 +387,13 @@ def main() -> int:
         model, prompt, n = TASKS["a"]
         rows.append(paired(Row("a", 1.6), env, models[model], prompt, n, ngram, args.rounds))
     if "a2" in wanted:
-        for key in ("a2-repeat", "a2-rename"):
-            model, prompt, n = TASKS[key]
-            rows.append(paired(Row(key, 1.2), env, models[model], prompt, n, ngram, args.rounds))
+        model, prompt, n = TASKS["a2-repeat"]
+        rows.append(paired(Row("a2-repeat", 1.2), env, models[model], prompt, n, ngram, args.rounds))
+        # the issue: "SmolLM2 paraphrases rather than copies: report the acceptance it gets"; it rewrites the
+        # function instead of renaming, so there is little to copy and the rule of (c) applies: no cost
+        model, prompt, n = TASKS["a2-rename"]
+        rows.append(paired(Row("a2-rename", 0.97, note="SmolLM2 rewrites the code: acceptance reported, no cost"),
+                           env, models[model], prompt, n, ngram, args.rounds))
     if "b" in wanted:
         model, prompt, n = TASKS["b"]
         rows.append(paired(Row("b", 1.2), env, models[model], prompt, n, ngram, args.rounds))

@@ -13,6 +13,7 @@ from ollapy.engine.draft_policy import (
     plan_draft_lengths,
     shadow_accepted,
 )
+from ollapy.engine.speculation import STALE_STEPS, Candidate, Speculator
 
 # SmolLM2-135M Q4_1 on 2 CPU cores (shared/ENVIRONMENT.md): 1/2/4/8 sequences decode at 96/129/162/179 tok/s,
 # i.e. steps of 10.4/15.5/24.7/44.7 ms
@@ -81,6 +82,27 @@ def test_measured_row_counts_use_their_median_and_unmeasured_ones_a_capped_line(
     # with those costs a proposal the history backs drafts 3 tokens (4 rows), not 1 (as a line would say)
     backed = SlotDraft(6, 0.5, (0.95, 0.9, 0.85, 0.3, 0.1, 0.05))
     assert plan_draft_lengths([backed], cost) == [3]
+
+
+def test_a_price_learned_while_the_machine_was_busy_goes_stale_and_is_measured_again():
+    """Remembered step times (step_costs.StepCostStore) that make extra rows dear stop drafting; once they were not
+    measured for STALE_STEPS steps they are priced as unmeasured, the slot drafts again, and the new 4-row steps
+    replace the old ones (which are not remembered for the next process either)."""
+    sp = Speculator(1)
+    sp.seed_steps([(1, 0.020)] * 16 + [(r, 0.1 * r) for r in (2, 3, 4) for _ in range(16)])  # 5-20 one-row steps
+    sp.begin(0, [1, 2, 3, 4, 5, 6, 7] * 20, "ngram", 4, 1)  # a text that repeats: the proposal is backed
+    cand = [Candidate(0, (), 50)]
+    assert sp.plan(cand) == {}
+    for _ in range(STALE_STEPS):
+        assert sp.plan(cand) == {}
+        sp.observe_step(1, 0.020)
+    assert {r for r, _ in sp.measured_steps()} == {1, 2, 3, 4}  # still within STALE_STEPS of the last 4-row sample
+    sp.observe_step(1, 0.020)
+    assert {r for r, _ in sp.measured_steps()} == {1}  # stale: neither priced nor remembered
+    assert sp.plan(cand) == {0: [1, 2, 3, 4]}  # drafting again, at the prior's price of extra rows
+    sp.observe_step(5, 0.060)
+    sp.observe_step(4, 0.041)
+    assert sorted(sp.measured_steps()) == [(1, 0.020)] * 16 + [(4, 0.041), (5, 0.060)]
 
 
 def test_per_token_survival_cuts_a_draft_where_the_history_stops_backing_it():

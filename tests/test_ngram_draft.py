@@ -148,3 +148,22 @@ def test_contexts_back_a_template_and_doubt_what_follows_a_number():
     d.reset([50, 51, 52, 53, 54, 55, 56, 57, 58, 59] + [50, 51, 52, 53])
     assert [k for k, _ in d.contexts([54, 55, 56])] == [ONCE, ONCE, ONCE]  # a copy of an earlier passage
     assert d.contexts([]) == []
+
+
+def test_a_context_seen_rarely_is_backed_by_its_shorter_suffix():
+    """After "Line 11:" the 2-gram "1 :" recurred once, the 1-gram ":" at every line, always followed by " the": the
+    estimate of the rare context is pulled toward its suffix's (BACKING pseudo-counts), not left at Laplace's 2/3;
+    where the suffix varies, the rare context stays doubtful."""
+    from ollapy.engine.ngram_draft import BACKING, SEEN
+    colon, the, sp = 1, 2, 3
+    history = []
+    for n in range(1, 21):  # "Line N: the ..." with digits as tokens 100+d
+        history += [90, sp, *[100 + int(c) for c in str(n)], colon, the, 91, 92, 9]
+    d = NgramDrafter(max_ngram=4)
+    d.reset(history + [90, sp, 102, 101])  # "Line 21" (new number)
+    kind, est = d.contexts([colon, the])[1]  # " the" after "2 1 :" -> backs off to "1 :" (seen after 1 and 11)
+    one_gram = (19 + 1) / (19 + 2)  # ":" recurred 19 times, always followed by " the"
+    two_gram = (1 + BACKING * one_gram) / (1 + BACKING)  # "1 :": compared once (line 11 after line 1), agreed
+    assert kind == SEEN and est == pytest.approx(two_gram) and est > 0.95 > 2 / 3
+    kind, est = d.contexts([colon, the, 91, 92, 9, 90, sp, 101, 105])[-1]  # the digit after "Line 1": varies
+    assert kind == SEEN and est < 0.2

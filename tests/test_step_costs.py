@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import replace
 
 from conftest import run_cli
 
 from ollapy import config
 from ollapy.engine.model import LoadedModel
+from ollapy.engine.speculation import STALE_STEPS
 from ollapy.engine.step_costs import KEEP, StepCostStore, step_cost_key
 from ollapy.options import Options
 
@@ -83,3 +85,28 @@ def test_ollapy_run_remembers_step_times_for_the_next_process(smollm2_path, tmp_
     pinned = run_cli(*args, env={"OLLAPY_CACHE_DIR": str(pinned_dir / "cache"), "OLLAPY_DRAFT_ROW_COST": "0.5"})
     assert pinned.returncode == 0 and pinned.stdout == first.stdout
     assert not (pinned_dir / "step-costs").exists()  # a pinned cost is neither read nor written
+
+
+LOG = "".join(f"Line {i}: the keeper logged wind speed {3 + (i * 7) % 37} knots and wave height {1 + i % 8}.{i % 10} "
+              f"metres at the north light.\n" for i in range(1, 21))
+
+
+def test_steps_timed_on_a_busy_machine_stop_drafting_only_until_they_go_stale(gemma_path):
+    """A remembered table that prices extra rows at 25-200 one-row steps (timed while a compile ran) keeps the
+    next process from drafting, but only for STALE_STEPS steps: then the extra rows are priced as unmeasured,
+    the slot drafts on the repeating log, and what the process saves holds none of the old prices."""
+    opts = Options(num_ctx=2048, temperature=0, repeat_penalty=1.0, draft="ngram")
+    with LoadedModel(gemma_path, opts) as m:
+        store, key = m._step_costs
+    store.save(key, [(1, 0.02)] * KEEP + [(r, 0.5 * r) for r in range(2, 9) for _ in range(KEEP)])
+    with LoadedModel(gemma_path, opts) as m:
+        prompt = m.raw_prompt(LOG)
+        first = m.submit(prompt, replace(opts, num_predict=STALE_STEPS - 28), cache=False)
+        list(first)
+        assert first.metrics.eval_count == STALE_STEPS - 28 and first.metrics.draft_tokens == 0
+        second = m.submit(prompt, replace(opts, num_predict=STALE_STEPS), cache=False)
+        list(second)
+        assert second.metrics.draft_tokens > 0 and second.metrics.draft_accepted > 0
+        assert list(second.output_tokens[:STALE_STEPS - 28]) == list(first.output_tokens)
+    saved = store.load(key)
+    assert {r for r, _ in saved} > {1} and all(s < 0.5 for _, s in saved)

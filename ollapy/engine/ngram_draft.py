@@ -38,6 +38,8 @@ from typing import Protocol
 
 #: kinds of context a proposed token follows (NgramDrafter.contexts)
 NOVEL, ONCE, SEEN = 0, 1, 2
+#: pseudo-counts with which a context's shorter suffix backs its estimate (NgramDrafter.contexts)
+BACKING = 2.0
 
 
 class Drafter(Protocol):
@@ -131,13 +133,18 @@ class NgramDrafter:
 
         Per token ``(kind, estimate)``. :data:`ONCE` when its ``max_ngram``-token context occurred exactly once
         before (a copy of an earlier passage; estimate 0: the caller's learned rate applies). Otherwise the
-        longest context of ``max_ngram`` down to ``min_ngram`` tokens that recurred gives :data:`SEEN` with
-        ``(agreed + 1) / (compared + 2)``, where ``compared`` counts the times it recurred and ``agreed`` those
-        when the same token followed as the time before: a context followed by a different token each time
-        (the digits after "wind speed" in a log, or after a digit) gets a low estimate, one always followed
-        alike a high one. :data:`NOVEL` (estimate 0) when no context recurred. The counting follows llama.cpp's
-        ``common/ngram-cache.cpp`` (draft only continuations with enough support, backing off to shorter
-        n-grams), here as agreement with the previous occurrence: O(max_ngram) per token.
+        longest context of ``max_ngram`` down to ``min_ngram`` tokens that recurred gives :data:`SEEN`, where
+        ``compared`` counts the times a context recurred and ``agreed`` those when the same token followed as the
+        time before: a context followed by a different token each time (the digits after "wind speed" in a log,
+        or after a digit) gets a low estimate, one always followed alike a high one. The estimate is smoothed
+        from the shortest context up: ``(agreed + 1) / (compared + 2)`` for ``min_ngram`` tokens, then for each
+        longer one ``(agreed + BACKING * e) / (compared + BACKING)`` with ``e`` its suffix's estimate, so a
+        context seen twice ("1 :" after "Line 1" and "Line 11") is judged mostly by its suffix (":" always
+        followed by " the") rather than by 2 observations (hierarchical Dirichlet smoothing of n-gram models,
+        MacKay and Peto 1995; PPM's escape to shorter contexts). :data:`NOVEL` (estimate 0) when no context
+        recurred. The counting follows llama.cpp's ``common/ngram-cache.cpp`` (draft only continuations with
+        enough support, backing off to shorter n-grams), here as agreement with the previous occurrence:
+        O(max_ngram) per token.
         """
         hi, lo = self.max_ngram, self.min_ngram
         ctx = self._tokens[-hi:] + list(proposal)
@@ -145,17 +152,17 @@ class NgramDrafter:
         out: list[tuple[int, float]] = []
         for j in range(len(proposal)):
             i = base + j
-            found: tuple[int, float] = (NOVEL, 0.0)
-            for n in range(min(hi, i), lo - 1, -1):
-                g = tuple(ctx[i - n:i])
-                a = self._agree[n - lo].get(g)
-                if a is not None:
-                    found = (SEEN, (a[1] + 1.0) / (a[0] + 2.0))
+            est = -1.0  # the smoothed estimate of the longest recurring context so far (-1: none recurred)
+            for n in range(lo, min(hi, i) + 1):  # a recurring n-gram's suffixes recurred too: shortest first
+                a = self._agree[n - lo].get(tuple(ctx[i - n:i]))
+                if a is None:
                     break
-                if n == hi and g in self._index[hi - lo]:
-                    found = (ONCE, 0.0)
-                    break
-            out.append(found)
+                est = (a[1] + 1.0) / (a[0] + 2.0) if est < 0 else (a[1] + BACKING * est) / (a[0] + BACKING)
+            longest = tuple(ctx[i - hi:i]) if i >= hi else None
+            if longest is not None and longest not in self._agree[hi - lo] and longest in self._index[hi - lo]:
+                out.append((ONCE, 0.0))  # the whole context occurred once: a copy
+            else:
+                out.append((SEEN, est) if est >= 0 else (NOVEL, 0.0))
         return out
 
     def match(self) -> tuple[int, int] | None:

@@ -42,6 +42,9 @@ log = logging.getLogger("ollapy.engine")
 
 #: step times kept per row count (the policy's cost table: draft_policy.StepCost)
 STEP_SAMPLES = 16
+#: a row count not measured in this many steps is priced as unmeasured again (and re-measured from scratch when
+#: the policy tries it): a price learned while the machine was busy must not stop drafting for good
+STALE_STEPS = 128
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
 OFF, NGRAM, MODEL = "", "ngram", "model"
@@ -113,7 +116,9 @@ class Speculator:
         self.draft_name = draft_name
         self.row_invariant = row_invariant
         self.slots = [SlotSpec() for _ in range(n_slots)]
-        self._steps: dict[int, deque[float]] = {}  # rows -> the last STEP_SAMPLES step times of that many rows
+        # rows -> the last STEP_SAMPLES (step number, seconds) of steps of that many rows
+        self._steps: dict[int, deque[tuple[int, float]]] = {}
+        self._step_no = 0  # steps observed by this engine (remembered ones count as step 0)
         self._cost = StepCost.prior()
         self._cost_stale = False
         self._cost_pinned = False
@@ -227,13 +232,17 @@ class Speculator:
         self.accepted += n_accepted
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        """A decode step of ``rows`` rows took ``seconds`` (with a draft model's drafting for it)."""
+        """A decode step of ``rows`` rows took ``seconds`` (with a draft model's drafting for it). A row count
+        whose last sample is stale (:data:`STALE_STEPS`) starts its samples afresh."""
         seconds += self._draft_seconds
         self._draft_seconds = 0.0
+        self._step_no += 1
         q = self._steps.get(rows)
         if q is None:
             q = self._steps[rows] = deque(maxlen=STEP_SAMPLES)
-        q.append(seconds)
+        elif q and self._step_no - q[-1][0] > STALE_STEPS:
+            q.clear()
+        q.append((self._step_no, seconds))
         self._cost_stale = True
 
     def pin_cost(self, cost: StepCost | None) -> None:
@@ -249,15 +258,17 @@ class Speculator:
             q = self._steps.get(rows)
             if q is None:
                 q = self._steps[rows] = deque(maxlen=STEP_SAMPLES)
-            q.append(seconds)
+            q.append((self._step_no, seconds))
         self._cost_stale = True
 
     def measured_steps(self) -> list[tuple[int, float]]:
-        """The ``(rows, seconds)`` steps the policy currently prices by (to remember them across processes)."""
+        """The ``(rows, seconds)`` steps the policy currently prices by (to remember them across processes):
+        those of row counts measured within the last :data:`STALE_STEPS` steps."""
         return self._step_samples()
 
     def _step_samples(self) -> list[tuple[int, float]]:
-        return [(rows, s) for rows, q in self._steps.items() for s in q]
+        fresh = self._step_no - STALE_STEPS
+        return [(rows, s) for rows, q in self._steps.items() if q and q[-1][0] >= fresh for _, s in q]
 
     def cost(self) -> StepCost:
         """The step-time line fitted to the recent steps (or the pinned one)."""
