@@ -155,7 +155,14 @@ def draft_path(options: Options) -> Path | None:
         if not p.is_file():
             raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft")
         return p
-    return resolve(name, pull=False).path
+    try:
+        return resolve(name, pull=False).path
+    except ModelNotFound as e:  # say that it is the draft model that is missing
+        def draft(text: str) -> str:
+            return "draft " + (text if text.startswith("model ") else f"model: {text}")
+
+        raise ModelNotFound(draft(e.message), e.hint, public=draft(e.public) if e.public else None,
+                            name=e.name) from None
 
 
 def close_all(timeout: float = 120.0) -> int:

@@ -230,3 +230,35 @@ def test_real_model_decodes_on_fewer_threads_under_load_with_the_same_output(smo
         changes = m.engine.thread_budget.changes
         assert any(n == 1 for _, n, _ in changes)  # all CPUs taken: one decode thread (whatever the load before)
         assert busy == quiet  # the thread count never changes what is generated
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
+def test_a_draft_model_decodes_on_the_same_thread_budget_as_the_target(smollm2_path):
+    """The draft model's context lowers its threads with the target's (a 2-thread ggml barrier on a CPU that other
+    processes keep busy made each drafting step take seconds); what is generated stays the same."""
+    from ollapy.engine.draft_policy import StepCost
+    from ollapy.engine.model import LoadedModel
+    from ollapy.options import Options
+
+    copy = "Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite."
+    opts = Options(num_ctx=512, temperature=0, num_predict=24, repeat_penalty=1, draft=str(smollm2_path))
+    with LoadedModel(smollm2_path, opts, draft_path=smollm2_path) as m:
+        dm = m.engine.spec.draft_model
+        if m.backend.threads < 2 or dm.backend.threads < 2:
+            pytest.skip("one decode thread configured: nothing to lower")
+        m.engine.spec.pin_cost(StepCost(1.0, 0.05))  # extra rows nearly free: it drafts whatever the load
+        quiet, _ = m.chat([{"role": "user", "content": copy}], opts, cache=False).result()
+        m.engine.thread_budget.interval = 0.0
+        loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 2)]
+        try:
+            before = dm.stats.decodes
+            busy, _ = m.chat([{"role": "user", "content": copy}], opts, cache=False).result()
+            drafting_decodes = dm.stats.decodes - before
+            threads_under_load = dm.backend.threads
+        finally:
+            for p in loops:
+                p.kill()
+                p.wait()
+        assert any(n == 1 for _, n, _ in m.engine.thread_budget.changes)
+        assert drafting_decodes > 0 and threads_under_load == 1
+        assert busy == quiet

@@ -87,11 +87,12 @@ def test_the_draft_loads_decodes_and_shares_the_vocabulary(smollm2_path, smollm2
 
 def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, gemma_path):
     with Backend(smollm2_path, CFG) as smol, Backend(gemma_path, CFG) as gemma:
-        assert vocab_mismatch(smol, gemma) == "tokenizer type 1 vs 2"
+        assert vocab_mismatch(smol, gemma) == "tokenizer SentencePiece (SPM) vs byte-level BPE"
         with pytest.raises(ModelLoadError) as err:
             check_draft_vocab(smol, gemma, "smollm2:135m", "gemma3:270m")
-    assert str(err.value) == ("draft model gemma3:270m does not share the vocabulary of smollm2:135m (tokenizer type "
-                              "1 vs 2) (a draft model must come from the same model family and tokenizer as the model)")
+    assert str(err.value) == ("draft model gemma3:270m does not share the vocabulary of smollm2:135m (tokenizer "
+                              "SentencePiece (SPM) vs byte-level BPE) (a draft model must come from the same model "
+                              "family and tokenizer as the model)")
     assert "\n" not in str(err.value)
 
 

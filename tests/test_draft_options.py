@@ -84,3 +84,7 @@ def test_the_cli_refuses_a_bad_draft_option_in_one_line(smollm2_path):
     r = run_cli("run", str(smollm2_path), "-o", "draft_min=0", "hi")
     assert r.returncode == 2 and r.stdout == b""
     assert r.stderr.decode().splitlines()[0] == "Error: option draft_min must be at least 1, got 0"
+    missing = run_cli("run", str(smollm2_path), "-o", "draft=nosuchmodel", "hi")
+    lines = missing.stderr.decode().splitlines()
+    assert missing.returncode == 1 and missing.stdout == b"" and len(lines) == 1
+    assert lines[0].startswith("Error: draft model 'nosuchmodel:latest' not found")

@@ -87,7 +87,7 @@ def test_measured_row_counts_use_their_median_and_unmeasured_ones_a_capped_line(
 def test_a_price_learned_while_the_machine_was_busy_goes_stale_and_is_measured_again():
     """Remembered step times (step_costs.StepCostStore) that make extra rows dear stop drafting; once they were not
     measured for STALE_STEPS steps they are priced as unmeasured, the slot drafts again, and the new 4-row steps
-    replace the old ones (which are not remembered for the next process either)."""
+    replace the old ones. Only the batch sizes this engine measured itself are remembered for the next process."""
     sp = Speculator(1)
     sp.seed_steps([(1, 0.020)] * 16 + [(r, 0.1 * r) for r in (2, 3, 4) for _ in range(16)])  # 5-20 one-row steps
     sp.begin(0, [1, 2, 3, 4, 5, 6, 7] * 20, "ngram", 4, 1)  # a text that repeats: the proposal is backed
@@ -96,9 +96,10 @@ def test_a_price_learned_while_the_machine_was_busy_goes_stale_and_is_measured_a
     for _ in range(STALE_STEPS):
         assert sp.plan(cand) == {}
         sp.observe_step(1, 0.020)
-    assert {r for r, _ in sp.measured_steps()} == {1, 2, 3, 4}  # still within STALE_STEPS of the last 4-row sample
+    assert set(sp.cost().measured) == {1, 2, 3, 4}  # priced: within STALE_STEPS of their samples
+    assert {r for r, _ in sp.measured_steps()} == {1}  # remembered: only what this engine measured itself
     sp.observe_step(1, 0.020)
-    assert {r for r, _ in sp.measured_steps()} == {1}  # stale: neither priced nor remembered
+    assert set(sp.cost().measured) == {1}  # stale: no longer priced
     assert sp.plan(cand) == {0: [1, 2, 3, 4]}  # drafting again, at the prior's price of extra rows
     sp.observe_step(5, 0.060)
     sp.observe_step(4, 0.041)

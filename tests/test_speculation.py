@@ -318,6 +318,9 @@ def test_the_repl_drafts_after_set_parameter_and_answers_the_same(smollm2_path):
     c.expect(r"draft: +(\d+) proposed, (\d+) accepted")
     assert int(c.match.group(1)) > 0
     c.expect_exact(">>> ")
+    c.sendline("/show parameters")  # the session's /set values are listed with the model's
+    c.expect(r'draft +"ngram"')
+    c.expect_exact(">>> ")
     c.sendline("/bye")
     c.expect(pexpect.EOF)
     assert plain and drafted == plain

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from dataclasses import replace
 
@@ -110,3 +111,25 @@ def test_steps_timed_on_a_busy_machine_stop_drafting_only_until_they_go_stale(ge
         assert list(second.output_tokens[:STALE_STEPS - 28]) == list(first.output_tokens)
     saved = store.load(key)
     assert {r for r, _ in saved} > {1} and all(s < 0.5 for _, s in saved)
+
+
+def test_a_short_run_does_not_pass_on_prices_it_did_not_measure(smollm2_path, tmp_path):
+    """`ollapy run` is shorter than STALE_STEPS: a process that priced extra rows by a poisoned table (timed while
+    the machine was busy) drafts nothing, but saves only the one-row steps it measured, so the next process
+    prices extra rows afresh and drafts again, with the same text."""
+    env = {"OLLAPY_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["run", str(smollm2_path), "--verbose", "-o", "temperature=0", "-o", "num_predict=48", "-o", "draft=ngram",
+            COPY]
+    first = run_cli(*args, env=env)
+    assert first.returncode == 0, first.stderr.decode()
+    assert int(re.search(rb"draft:\s+(\d+) proposed", first.stderr).group(1)) > 0
+    (store_file,) = (tmp_path / "step-costs").glob("*.json")
+    store_file.write_text(json.dumps({"format": 1, "steps": [[1, 0.01]] * KEEP + [[r, 0.5] for r in range(2, 9)
+                                                                                  for _ in range(KEEP)]}))
+    poisoned = run_cli(*args, env=env)
+    assert poisoned.returncode == 0 and poisoned.stdout == first.stdout
+    assert re.search(rb"draft:\s+0 proposed", poisoned.stderr)
+    assert {r for r, _ in json.loads(store_file.read_text())["steps"]} == {1}
+    healed = run_cli(*args, env=env)
+    assert healed.returncode == 0 and healed.stdout == first.stdout
+    assert int(re.search(rb"draft:\s+(\d+) proposed", healed.stderr).group(1)) > 0

@@ -367,6 +367,7 @@ def _show(conv, settings, what: str) -> None:
         if opts is not None and hasattr(opts, "__dict__"):
             shown = {k: getattr(opts, k) for k in ("temperature", "top_k", "top_p", "min_p", "num_ctx", "num_predict",
                                                    "repeat_penalty", "seed", "stop")}
+            shown.update(conv.options)  # what /set parameter changed in this session (draft, ...)
         for k, v in shown.items():
             print(f"{k:<16} {json.dumps(list(v) if isinstance(v, tuple) else v)}")
     elif what == "system":

@@ -25,7 +25,7 @@ Called from the engine's loop thread only, like the target's backend.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,6 +61,10 @@ class DraftModel:
         self.n_vocab = min(draft.n_vocab, target.n_vocab)  # never propose an id the target does not have
         self._held: list[list[int]] = [[] for _ in range(draft.n_parallel)]
         self.stats = DraftStats()
+        # decode threads for a batch of n tokens (the engine sets its ThreadBudget's: fewer threads while other
+        # processes keep the CPUs busy, as for the target; a spinning ggml barrier on an oversubscribed CPU made
+        # a draft step take seconds); None: the backend's own count
+        self.thread_count: Callable[[int], int] | None = None
 
     def held(self, seq: int) -> list[int]:
         """The tokens whose KV sequence ``seq`` holds (a copy)."""
@@ -126,7 +130,7 @@ class DraftModel:
                     toks.append(out[s][-1])
                     pos.append(len(self._held[s]))
                     seqs.append(s)
-                b.decode(toks, pos, seqs, array("b", [1]) * len(active))
+                self._decode(toks, pos, seqs, array("b", [1]) * len(active))
                 self.stats.decodes += 1
                 self.stats.drafted += len(active)
                 for i, s in enumerate(active):
@@ -158,12 +162,19 @@ class DraftModel:
                 seqs.append(s)
                 logits.append(1 if last and s in drafting else 0)
                 self._held[s].append(t)
-            b.decode(toks, pos, seqs, logits)
+            self._decode(toks, pos, seqs, logits)
             self.stats.decodes += 1
             self.stats.synced += len(chunk)
             for s, row in rows.items():
                 firsts[s] = self._argmax(row)
         return firsts
+
+    def _decode(self, toks: array, pos: array, seqs: array, logits: array) -> None:
+        if self.thread_count is not None:
+            n = self.thread_count(len(toks))
+            if n != self.backend.threads:
+                self.backend.set_threads(n)
+        self.backend.decode(toks, pos, seqs, logits)
 
     def _argmax(self, row: int) -> int:
         logits = self.backend.logits_row(row)

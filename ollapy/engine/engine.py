@@ -84,6 +84,8 @@ class Engine:
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
                                           adaptive=not getattr(getattr(backend, "cfg", None), "num_thread", 0))
         self.thread_budget.prime()
+        if self.spec.draft_model is not None:  # the draft model's context decodes on the same CPUs, same budget
+            self.spec.draft_model.thread_count = self.thread_budget.threads
         self._thread = threading.Thread(target=self._run, name="ollapy-engine", daemon=True)
         self._thread.start()
 

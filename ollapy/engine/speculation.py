@@ -119,6 +119,7 @@ class Speculator:
         # rows -> the last STEP_SAMPLES (step number, seconds) of steps of that many rows
         self._steps: dict[int, deque[tuple[int, float]]] = {}
         self._step_no = 0  # steps observed by this engine (remembered ones count as step 0)
+        self._measured_here: set[int] = set()  # row counts this engine measured itself
         self._cost = StepCost.prior()
         self._cost_stale = False
         self._cost_pinned = False
@@ -243,6 +244,7 @@ class Speculator:
         elif q and self._step_no - q[-1][0] > STALE_STEPS:
             q.clear()
         q.append((self._step_no, seconds))
+        self._measured_here.add(rows)
         self._cost_stale = True
 
     def pin_cost(self, cost: StepCost | None) -> None:
@@ -262,9 +264,11 @@ class Speculator:
         self._cost_stale = True
 
     def measured_steps(self) -> list[tuple[int, float]]:
-        """The ``(rows, seconds)`` steps the policy currently prices by (to remember them across processes):
-        those of row counts measured within the last :data:`STALE_STEPS` steps."""
-        return self._step_samples()
+        """The ``(rows, seconds)`` steps to remember for the next process: those the policy currently prices by
+        (row counts measured within the last :data:`STALE_STEPS` steps) of the row counts this engine measured
+        itself. A remembered price that made the policy avoid a batch size is not passed on unchecked: an
+        ``ollapy run`` is shorter than STALE_STEPS, so otherwise a price timed under load would live forever."""
+        return [(r, s) for r, s in self._step_samples() if r in self._measured_here]
 
     def _step_samples(self) -> list[tuple[int, float]]:
         fresh = self._step_no - STALE_STEPS

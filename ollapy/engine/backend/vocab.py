@@ -40,7 +40,10 @@ def vocab_mismatch(target: VocabHolder, draft: VocabHolder) -> str | None:
     tv, dv = target.vocab, draft.vocab
     t_type, d_type = C.llama_vocab_type(tv), C.llama_vocab_type(dv)
     if t_type != d_type:
-        return f"tokenizer type {d_type} vs {t_type}"
+        names = {C.LLAMA_VOCAB_TYPE_SPM: "SentencePiece (SPM)", C.LLAMA_VOCAB_TYPE_BPE: "byte-level BPE",
+                 C.LLAMA_VOCAB_TYPE_WPM: "WordPiece (WPM)", C.LLAMA_VOCAB_TYPE_UGM: "Unigram (UGM)",
+                 C.LLAMA_VOCAB_TYPE_RWKV: "RWKV"}
+        return f"tokenizer {names.get(d_type, f'type {d_type}')} vs {names.get(t_type, f'type {t_type}')}"
     for what, add, tok in (("BOS", C.llama_vocab_get_add_bos, C.llama_vocab_bos),
                            ("EOS", C.llama_vocab_get_add_eos, C.llama_vocab_eos)):
         t_add, d_add = bool(add(tv)), bool(add(dv))
