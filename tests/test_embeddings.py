@@ -37,6 +37,14 @@ def model(smollm2_path):
         yield m
 
 
+def _same_vectors(a, b) -> bool:
+    """The same embeddings up to kernel rounding: a batch and a text alone go through matmuls of other shapes,
+    which on an AVX2-only CPU sum in another order (measured: max |diff| 0.003-0.005, cosine 0.99991); a packing
+    or pooling bug gives another vector (cosine well under 0.99 between these texts)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return a.shape == b.shape and bool(np.all(np.sum(a * b, axis=1) > 1 - 1e-3)) and np.abs(a - b).max() < 2e-2
+
+
 # ---- engine ---------------------------------------------------------------------------------------------
 def test_engine_shapes_norms_order_and_batch_equals_single(model):
     e = model.embed([CAT, CAT2, TAX])
@@ -44,16 +52,16 @@ def test_engine_shapes_norms_order_and_batch_equals_single(model):
     assert np.allclose(np.linalg.norm(e.vectors, axis=1), 1.0, atol=1e-5)
     assert _cos(e.vectors[0], e.vectors[1]) > _cos(e.vectors[0], e.vectors[2])
     single = np.stack([model.embed([t]).vectors[0] for t in (CAT, CAT2, TAX)])
-    assert np.abs(single - e.vectors).max() < 1e-4
+    assert _same_vectors(single, e.vectors)
     rev = model.embed([TAX, CAT2, CAT]).vectors
-    assert np.abs(rev[::-1] - e.vectors).max() < 1e-4
+    assert _same_vectors(rev[::-1], e.vectors)
     assert list(e.token_counts) == [len(model.backend.tokenize(t)) for t in (CAT, CAT2, TAX)]
 
 
 def test_engine_packs_many_inputs_and_chunks_a_long_one(model):
     texts = [f"{CAT} ({i})" for i in range(40)]  # 40 x ~15 tokens over n_batch 64: several decodes
     many = model.embed(texts).vectors
-    assert np.abs(many[7] - model.embed([texts[7]]).vectors[0]).max() < 1e-4
+    assert _same_vectors(many[7:8], model.embed([texts[7]]).vectors)
     # 200 tokens through n_batch 64 in chunks (LAST pooling keeps the KV between them) = one pass of n_batch 256
     text = " ".join(["the quick brown fox jumps"] * 40)
     from ollapy.engine.backend.embedding import Embedder

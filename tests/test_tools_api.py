@@ -177,7 +177,7 @@ def test_auto_tools_on_a_template_without_tools_use_the_generic_format(api):
     assert r.prompt_eval_count > plain["prompt_eval_count"] + 100  # the tools are described in the prompt
     # SmolLM2 answers this one with {"response": "..."}, streamed as content and cut by num_predict
     assert (r.done_reason, r.message.tool_calls) == ("length", None)
-    assert r.message.content.startswith("Paris, France, is a city known for its vibrant culture")
+    assert r.message.content.startswith("Paris, France")  # the answer, as text (its wording varies by CPU kernels)
     streamed = list(_ollama_chat(api, stream=True, model="smol", messages=ASK, tools=TOOLS))
     assert "".join(p.message.content for p in streamed) == r.message.content
     assert sum(1 for p in streamed if p.message.content) > 10 and not any(p.message.tool_calls for p in streamed)
