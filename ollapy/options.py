@@ -59,9 +59,9 @@ class Options:
     tensor_split: str = ""
     # speculative decoding: "" (off), "ngram" (prompt lookup, per request), or a draft model's name or path
     # (Modelfile DRAFT; load-time: see draft_model()); up to draft_num_predict drafted tokens per step (Ollama's
-    # name), none when fewer than draft_min can be proposed
+    # name; -1: by mode, see draft_limit()), none when fewer than draft_min can be proposed
     draft: str = ""
-    draft_num_predict: int = 4
+    draft_num_predict: int = -1
     draft_min: int = 1
     # request-time
     num_keep: int = -1
@@ -105,7 +105,19 @@ class Options:
         updates = {}
         for k, v in values.items():
             updates[k] = coerce_option(k, v)
-        return replace(self, **updates)
+        merged = replace(self, **updates)
+        merged.check_draft()
+        return merged
+
+    def check_draft(self) -> None:
+        """Raise OptionError when drafting is on but ``draft_min`` exceeds the drafted tokens a step may verify
+        (no draft could ever be verified: most likely a typo)."""
+        if not self.draft:
+            return
+        limit = draft_limit(self.draft, self.draft_num_predict)
+        if limit and self.draft_min > limit:
+            raise OptionError(f"draft_min ({self.draft_min}) is above draft_num_predict ({limit}): nothing could "
+                              f"ever be drafted", hint="lower draft_min or raise draft_num_predict")
 
 
 _TYPES = {f.name: f.type for f in fields(Options)}
@@ -116,7 +128,7 @@ _CHOICES = {
     "tool_parser": ("auto", "hermes", "llama3", "mistral", "generic"),
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
-        "mirostat": 0, "draft_num_predict": 0, "draft_min": 1}
+        "mirostat": 0, "draft_num_predict": -1, "draft_min": 1}
 # ggml's GGML_MAX_N_THREADS, llama.cpp's LLAMA_MAX_SEQ; num_ctx * num_parallel and num_batch stay in a uint32
 _MAX = {"mirostat": 2, "draft_num_predict": 64, "draft_min": 64, "num_thread": 512, "num_parallel": 256,
         "num_ctx": 2**23, "num_batch": 2**23}
@@ -125,6 +137,23 @@ _INT32 = 2**31  # every other integer option travels to llama.cpp as a C int (se
 _DRAFT_OFF = ("", "none", "off", "false", "0")
 #: the draftless n-gram drafter's name (llama.cpp's server calls its modes ngram-*)
 DRAFT_NGRAM = "ngram"
+
+
+#: ``draft_num_predict`` when unset (-1), by how a request drafts. The anchors differ and both are right for
+#: their drafter: llama.cpp's n-gram modes draft up to 48-64 tokens (a proposal is free; a step verifies what the
+#: lookup found), its draft model 3 and Ollama's 4 (each drafted token costs a draft-model decode first). Here
+#: the policy prices every row (engine/draft_policy.py), so the cap only bounds what it may choose: on task (a)
+#: of scripts/bench_spec.py (Gemma 3, 2-core AVX2 CPU) caps of 4, 8 and 16 gave 1.55x, 1.69x and 1.74x plain.
+DRAFT_N_MAX_NGRAM = 16
+DRAFT_N_MAX_MODEL = 4
+
+
+def draft_limit(draft: str, draft_num_predict: int) -> int:
+    """The most drafted tokens one step verifies: ``draft_num_predict`` when set (>= 0; 0 drafts nothing), else
+    :data:`DRAFT_N_MAX_NGRAM` for ``draft=ngram`` and :data:`DRAFT_N_MAX_MODEL` for a draft model."""
+    if draft_num_predict >= 0:
+        return draft_num_predict
+    return DRAFT_N_MAX_NGRAM if draft == DRAFT_NGRAM else DRAFT_N_MAX_MODEL
 
 
 def draft_model(draft: str) -> str:

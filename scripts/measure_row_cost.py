@@ -5,8 +5,9 @@ Usage: ``python scripts/measure_row_cost.py MODEL.gguf [--rows 1,2,3,4,5,8,9] [-
 
 Prefills 300 tokens of a log-like text, then times decode steps of ``k`` rows (each row asks for logits, as a
 verification does) and removes them again (``seq_rm``); prints the median per ``k`` in ms and its ratio to the
-one-row step. On a CPU the curve is not a line: with Gemma 3 270M one row goes to ``vec_dot`` and 2 to 4 rows
-make one pass of tinyBLAS's 4-column tiles, 5 rows a second pass (README, "Speculative decoding").
+one-row step. On a CPU the curve is not a line: with Gemma 3 270M one row goes to ``vec_dot``, more rows to tinyBLAS,
+whose tiles take 4 batch rows at a time with AVX-512 (2 to 4 rows one pass over the weights, 5 a second) and 2
+with AVX2 (an odd last row a pass of its own: 3 rows cost more than 4) (README, "Speculative decoding").
 """
 from __future__ import annotations
 

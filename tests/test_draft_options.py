@@ -6,13 +6,32 @@ import pytest
 from conftest import run_cli
 
 from ollapy.errors import OptionError, UsageError
-from ollapy.options import Options, api_options, draft_model, parse_options
+from ollapy.options import DRAFT_N_MAX_MODEL, DRAFT_N_MAX_NGRAM, Options, api_options, draft_limit, draft_model, \
+    parse_options
 from ollapy.store.modelfile import format_modelfile, parse_modelfile
 
 
 def test_defaults_follow_ollama():
     o = Options()
-    assert (o.draft, o.draft_num_predict, o.draft_min) == ("", 4, 1)
+    assert (o.draft, o.draft_num_predict, o.draft_min) == ("", -1, 1)
+
+
+def test_an_unset_draft_num_predict_is_long_for_ngram_and_ollamas_4_for_a_draft_model():
+    """n-gram proposals cost nothing to make (llama.cpp's n-gram modes draft up to 48-64), a draft model's cost a
+    decode each (Ollama: 4); a set value holds for both, 0 drafts nothing."""
+    assert (DRAFT_N_MAX_NGRAM, DRAFT_N_MAX_MODEL) == (16, 4)
+    assert draft_limit("ngram", -1) == 16 and draft_limit("draft.gguf", -1) == 4
+    assert draft_limit("ngram", 6) == 6 and draft_limit("draft.gguf", 6) == 6 and draft_limit("ngram", 0) == 0
+
+
+def test_a_draft_min_above_what_a_step_verifies_is_refused_in_one_line():
+    with pytest.raises(OptionError, match=r"draft_min \(5\) is above draft_num_predict \(4\)") as e:
+        Options().merged({"draft": "ngram", "draft_num_predict": 4, "draft_min": 5})
+    assert "lower draft_min or raise draft_num_predict" in e.value.hint and "\n" not in str(e.value)
+    with pytest.raises(OptionError, match=r"draft_min \(6\) is above draft_num_predict \(4\)"):
+        Options().merged({"draft": "d.gguf", "draft_min": 6})  # a draft model's default cap
+    assert Options().merged({"draft": "ngram", "draft_min": 6}).draft_min == 6  # under n-gram's 16
+    assert Options().merged({"draft_min": 9, "draft_num_predict": 2}).draft_min == 9  # drafting off: no matter
 
 
 @pytest.mark.parametrize(("text", "value"), [
@@ -88,3 +107,9 @@ def test_the_cli_refuses_a_bad_draft_option_in_one_line(smollm2_path):
     lines = missing.stderr.decode().splitlines()
     assert missing.returncode == 1 and missing.stdout == b"" and len(lines) == 1
     assert lines[0].startswith("Error: draft model 'nosuchmodel:latest' not found")
+    never = run_cli("run", str(smollm2_path), "-o", "draft=ngram", "-o", "draft_num_predict=2", "-o", "draft_min=3",
+                    "hi")
+    assert never.returncode == 2 and never.stdout == b""
+    assert never.stderr.decode().splitlines()[0] == \
+        "Error: draft_min (3) is above draft_num_predict (2): nothing could ever be drafted (lower draft_min or raise " \
+        "draft_num_predict)"

@@ -18,8 +18,10 @@ Model. Two measurements:
   least-squares line fitted to all recent steps (before two distinct batch sizes were measured, a prior of
   ``t(rows) = 1 + 0.3 * (rows - 1)`` in units of a one-row step). The table matters because the cost is not a
   line on a CPU: with Gemma-3-270M on 2 cores a one-row step goes to ``vec_dot`` and two rows to tinyBLAS, whose
-  4-column tiles make 2, 3 and 4 rows cost about the same (1.8-2.2 one-row steps) and 5 rows a second pass over
-  the weights (about 3.4); a line through those points would draft 1 token where 3 are as cheap.
+  tiles take 4 batch rows at a time with AVX-512 (2, 3 and 4 rows cost about the same, 1.8-2.2 one-row steps; 5
+  rows a second pass over the weights, about 3.4) and 2 at a time with AVX2, where an odd last row costs a pass
+  of its own (3 rows 2.4 one-row steps, 4 rows 2.2); a line through those points would draft 1 token where 3 are
+  as cheap, or 2 where 3 cost less.
 
 Rule. Start from no drafts: ``rows = n_decoding + n_other_rows`` (prefill rows in the same step),
 ``tokens = n_decoding`` (one per decoding slot), throughput ``tokens / t(rows)``. Repeatedly add the draft

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..options import draft_limit
 from .draft_model import DraftModel
 from .draft_policy import AcceptanceHistory, ContextRates, ShadowVerdict, SlotDraft, StepCost, plan_draft_lengths
 from .ngram_draft import NgramDrafter
@@ -130,11 +131,12 @@ class Speculator:
     # ---- per request ----------------------------------------------------------------------------
     def begin(self, slot: int, prompt: Sequence[int], draft: str, n_max: int, n_min: int) -> str:
         """A request starts in ``slot``: its ``draft`` option (``""``, ``ngram`` or a draft model's name),
-        ``draft_num_predict`` (``n_max``) and ``draft_min``. Returns the mode it drafts in (OFF, NGRAM,
-        MODEL)."""
+        ``draft_num_predict`` (``n_max``; negative: the mode's default, options.draft_limit) and ``draft_min``.
+        Returns the mode it drafts in (OFF, NGRAM, MODEL)."""
         st = self.slots[slot]
         st.clear()
         mode = OFF
+        n_max = draft_limit(draft, n_max)
         if n_max > 0 and draft:
             if draft == NGRAM:
                 mode = NGRAM
