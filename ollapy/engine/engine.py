@@ -326,6 +326,9 @@ class Engine:
             return
         if self.spec.active:
             self.spec.observe_step(len(toks), time.perf_counter() - t0)
+            for s in in_batch:  # a draft model's prompt evaluation belongs to prompt processing, like the target's
+                if s.state is SlotState.PREFILL and self.spec.uses_draft_model(s.id):
+                    self.spec.sync_prompt(s.id, s.prompt)
         self.steps += 1
         now = time.perf_counter_ns()
         for s in in_batch:

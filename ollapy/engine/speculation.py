@@ -160,6 +160,20 @@ class Speculator:
             st.drafter.extend((token,))
             st.shadow.observe(token)
 
+    def sync_prompt(self, slot: int, prompt: Sequence[int]) -> None:
+        """The target has just evaluated ``slot``'s whole prompt: evaluate it in the draft model's sequence too,
+        as part of prompt processing (llama.cpp's ``speculative`` example encodes the prompt on both models
+        before it starts timing generation), so the first drafting step does not pay for it. A failure turns
+        drafting off for this request (logged) and never fails it."""
+        st = self.slots[slot]
+        if st.mode != MODEL or self.draft_model is None or not prompt:
+            return
+        try:
+            self.draft_model.propose({slot: (prompt, 0)})
+        except Exception:  # noqa: BLE001 - drafting is an optimisation: the request goes on without it
+            log.warning("draft model could not evaluate the prompt of slot %d; drafting off", slot, exc_info=True)
+            st.mode = OFF
+
     def uses_draft_model(self, slot: int) -> bool:
         """True while the slot's request drafts with the draft model (which needs the slot's whole token list)."""
         return self.slots[slot].mode == MODEL
