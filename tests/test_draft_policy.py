@@ -13,7 +13,7 @@ from ollapy.engine.draft_policy import (
     plan_draft_lengths,
     shadow_accepted,
 )
-from ollapy.engine.speculation import STALE_STEPS, Candidate, Speculator
+from ollapy.engine.speculation import SHADOW_TOKENS, STALE_STEPS, Candidate, Speculator
 
 # SmolLM2-135M Q4_1 on 2 CPU cores (shared/ENVIRONMENT.md): 1/2/4/8 sequences decode at 96/129/162/179 tok/s,
 # i.e. steps of 10.4/15.5/24.7/44.7 ms
@@ -104,6 +104,25 @@ def test_a_price_learned_while_the_machine_was_busy_goes_stale_and_is_measured_a
     sp.observe_step(5, 0.060)
     sp.observe_step(4, 0.041)
     assert sorted(sp.measured_steps()) == [(1, 0.020)] * 16 + [(4, 0.041), (5, 0.060)]
+
+
+def test_a_slot_that_starts_copying_drafts_within_a_few_tokens_whatever_its_cap():
+    """A passage seen once (ONCE contexts, doubtful at first) is learned from shadow verdicts on proposals the slot
+    did not verify. A shadow's verdict is known only once its tokens were generated, so shadows are cut to
+    SHADOW_TOKENS: with n-gram drafting's cap of 16 as the shadow's length, this slot waited 17 tokens (and on
+    bench_spec's paragraph copy ~30 steps) before it drafted; now 9. Costs: Gemma 3's measured AVX2 table."""
+    costs = {1: 20, 2: 32, 3: 52, 4: 47, 5: 65, 6: 61, 7: 79, 8: 71, 9: 93, 10: 86, 11: 100, 12: 105, 13: 120,
+             14: 118, 15: 130, 16: 128, 17: 145}
+    sp = Speculator(1)
+    sp.seed_steps([(rows, ms / 1000) for rows, ms in costs.items() for _ in range(16)])
+    passage = list(range(100, 160))
+    sp.begin(0, [1, 2, 3, *passage, 4, 5], "ngram", -1, 1)  # draft_num_predict unset: 16 for n-gram drafting
+    for i, tok in enumerate(passage):
+        got = sp.plan([Candidate(0, (), 50)])
+        if got:
+            break
+        sp.accept(0, tok)
+    assert SHADOW_TOKENS == 4 and i == 9 and got == {0: passage[9:12]}
 
 
 def test_per_token_survival_cuts_a_draft_where_the_history_stops_backing_it():

@@ -46,6 +46,9 @@ STEP_SAMPLES = 16
 #: a row count not measured in this many steps is priced as unmeasured again (and re-measured from scratch when
 #: the policy tries it): a price learned while the machine was busy must not stop drafting for good
 STALE_STEPS = 128
+#: tokens of a proposal scored as a shadow verdict: its verdict is known only once they were generated (or one
+#: differed), so a long shadow teaches late (with 16: a slot copying a paragraph waited ~30 steps to draft)
+SHADOW_TOKENS = 4
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
 OFF, NGRAM, MODEL = "", "ngram", "model"
@@ -228,7 +231,7 @@ class Speculator:
                 if k:
                     out[c.slot] = prop[:k]
                 elif prop and not st.shadow.pending:
-                    st.start_shadow(prop)  # not verified: learn what it would have earned
+                    st.start_shadow(prop[:SHADOW_TOKENS])  # not verified: learn what it would have earned
             elif st.mode == MODEL and k:
                 want_model[c.slot] = (c.tokens, k)
         if want_model:
