@@ -41,7 +41,7 @@ from . import config
 from .admission import Resident, available_memory, choose_evictions, estimate_load
 from .duration import parse_duration
 from .errors import BusyError, OllapyError, OptionError, PathNotAllowed, RunnerError
-from .options import LOAD_OPTIONS, Options
+from .options import LOAD_OPTIONS, Options, draft_model
 
 log = logging.getLogger("ollapy.runtime")
 
@@ -100,6 +100,12 @@ class Loaded:
         return time.time() + (self.expires_at - time.monotonic())
 
 
+def _default_draft_resolver(options: Options):
+    from .loader import draft_path
+
+    return draft_path(options)
+
+
 def _default_loader(ref, options: Options):
     from .loader import open_model
 
@@ -126,8 +132,10 @@ class Runtime:
     def __init__(self, *, loader: Callable | None = None, resolver: Callable | None = None,
                  max_models: int | None = None, allow_paths: bool = False, defaults: dict | None = None,
                  estimator: Callable | None = None, max_memory: int | None = None,
-                 max_queue: int | None = None) -> None:
+                 max_queue: int | None = None, draft_resolver: Callable[[Options], Any] | None = None) -> None:
         self.loader = loader or _default_loader
+        # options -> the draft model's file; raises ModelNotFound (loader.draft_path)
+        self.draft_resolver = draft_resolver or _default_draft_resolver
         self.estimator = estimator or _default_estimator
         self.defaults = dict(defaults or {})  # `serve -o`: between OLLAPY_* and the model's parameters
         self.allow_paths = allow_paths
@@ -216,6 +224,8 @@ class Runtime:
         if ref is None:
             ref = await self.resolve(name)
         options = self.request_options(ref, values)
+        if draft_model(options.draft):  # a draft model that is missing: a 404 before anything is drained for it
+            await asyncio.to_thread(self.draft_resolver, options)
         key = getattr(ref, "name", name)
         lock = self._lock(key)
         if lock.locked() and self.waiting >= self.max_queue:

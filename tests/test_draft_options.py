@@ -113,3 +113,21 @@ def test_the_cli_refuses_a_bad_draft_option_in_one_line(smollm2_path):
     assert never.stderr.decode().splitlines()[0] == \
         "Error: draft_min (3) is above draft_num_predict (2): nothing could ever be drafted (lower draft_min or raise " \
         "draft_num_predict)"
+
+
+@pytest.mark.parametrize(("lines", "code", "error"), [
+    ("PARAMETER draft ngram\nPARAMETER draft_min 30\n", 2,
+     "Error: draft_min (30) is above draft_num_predict (16): nothing could ever be drafted"),
+    ("DRAFT ./draft.gguf\nPARAMETER draft_min 6\n", 2,
+     "Error: draft_min (6) is above draft_num_predict (4): nothing could ever be drafted"),
+    ("DRAFT ./nope.gguf\n", 1, "Error: draft model ./nope.gguf: no such file"),
+    ("DRAFT nosuchdraft\n", 1, "Error: draft model 'nosuchdraft:latest' not found"),
+])
+def test_create_refuses_a_modelfile_no_run_could_use(smollm2_path, tmp_path, lines, code, error):
+    """Found by a fresh-user trial: each of these was created and then failed on every run."""
+    (tmp_path / "draft.gguf").symlink_to(smollm2_path)
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\n{lines}")
+    made = run_cli("create", "spec-bad", "-f", str(tmp_path / "Modelfile"))
+    err = made.stderr.decode().splitlines()
+    assert made.returncode == code and err and err[0].startswith(error), made.stderr.decode()
+    assert run_cli("show", "spec-bad").returncode == 1  # nothing was created

@@ -13,7 +13,7 @@ import pytest
 
 from ollapy.admission import Resident, choose_evictions
 from ollapy.engine.interface import RunnerSnapshot
-from ollapy.errors import BusyError
+from ollapy.errors import BusyError, ModelNotFound
 from ollapy.loader import PathRef
 from ollapy.runtime import Runtime
 
@@ -97,6 +97,32 @@ def test_a_reload_of_one_model_never_delays_requests_for_another():
 
     a, a2, opts_a = asyncio.run(scenario())
     assert a.model.closed == 1 and a2.model is loader.loaded[-1] and opts_a.num_ctx == 1024
+
+
+def test_a_request_naming_a_missing_draft_model_leaves_the_loaded_model_alone():
+    """Found by a fresh-user trial: a draft model is load-time, so such a request drained and unloaded the loaded
+    model before its own load failed. The draft model is looked up first: a 404, the model stays loaded."""
+    loader = Loader()
+
+    def draft_resolver(options):
+        if options.draft == "nosuch":
+            raise ModelNotFound("draft model 'nosuch:latest' not found")
+        return f"/models/{options.draft}.gguf"
+
+    rt = _runtime(loader, max_models=3, draft_resolver=draft_resolver)
+
+    async def scenario():
+        a, _, _ = await rt.acquire("a", {"num_ctx": 512})  # a request running on A
+        with pytest.raises(ModelNotFound, match="draft model 'nosuch:latest' not found"):
+            await asyncio.wait_for(rt.acquire("a", {"num_ctx": 512, "draft": "nosuch"}), GUARD_S)
+        assert rt.models["a"] is a and not a.unloading and a.model.alive
+        rt.release_nowait(a)
+        again, _, load_ns = await rt.acquire("a", {"num_ctx": 512})
+        rt.release_nowait(again)
+        return a, again, load_ns
+
+    a, again, load_ns = asyncio.run(scenario())
+    assert again is a and load_ns == 0 and len(loader.loaded) == 1
 
 
 def test_a_drain_of_one_model_for_its_reload_never_delays_another():

@@ -348,6 +348,18 @@ def test_the_repl_drafts_after_set_parameter_and_answers_the_same(smollm2_path):
     c.sendline("/show parameters")  # the session's /set values are listed with the model's
     c.expect(r'draft +"ngram"')
     c.expect_exact(">>> ")
+    c.sendline("/set parameter draft_min 30")  # above n-gram drafting's cap: refused, and nothing is kept
+    c.expect_exact("Error: draft_min (30) is above draft_num_predict (16)")
+    c.expect_exact(">>> ")
+    c.sendline("/show parameters")
+    c.expect_exact(">>> ")
+    assert "draft_min" not in c.before and re.search(r'draft +"ngram"', c.before)
+    c.sendline("/clear")
+    c.expect_exact(">>> ")
+    assert ask() == plain  # the chat goes on drafting as before
+    c.expect(r"draft: +(\d+) proposed")
+    assert int(c.match.group(1)) > 0
+    c.expect_exact(">>> ")
     c.sendline("/bye")
     c.expect(pexpect.EOF)
     assert plain and drafted == plain

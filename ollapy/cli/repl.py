@@ -300,7 +300,7 @@ def _set_parameter(conv, settings, name: str, value: str) -> None:
     option (:data:`ollapy.options.LOAD_OPTIONS`: ``num_ctx``, ``num_thread``, ``rpc``...) reloads the model
     with it (:meth:`~ollapy.cli.session.Conversation.reload`), or says why it cannot; "Set" is printed only
     for what took effect. Raises OptionError for an unknown name or a bad value (nothing changes)."""
-    from ..options import LOAD_OPTIONS, SERVER_DECIDED_OPTIONS, draft_model
+    from ..options import LOAD_OPTIONS, SERVER_DECIDED_OPTIONS, Options, draft_model
 
     if name == "stop":  # as Ollama's REPL: each word is one stop string, and they replace the earlier ones
         words = [_unquote(w) for w in value.split()]
@@ -308,14 +308,16 @@ def _set_parameter(conv, settings, name: str, value: str) -> None:
         value = ", ".join(words)
     else:
         typed = coerce_option(name, value)
+    runner_opts = getattr(conv.runner, "options", None)
+    # checked with the options in force (draft_min against draft_num_predict...): OptionError leaves all as it was
+    checked = (runner_opts if runner_opts is not None else Options().merged(conv.options)).merged({name: typed})
     # a draft model is loaded with the model (n-gram drafting is not): it is load-time too
-    current_draft = getattr(getattr(conv.runner, "options", None), "draft", "")
+    current_draft = getattr(runner_opts, "draft", "")
     load_time = name in LOAD_OPTIONS or (name == "draft" and draft_model(typed) != draft_model(current_draft or ""))
     if not load_time:
         conv.options[name] = typed
-        runner_opts = getattr(conv.runner, "options", None)
         if runner_opts is not None:
-            conv.runner.options = runner_opts.merged({name: typed})
+            conv.runner.options = checked
         print(f"Set parameter '{name}' to '{value}'")
         return
     if name in SERVER_DECIDED_OPTIONS and conv.on_server:

@@ -263,11 +263,31 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     draft = params.get("draft", "")
     if draft and draft != "ngram" and not Path(draft).expanduser().is_absolute() and (base_dir / draft).is_file():
         params["draft"] = str((base_dir / draft).resolve())  # DRAFT ./file.gguf: relative to the Modelfile, as FROM
+    _check_runnable(params)
     layers += extra_layers(own, template=template or base.template, system=mf.system or base.system, params=params,
                            license="\n".join(mf.license) or base.license, messages=mf.messages or base.messages)
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                                 "layers": layers, "ollapy": {"source": source}})
     return resolve_model(target.display(), pull=False)
+
+
+def _check_runnable(params: dict[str, Any]) -> None:
+    """Refuse parameters no run could use: option combinations (``draft_min`` above the draft cap: OptionError)
+    and a ``DRAFT`` that names no file or store model (ModelNotFound, naming the draft model). Whether a draft
+    model shares the vocabulary is checked when both load."""
+    from ..options import Options, draft_model
+
+    Options().merged(params)
+    draft = draft_model(str(params.get("draft", "")))
+    if not draft:
+        return
+    if looks_like_path(draft):
+        if not Path(draft).expanduser().is_file():
+            raise ModelNotFound(f"draft model {draft}: no such file", hint="check the path given to DRAFT")
+        return
+    if find_entry(parse_name(draft)) is None:
+        raise ModelNotFound(f"draft model '{parse_name(draft).display()}' not found",
+                            hint=f"pull it first: ollapy pull {draft}")
 
 
 def model_file_note(ref: ModelRef) -> str:
