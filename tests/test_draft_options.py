@@ -3,7 +3,7 @@ instruction: parsing, what is load-time, and ``create``/``show --modelfile`` thr
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
+from conftest import live_server, run_cli
 
 from ollapy.errors import OptionError, UsageError
 from ollapy.options import DRAFT_N_MAX_MODEL, DRAFT_N_MAX_NGRAM, Options, api_options, draft_limit, draft_model, \
@@ -131,3 +131,25 @@ def test_create_refuses_a_modelfile_no_run_could_use(smollm2_path, tmp_path, lin
     err = made.stderr.decode().splitlines()
     assert made.returncode == code and err and err[0].startswith(error), made.stderr.decode()
     assert run_cli("show", "spec-bad").returncode == 1  # nothing was created
+
+
+def test_a_servers_api_never_shows_the_draft_models_path(smollm2_path, smollm2_draft_path, tmp_path):
+    """/api/show and /api/ps name a DRAFT given as a file as `<path>`, as the server's errors do: like FROM, never
+    a path on the server (found by a fresh-user trial)."""
+    import httpx
+
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\nDRAFT {smollm2_draft_path}\n")
+    env = {"OLLAPY_MODELS": str(tmp_path / "models"), "OLLAPY_CACHE_DIR": str(tmp_path / "cache"),
+           "XDG_STATE_HOME": str(tmp_path / "state")}
+    made = run_cli("create", "spec", "-f", str(tmp_path / "Modelfile"), env=env)
+    assert made.returncode == 0, made.stderr.decode()
+    with live_server(tmp_path) as url:
+        show = httpx.post(url + "/api/show", json={"model": "spec"}, timeout=60).json()
+        assert "DRAFT <path>" in show["modelfile"].splitlines() and 'draft                          "<path>"' in \
+            show["parameters"]
+        body = {"model": "spec", "prompt": "Hi", "stream": False, "options": {"num_predict": 4, "temperature": 0}}
+        assert httpx.post(url + "/api/generate", json=body, timeout=300).status_code == 200
+        ps = httpx.get(url + "/api/ps", timeout=60).json()["models"]
+        assert [m["draft"] for m in ps] == ["<path>"]
+        whole = show["modelfile"] + show["parameters"] + str(ps)
+        assert str(smollm2_draft_path.parent) not in whole and str(tmp_path) not in whole

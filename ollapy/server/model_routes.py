@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from ..errors import UsageError
 from .bodies import CopyBody, CreateBody, NamedBody, PullBody, StoreNameBody, check_name
 from .details import gguf_info, iso_time, model_details
+from .errors import redact_paths
 from .http import err, errors_as_json, ndjson_response, read_body, state_of
 
 router = APIRouter()
@@ -69,6 +70,8 @@ async def api_show(request: Request):
     from ..store.modelfile import format_modelfile
 
     params = dict(ref.parameters or {})
+    if params.get("draft"):  # a DRAFT given as a file: never a path on the server either
+        params["draft"] = redact_paths(str(params["draft"]))
     param_text = "\n".join(f"{k:<30} {text}" for k, text in parameter_rows(params))  # as `ollapy show --parameters`
     arch = info.get("architecture") or ""
     chosen = select_template(info.get("chat_template"), arch, ref.template)  # the one generation uses

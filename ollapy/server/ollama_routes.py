@@ -25,6 +25,7 @@ from ..reply import ReplyDelta
 from . import generation
 from .bodies import ChatBody, GenerateBody, OllamaGenBody
 from .details import gguf_info, iso_time, manifest_ids, model_details
+from .errors import redact_paths
 from .http import chunk_objects, collected, err, ndjson_response, read_body, state_of
 
 router = APIRouter()
@@ -217,7 +218,7 @@ async def api_ps(request: Request):
             # speculative decoding: the draft model's name or "ngram" (its default), and the tokens drafted and
             # accepted since it loaded (requests may also draft with their own options.draft)
             "row_invariant": (s["info"] or {}).get("row_invariant"),  # rows computed alike in any batch
-            "draft": stats.get("draft") or None, "draft_tokens": stats.get("draft_tokens", 0),
+            "draft": redact_paths(stats.get("draft") or "") or None, "draft_tokens": stats.get("draft_tokens", 0),
             "draft_accepted": stats.get("draft_accepted", 0),
         })
     return {"models": out}
