@@ -224,9 +224,11 @@ class Runtime:
         if ref is None:
             ref = await self.resolve(name)
         options = self.request_options(ref, values)
-        if draft_model(options.draft):  # a draft model that is missing: a 404 before anything is drained for it
-            await asyncio.to_thread(self.draft_resolver, options)
         key = getattr(ref, "name", name)
+        resident = self.models.get(key)
+        if draft_model(options.draft) and (resident is None or resident.options.load_key() != options.load_key()):
+            # a (re)load with a draft model: a missing one is a 404 before anything is drained for it
+            await asyncio.to_thread(self.draft_resolver, options)
         lock = self._lock(key)
         if lock.locked() and self.waiting >= self.max_queue:
             raise busy(f"server busy: {self.waiting} requests already wait for a model to load",

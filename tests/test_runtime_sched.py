@@ -103,8 +103,10 @@ def test_a_request_naming_a_missing_draft_model_leaves_the_loaded_model_alone():
     """Found by a fresh-user trial: a draft model is load-time, so such a request drained and unloaded the loaded
     model before its own load failed. The draft model is looked up first: a 404, the model stays loaded."""
     loader = Loader()
+    looked_up: list[str] = []
 
     def draft_resolver(options):
+        looked_up.append(options.draft)
         if options.draft == "nosuch":
             raise ModelNotFound("draft model 'nosuch:latest' not found")
         return f"/models/{options.draft}.gguf"
@@ -119,10 +121,13 @@ def test_a_request_naming_a_missing_draft_model_leaves_the_loaded_model_alone():
         rt.release_nowait(a)
         again, _, load_ns = await rt.acquire("a", {"num_ctx": 512})
         rt.release_nowait(again)
+        for _ in range(2):  # looked up for the load only, not for each request on the loaded model
+            drafting, _, _ = await rt.acquire("b", {"num_ctx": 512, "draft": "d"})
+            rt.release_nowait(drafting)
         return a, again, load_ns
 
     a, again, load_ns = asyncio.run(scenario())
-    assert again is a and load_ns == 0 and len(loader.loaded) == 1
+    assert again is a and load_ns == 0 and len(loader.loaded) == 2 and looked_up == ["nosuch", "d"]
 
 
 def test_a_drain_of_one_model_for_its_reload_never_delays_another():
