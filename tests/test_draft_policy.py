@@ -10,6 +10,7 @@ from ollapy.engine.draft_policy import (
     ShadowVerdict,
     SlotDraft,
     StepCost,
+    break_even_gain,
     plan_draft_lengths,
     shadow_accepted,
 )
@@ -220,3 +221,69 @@ def test_a_shadow_verdict_is_recorded_when_it_is_decided():
     shadow.start([2])  # replaced: the first is never recorded
     shadow.observe(3)
     assert h.totals() == (6, 4)
+
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(0.005, 0.2), min_size=17, max_size=17),
+       st.lists(st.floats(0.0, 1.0), min_size=1, max_size=16), st.integers(1, 3), st.floats(0.0, 1.0))
+def test_below_the_break_even_gain_one_slot_never_drafts(times, probs, n_min, acceptance):
+    """break_even_gain is a bound plan_draft_lengths never crosses: a first token less likely than it means no
+    drafts (so the engine skips pricing the rest of a proposal), for any step-time table and survival curve."""
+    cost = StepCost(base=0.01, per_row=0.005, measured={r: t for r, t in enumerate(times, 1)})
+    survival, p = [], 1.0
+    for q in probs:  # a survival curve: cumulative products, non-increasing
+        p *= q
+        survival.append(p)
+    n = len(survival)
+    bound = break_even_gain(cost, n_min, n)
+    if survival[0] < bound - 1e-9:
+        assert plan_draft_lengths([SlotDraft(n, acceptance, survival)], cost, n_min) == [0]
+    if acceptance < bound - 1e-9:
+        assert plan_draft_lengths([SlotDraft(n, acceptance)], cost, n_min) == [0]
+
+
+def test_the_break_even_gain_is_what_a_first_token_needs_on_smollm2():
+    """On SmolLM2's 2-core table a row costs half a one-row step: a sure proposal of 4 pays from a first-token
+    probability of about 0.5 (the 4-row step's price), and a proposal of 1 needs more."""
+    four, one = break_even_gain(SMOL, 1, 4), break_even_gain(SMOL, 1, 1)
+    assert 0.4 < four < one < 1.0
+    assert plan_draft_lengths([SlotDraft(4, 0.0, [four + 0.01] * 4)], SMOL) != [0]
+    assert plan_draft_lengths([SlotDraft(4, 0.0, [four - 0.01] * 4)], SMOL) == [0]
+    assert break_even_gain(SMOL, 2, 1) == float("inf")  # draft_min above what is available: never
+
+
+def test_skipping_proposals_below_the_break_even_gain_plans_exactly_as_pricing_them(monkeypatch):
+    """The engine's shortcut (Speculator.plan prices only a proposal's first token when it cannot pay) changes no
+    plan and no verdict: two speculators over the same 3,000-token stream of free text and copied spans, one with
+    the shortcut off, plan the same drafts at every step. Costs: SmolLM2's measured 2-core table."""
+    import random
+
+    rng = random.Random(7)
+    phrase = [rng.randrange(50, 90) for _ in range(30)]
+    stream: list[int] = []
+    while len(stream) < 3000:
+        stream += phrase[rng.randrange(10):] if rng.random() < 0.3 else [rng.randrange(10, 200) for _ in range(20)]
+    fast, full = Speculator(1), Speculator(1)
+    monkeypatch.setattr(full, "_break_even_gain", lambda n_min, available: float("-inf"))
+    for sp in (fast, full):
+        sp.seed_steps([(rows, ms / 1000) for rows, ms in {1: 9.9, 2: 17.9, 3: 24.0, 4: 24.7, 8: 44.7}.items()
+                       for _ in range(16)])
+        sp.begin(0, phrase[:12], "ngram", -1, 1)
+    i = drafted = skipped = 0
+    while i < len(stream) - 20:
+        got = fast.plan([Candidate(0, (), 50)])
+        assert got == full.plan([Candidate(0, (), 50)])
+        draft = got.get(0, [])
+        drafted += bool(draft)
+        skipped += not draft and bool(fast.slots[0].drafter.propose(16))
+        kept = shadow_accepted(draft, stream[i:i + len(draft)])
+        for sp in (fast, full):
+            if draft:
+                sp.record(0, len(draft), kept)
+            for tok in stream[i:i + kept + 1]:
+                sp.accept(0, tok)
+            sp.observe_step(1 + len(draft), 0.0099 + 0.004 * len(draft))
+        i += kept + 1
+    assert fast.slots[0].history.totals() == full.slots[0].history.totals()
+    assert drafted > 20 and skipped > 200  # both paths taken, many times

@@ -36,7 +36,16 @@ from dataclasses import dataclass, field
 
 from ..options import draft_limit
 from .draft_model import DraftModel
-from .draft_policy import AcceptanceHistory, ContextRates, ShadowVerdict, SlotDraft, StepCost, plan_draft_lengths
+from .draft_policy import (
+    MIN_SAMPLES,
+    AcceptanceHistory,
+    ContextRates,
+    ShadowVerdict,
+    SlotDraft,
+    StepCost,
+    break_even_gain,
+    plan_draft_lengths,
+)
 from .ngram_draft import NgramDrafter
 
 log = logging.getLogger("ollapy.engine")
@@ -49,6 +58,9 @@ STALE_STEPS = 128
 #: tokens of a proposal scored as a shadow verdict: its verdict is known only once they were generated (or one
 #: differed), so a long shadow teaches late (with 16: a slot copying a paragraph waited ~30 steps to draft)
 SHADOW_TOKENS = 4
+#: the step-time line is refitted at least every this many steps (and at once for a row count with few samples
+#: or one going stale): a fit every step cost ~20 us, 0.2% of a SmolLM2 step on 2 cores
+REFIT_STEPS = 8
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
 OFF, NGRAM, MODEL = "", "ngram", "model"
@@ -127,6 +139,10 @@ class Speculator:
         self._cost = StepCost.prior()
         self._cost_stale = False
         self._cost_pinned = False
+        self._refit_now = False  # a step whose row count had few samples: refit before the next plan
+        self._fit_step = 0  # _step_no at the last fit
+        self._fit_expires = STALE_STEPS + 1  # _step_no at which a fitted row count may have gone stale
+        self._break_even: dict[tuple[int, int], float] = {}  # (n_min, available) -> break_even_gain for _cost
         self._draft_seconds = 0.0  # the draft model's drafting in the current step
         self.drafted = 0
         self.accepted = 0
@@ -199,6 +215,7 @@ class Speculator:
         """
         proposals: list[list[int]] = []
         inputs: list[SlotDraft] = []
+        alone = len(decoding) == 1 and n_other_rows == 0  # break_even_gain applies
         for c in decoding:
             st = self.slots[c.slot]
             room = min(st.n_max, c.room)
@@ -210,11 +227,20 @@ class Speculator:
                 prop = st.drafter.propose(room, st.n_min)
                 avail = len(prop)
                 if prop:
-                    contexts = st.drafter.contexts(prop)
+                    head = st.drafter.contexts(prop[:SHADOW_TOKENS])
+                    if alone and st.rates.survival(head[:1])[0] < self._break_even_gain(st.n_min, avail) - 1e-9:
+                        # no length can pay (free text, most steps): the same plan without pricing the rest
+                        st.kinds = [kind for kind, _ in head]
+                        if not st.shadow.pending:
+                            st.start_shadow(prop[:SHADOW_TOKENS])
+                        return {}
+                    contexts = st.drafter.contexts(prop) if len(prop) > len(head) else head
                     st.kinds = [kind for kind, _ in contexts]
                     survival = st.rates.survival(contexts)
             elif st.mode == MODEL and room >= st.n_min:
                 avail = room
+                if alone and st.history.rate() < self._break_even_gain(st.n_min, avail) - 1e-9:
+                    return {}
             proposals.append(prop)
             inputs.append(SlotDraft(avail, st.history.rate(), survival))
         if not any(d.available for d in inputs):
@@ -265,12 +291,14 @@ class Speculator:
         q.append((self._step_no, seconds))
         self._measured_here.add(rows)
         self._cost_stale = True
+        if len(q) <= MIN_SAMPLES:  # a new or re-measured row count: its price changes now
+            self._refit_now = True
 
     def pin_cost(self, cost: StepCost | None) -> None:
         """Use ``cost`` instead of the line fitted to measured steps (None: measure again). For tests and
         benchmarks that must not depend on how busy the machine is."""
         self._cost_pinned = cost is not None
-        self._cost = cost or StepCost.fit(self._step_samples())
+        self._set_cost(cost or StepCost.fit(self._step_samples()))
 
     def seed_steps(self, steps: Sequence[tuple[int, float]]) -> None:
         """Start from ``(rows, seconds)`` steps measured earlier (another process: step_costs.StepCostStore);
@@ -281,6 +309,7 @@ class Speculator:
                 q = self._steps[rows] = deque(maxlen=STEP_SAMPLES)
             q.append((self._step_no, seconds))
         self._cost_stale = True
+        self._refit_now = True
 
     def measured_steps(self) -> list[tuple[int, float]]:
         """The ``(rows, seconds)`` steps to remember for the next process: those the policy currently prices by
@@ -294,11 +323,31 @@ class Speculator:
         return [(rows, s) for rows, q in self._steps.items() if q and q[-1][0] >= fresh for _, s in q]
 
     def cost(self) -> StepCost:
-        """The step-time line fitted to the recent steps (or the pinned one)."""
-        if self._cost_stale and not self._cost_pinned:
-            self._cost = StepCost.fit(self._step_samples())
-            self._cost_stale = False
+        """The step-time line fitted to the recent steps (or the pinned one): refitted when a row count has few
+        samples, one may have gone stale, or :data:`REFIT_STEPS` steps passed since the last fit."""
+        if self._cost_stale and not self._cost_pinned and (
+                self._refit_now or self._step_no - self._fit_step >= REFIT_STEPS
+                or self._step_no >= self._fit_expires):
+            self._set_cost(StepCost.fit(self._step_samples()))
         return self._cost
+
+    def _set_cost(self, cost: StepCost) -> None:
+        self._cost = cost
+        self._cost_stale = self._refit_now = False
+        self._fit_step = self._step_no
+        fresh = self._step_no - STALE_STEPS
+        lasts = [q[-1][0] for q in self._steps.values() if q and q[-1][0] >= fresh]
+        self._fit_expires = min(lasts, default=self._step_no) + STALE_STEPS + 1
+        self._break_even.clear()
+
+    def _break_even_gain(self, n_min: int, available: int) -> float:
+        """draft_policy.break_even_gain for the current cost, memoised until the next fit."""
+        cost = self.cost()
+        key = (n_min, available)
+        got = self._break_even.get(key)
+        if got is None:
+            got = self._break_even[key] = break_even_gain(cost, n_min, available)
+        return got
 
     # ---- draft model's sequences ----------------------------------------------------------------
     def shift(self, slot: int, n_keep: int, n_discard: int) -> None:
