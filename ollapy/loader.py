@@ -143,26 +143,11 @@ def open_local(ref, options: Options, *, cache: bool = True, write_back: bool = 
 
 
 def draft_path(options: Options) -> Path | None:
-    """The GGUF file of the draft model that ``options.draft`` names (a store name, or a path: a relative one
-    from the working directory), or None for no draft model (``""``, ``ngram``). Raises ModelNotFound."""
-    from .options import draft_model
+    """The GGUF file of the draft model that ``options.draft`` names, or None for no draft model (``""``,
+    ``ngram``): store.resolve.resolve_draft. Raises ModelNotFound."""
+    from .store.resolve import resolve_draft
 
-    name = draft_model(options.draft)
-    if not name:
-        return None
-    if is_path_like(name):
-        p = Path(os.path.expanduser(name)).resolve()
-        if not p.is_file():
-            raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft")
-        return p
-    try:
-        return resolve(name, pull=False).path
-    except ModelNotFound as e:  # say that it is the draft model that is missing
-        def draft(text: str) -> str:
-            return "draft " + (text if text.startswith("model ") else f"model: {text}")
-
-        raise ModelNotFound(draft(e.message), e.hint, public=draft(e.public) if e.public else None,
-                            name=e.name) from None
+    return resolve_draft(options.draft)
 
 
 def close_all(timeout: float = 120.0) -> int:

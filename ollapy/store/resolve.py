@@ -273,21 +273,37 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
 
 def _check_runnable(params: dict[str, Any]) -> None:
     """Refuse parameters no run could use: option combinations (``draft_min`` above the draft cap: OptionError)
-    and a ``DRAFT`` that names no file or store model (ModelNotFound, naming the draft model). Whether a draft
+    and a ``DRAFT`` that names no file or store model (:func:`resolve_draft`'s ModelNotFound). Whether a draft
     model shares the vocabulary is checked when both load."""
-    from ..options import Options, draft_model
+    from ..options import Options
 
     Options().merged(params)
-    draft = draft_model(str(params.get("draft", "")))
-    if not draft:
-        return
-    if looks_like_path(draft):
-        if not Path(draft).expanduser().is_file():
-            raise ModelNotFound(f"draft model {draft}: no such file", hint="check the path given to DRAFT")
-        return
-    if find_entry(parse_name(draft)) is None:
-        raise ModelNotFound(f"draft model '{parse_name(draft).display()}' not found",
-                            hint=f"pull it first: ollapy pull {draft}")
+    resolve_draft(str(params.get("draft", "")))
+
+
+def resolve_draft(draft: str) -> Path | None:
+    """The GGUF file of the draft model that a ``draft`` option or Modelfile ``DRAFT`` names (a store name, or a
+    path: a relative one from the working directory), or None when it names none (``""``, ``ngram``). The one
+    lookup behind ``create``'s check and every load. Never pulls. Raises ModelNotFound, its message naming the
+    draft model (``draft model 'x:latest' not found``) so that it is not taken for the model asked for."""
+    from ..options import draft_model
+
+    name = draft_model(draft)
+    if not name:
+        return None
+    if looks_like_path(name) or (name.lower().endswith(".gguf") and ":" not in name):
+        p = Path(name).expanduser().resolve()
+        if not p.is_file():
+            raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft")
+        return p
+    try:
+        return resolve_model(name, pull=False).path
+    except ModelNotFound as e:
+        def named(text: str) -> str:
+            return "draft " + (text if text.startswith("model ") else f"model: {text}")
+
+        raise ModelNotFound(named(e.message), f"pull it first: ollapy pull {name}",
+                            public=named(e.public) if e.public else None, name=e.name) from None
 
 
 def model_file_note(ref: ModelRef) -> str:
