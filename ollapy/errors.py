@@ -55,6 +55,15 @@ class ModelLoadError(OllapyError):
     status = 400
 
 
+class DraftMismatch(UsageError):
+    """A draft model that cannot draft for the model: another vocabulary (engine.backend.vocab's rule). A usage
+    error, the same (exit 2, HTTP 400) whether the CLI loads the model itself or asks a server."""
+
+    def __init__(self, draft_name: str, target_name: str, why: str) -> None:
+        super().__init__(f"draft model {draft_name} does not share the vocabulary of {target_name} ({why})",
+                         hint="a draft model must come from the same model family and tokenizer as the model")
+
+
 class BusyError(OllapyError):
     """Every slot is busy and the wait queue is full. HTTP 503."""
 

@@ -100,10 +100,10 @@ class Loaded:
         return time.time() + (self.expires_at - time.monotonic())
 
 
-def _default_draft_resolver(options: Options):
-    from .loader import draft_path
+def _default_draft_resolver(ref, options: Options):
+    from .loader import checked_draft_path
 
-    return draft_path(options)
+    return checked_draft_path(ref, options)
 
 
 def _default_loader(ref, options: Options):
@@ -132,9 +132,9 @@ class Runtime:
     def __init__(self, *, loader: Callable | None = None, resolver: Callable | None = None,
                  max_models: int | None = None, allow_paths: bool = False, defaults: dict | None = None,
                  estimator: Callable | None = None, max_memory: int | None = None,
-                 max_queue: int | None = None, draft_resolver: Callable[[Options], Any] | None = None) -> None:
+                 max_queue: int | None = None, draft_resolver: Callable[[Any, Options], Any] | None = None) -> None:
         self.loader = loader or _default_loader
-        # options -> the draft model's file; raises ModelNotFound (loader.draft_path)
+        # (ref, options) -> the draft model's file; raises ModelNotFound, DraftMismatch (loader.checked_draft_path)
         self.draft_resolver = draft_resolver or _default_draft_resolver
         self.estimator = estimator or _default_estimator
         self.defaults = dict(defaults or {})  # `serve -o`: between OLLAPY_* and the model's parameters
@@ -227,8 +227,9 @@ class Runtime:
         key = getattr(ref, "name", name)
         resident = self.models.get(key)
         if draft_model(options.draft) and (resident is None or resident.options.load_key() != options.load_key()):
-            # a (re)load with a draft model: a missing one is a 404 before anything is drained for it
-            await asyncio.to_thread(self.draft_resolver, options)
+            # a (re)load with a draft model: a missing one is a 404, another vocabulary a 400, before anything is
+            # drained for it
+            await asyncio.to_thread(self.draft_resolver, ref, options)
         lock = self._lock(key)
         if lock.locked() and self.waiting >= self.max_queue:
             raise busy(f"server busy: {self.waiting} requests already wait for a model to load",

@@ -13,7 +13,7 @@ from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.backend.vocab import check_draft_vocab, vocab_mismatch
-from ollapy.errors import ModelLoadError
+from ollapy.errors import DraftMismatch
 
 PROMPT = "The capital of France is"
 CFG = ContextConfig(num_ctx=256, num_batch=64)
@@ -88,7 +88,7 @@ def test_the_draft_loads_decodes_and_shares_the_vocabulary(smollm2_path, smollm2
 def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, gemma_path):
     with Backend(smollm2_path, CFG) as smol, Backend(gemma_path, CFG) as gemma:
         assert vocab_mismatch(smol, gemma) == "tokenizer SentencePiece (SPM) vs byte-level BPE"
-        with pytest.raises(ModelLoadError) as err:
+        with pytest.raises(DraftMismatch) as err:
             check_draft_vocab(smol, gemma, "smollm2:135m", "gemma3:270m")
     assert str(err.value) == ("draft model gemma3:270m does not share the vocabulary of smollm2:135m (tokenizer "
                               "SentencePiece (SPM) vs byte-level BPE) (a draft model must come from the same model "
@@ -177,3 +177,18 @@ def test_drafts_stop_at_the_end_of_the_context(draft_pair):
     dm.reset(0)
     assert len(dm.propose({0: (long, 4)})[0]) == 2  # positions 254 and 255 are the last of num_ctx=256
     assert dm.propose({0: (long + [long[0], long[1]], 4)})[0] == []
+
+
+def test_the_gguf_headers_decide_a_vocabulary_mismatch_before_anything_loads(smollm2_path, smollm2_draft_path,
+                                                                             gemma_path):
+    """loader.checked_draft_path's check: the headers' tokenizer type and vocabulary size, in the load-time
+    check's words (so a server refuses a draft before it unloads anything); a same-vocabulary cut passes."""
+    from ollapy.store.info import ArraySummary, header_vocab_mismatch, read_gguf_header
+
+    smol, cut, gemma = (read_gguf_header(p)[0] for p in (smollm2_path, smollm2_draft_path, gemma_path))
+    assert header_vocab_mismatch(smol, cut) is None
+    assert header_vocab_mismatch(smol, gemma) == "tokenizer SentencePiece (SPM) vs byte-level BPE"
+    assert str(smol["tokenizer.ggml.tokens"]) == "[array of 49152]"  # as `show` prints it
+    wider = dict(smol, **{"tokenizer.ggml.tokens": ArraySummary(49152 + 129)})
+    assert header_vocab_mismatch(smol, wider) == "49281 tokens vs 49152"
+    assert header_vocab_mismatch(smol, dict(smol, **{"tokenizer.ggml.tokens": ArraySummary(49152 + 128)})) is None

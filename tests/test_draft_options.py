@@ -6,8 +6,7 @@ import pytest
 from conftest import live_server, run_cli
 
 from ollapy.errors import OptionError, UsageError
-from ollapy.options import DRAFT_N_MAX_MODEL, DRAFT_N_MAX_NGRAM, Options, api_options, draft_limit, draft_model, \
-    parse_options
+from ollapy.options import DRAFT_N_MAX_MODEL, DRAFT_N_MAX_NGRAM, Options, api_options, draft_limit, draft_model, parse_options
 from ollapy.store.modelfile import format_modelfile, parse_modelfile
 
 

@@ -118,7 +118,7 @@ def test_a_slot_that_starts_copying_drafts_within_a_few_tokens_whatever_its_cap(
     sp.seed_steps([(rows, ms / 1000) for rows, ms in costs.items() for _ in range(16)])
     passage = list(range(100, 160))
     sp.begin(0, [1, 2, 3, *passage, 4, 5], "ngram", -1, 1)  # draft_num_predict unset: 16 for n-gram drafting
-    for i, tok in enumerate(passage):
+    for i, tok in enumerate(passage):  # noqa: B007 - i is the answer, read after the loop
         got = sp.plan([Candidate(0, (), 50)])
         if got:
             break

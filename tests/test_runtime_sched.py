@@ -105,7 +105,7 @@ def test_a_request_naming_a_missing_draft_model_leaves_the_loaded_model_alone():
     loader = Loader()
     looked_up: list[str] = []
 
-    def draft_resolver(options):
+    def draft_resolver(ref, options):
         looked_up.append(options.draft)
         if options.draft == "nosuch":
             raise ModelNotFound("draft model 'nosuch:latest' not found")

@@ -21,7 +21,7 @@ from conftest import run_cli
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.draft_policy import StepCost
 from ollapy.engine.model import LoadedModel
-from ollapy.errors import ModelLoadError
+from ollapy.errors import DraftMismatch
 from ollapy.options import Options
 
 LOG = "".join(f"Line {i}: the keeper logged wind speed {3 + (i * 7) % 37} knots and wave height {1 + i % 8}.{i % 10} "
@@ -250,13 +250,45 @@ def test_draft_model_follows_a_context_shift(smollm2_path):
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused_in_one_line(smollm2_path, gemma_path):
-    with pytest.raises(ModelLoadError) as exc:
+    with pytest.raises(DraftMismatch) as exc:
         LoadedModel(smollm2_path, Options(num_ctx=256, draft=str(gemma_path)), draft_path=gemma_path)
     assert "does not share the vocabulary" in exc.value.message and "\n" not in exc.value.message
     r = run_cli("run", str(smollm2_path), "-o", f"draft={gemma_path}", "hi")
     err = r.stderr.decode().strip()
-    assert r.returncode == 1 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err
+    assert r.returncode == 2 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err
     assert smollm2_path.name in err and gemma_path.name in err
+
+
+def test_a_server_refuses_a_draft_of_another_vocabulary_without_unloading_its_model(tmp_path, smollm2_path,
+                                                                                      gemma_path):
+    """Found by a fresh-user trial: a request naming a draft model of another vocabulary drained and unloaded the
+    loaded model, and only then did the load fail. The GGUF headers are compared first (loader.checked_draft_path):
+    a one-line 400, the model stays loaded (the next request loads nothing), and the CLI asking that server exits
+    2 as it does when it loads the models itself."""
+    import httpx
+    from conftest import live_server
+
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\n")
+    env = {"OLLAPY_MODELS": str(tmp_path / "models")}
+    assert run_cli("create", "smol", "-f", str(tmp_path / "Modelfile"), env=env).returncode == 0
+
+    def ask(**opts) -> httpx.Response:
+        return httpx.post(url + "/api/generate", timeout=600, json={
+            "model": "smol", "prompt": "Hi", "stream": False, "options": {"num_predict": 4, **opts}})
+
+    with live_server(tmp_path, "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
+        first = ask()
+        assert first.status_code == 200 and first.json()["load_duration"] > 0
+        refused = ask(draft=str(gemma_path))
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and "\n" not in error, error
+        assert "does not share the vocabulary of smol:latest (tokenizer SentencePiece (SPM) vs byte-level BPE)" in error
+        assert [m["name"] for m in httpx.get(url + "/api/ps", timeout=30).json()["models"]] == ["smol:latest"]
+        again = ask()
+        assert again.status_code == 200 and again.json()["load_duration"] == 0  # never unloaded
+        r = run_cli("run", "smol", "-o", f"draft={gemma_path}", "hi", env={"OLLAPY_HOST": url[len("http://"):]})
+    err = r.stderr.decode().strip()
+    assert r.returncode == 2 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err, err
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])

@@ -32,6 +32,17 @@ def _string(f: BinaryIO) -> str:
     return f.read(n).decode("utf-8", errors="replace")
 
 
+class ArraySummary(str):
+    """A GGUF array as :func:`read_gguf_header` gives it: shown as ``[array of N]``, ``length`` N."""
+
+    length: int
+
+    def __new__(cls, length: int) -> ArraySummary:
+        obj = super().__new__(cls, f"[array of {length}]")
+        obj.length = length
+        return obj
+
+
 def _value(f: BinaryIO, vtype: int) -> Any:
     if vtype in _SCALARS:
         return _read(f, _SCALARS[vtype])
@@ -44,7 +55,7 @@ def _value(f: BinaryIO, vtype: int) -> Any:
         else:
             for _ in range(n):
                 _value(f, itype)
-        return f"[array of {n}]"
+        return ArraySummary(n)
     raise ValueError(f"unknown GGUF value type {vtype}")
 
 
@@ -73,6 +84,29 @@ def read_gguf_header(path: Path) -> tuple[dict[str, Any], int]:
             return meta, n_params
     except (OSError, EOFError, ValueError, struct.error) as exc:
         raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})", hint="re-pull the model") from None
+
+
+#: largest vocabulary-size difference between a draft model and its target (llama.cpp's
+#: SPEC_VOCAB_MAX_SIZE_DIFFERENCE; also used by ollapy.engine.backend.vocab)
+MAX_VOCAB_SIZE_DIFFERENCE = 128
+# tokenizer.ggml.model -> llama.cpp's vocabulary type, as engine.backend.vocab names it
+TOKENIZER_NAMES = {"llama": "SentencePiece (SPM)", "gpt2": "byte-level BPE", "bert": "WordPiece (WPM)",
+                   "t5": "Unigram (UGM)", "rwkv": "RWKV"}
+
+
+def header_vocab_mismatch(target: dict[str, Any], draft: dict[str, Any]) -> str | None:
+    """The first difference, in engine.backend.vocab's words, that two GGUF headers (:func:`read_gguf_header`)
+    show between a target's and a draft model's vocabularies, or None. Only what a header decides: the tokenizer
+    type and a size difference above 128 tokens (llama.cpp's ``common_speculative_are_compatible``); the token
+    texts are compared when both models are loaded. Milliseconds: no array is read."""
+    t_model, d_model = target.get("tokenizer.ggml.model"), draft.get("tokenizer.ggml.model")
+    if t_model and d_model and t_model != d_model:
+        return f"tokenizer {TOKENIZER_NAMES.get(d_model, d_model)} vs {TOKENIZER_NAMES.get(t_model, t_model)}"
+    t_toks, d_toks = target.get("tokenizer.ggml.tokens"), draft.get("tokenizer.ggml.tokens")
+    if isinstance(t_toks, ArraySummary) and isinstance(d_toks, ArraySummary) and \
+            abs(t_toks.length - d_toks.length) > MAX_VOCAB_SIZE_DIFFERENCE:
+        return f"{d_toks.length} tokens vs {t_toks.length}"
+    return None
 
 
 # architectures llama.cpp runs with non-causal attention (encoders), whether or not the GGUF says so (also used by

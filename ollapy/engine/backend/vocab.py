@@ -10,19 +10,22 @@ llama.cpp's vocabulary API:
 - the same text for every token id from 5 (llama.cpp's ``SPEC_VOCAB_CHECK_START_TOKEN_ID``: the first ids
   are special tokens whose spelling differs between otherwise identical conversions) up to the smaller size.
 
-A mismatch raises :class:`~ollapy.errors.ModelLoadError` with one line naming both models and the first
-difference. The engine must also never let a draft token at or beyond the target's ``n_vocab`` reach a
+A mismatch raises :class:`~ollapy.errors.DraftMismatch` with one line naming both models and the first
+difference. The part of the rule a GGUF header decides (tokenizer type, vocabulary size) is checked before
+anything loads (:func:`ollapy.store.info.header_vocab_mismatch`), so that a server does not unload a model for
+a draft that cannot serve it. The engine must also never let a draft token at or beyond the target's ``n_vocab`` reach a
 verification batch (only possible when the sizes differ).
 """
 from __future__ import annotations
 
 from typing import Protocol
 
-from ...errors import ModelLoadError
+from ...errors import DraftMismatch
+from ...store.info import MAX_VOCAB_SIZE_DIFFERENCE
 from .bindings import C
 
 #: largest vocabulary-size difference allowed (llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
-MAX_SIZE_DIFFERENCE = 128
+MAX_SIZE_DIFFERENCE = MAX_VOCAB_SIZE_DIFFERENCE
 #: first token id whose text is compared (llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID)
 CHECK_START_TOKEN_ID = 5
 
@@ -59,14 +62,13 @@ def vocab_mismatch(target: VocabHolder, draft: VocabHolder) -> str | None:
 
 
 def check_draft_vocab(target: VocabHolder, draft: VocabHolder, target_name: str, draft_name: str) -> None:
-    """Raise ModelLoadError (one line naming both models) unless ``draft`` may draft for ``target``.
+    """Raise DraftMismatch (one line naming both models) unless ``draft`` may draft for ``target``.
 
     Cost: one ctypes call per token id (about 50,000 for SmolLM2), tens of milliseconds, once per load.
     """
     why = vocab_mismatch(target, draft)
     if why is not None:
-        raise ModelLoadError(f"draft model {draft_name} does not share the vocabulary of {target_name} ({why})",
-                             hint="a draft model must come from the same model family and tokenizer as the model")
+        raise DraftMismatch(draft_name, target_name, why)
 
 
 def _show(text: bytes | None) -> str:
