@@ -469,11 +469,12 @@ def model_status(e: Loaded) -> dict:
 
 
 def loaded_size(model, estimate: int = 0) -> int:
-    """Bytes a loaded model holds: its weights plus every slot's KV cache (from its ``info()``), else
-    ``estimate``."""
+    """Bytes a loaded model holds: its weights plus every slot's KV cache, and a draft model's (from its
+    ``info()``), else ``estimate``."""
     try:
         info = model.info()
         size = int(info.get("size") or 0) + int(info.get("kv_bytes_per_slot") or 0) * int(info.get("num_parallel") or 1)
+        size += int(info.get("draft_size") or 0)
     except Exception:  # noqa: BLE001 - a figure only
         size = 0
     return size or estimate

@@ -202,6 +202,12 @@ def test_draft_model_drafts_and_answers_as_plain_decoding(smollm2_path):
         assert again[1] == plain[1] and again[2].prompt_cache_tokens > 0 and again[2].draft_accepted > 0
         held = dm.held(0)
         assert held == (prompt + again[1])[:len(held)]
+        # what it holds, as /api/ps and `ollapy ps` show it: the draft model's weights and KV cache count too
+        from ollapy.runtime import loaded_size
+
+        info, d = m.info(), m.draft_backend
+        assert info["draft_size"] == d.model_size() + d.kv_bytes_per_token() * 512 > d.model_size() > 50_000_000
+        assert loaded_size(m) == info["size"] + info["kv_bytes_per_slot"] + info["draft_size"]
 
 
 def test_a_cut_draft_model_changes_nothing_whatever_it_proposes(smollm2_path, smollm2_draft_path):

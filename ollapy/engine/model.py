@@ -398,8 +398,15 @@ class LoadedModel:
             "gpu_offload": b.gpu_offload,
             "gpu_layers": list(b.gpu_layers),  # [offloaded, total] layers (total counts the output layer)
             "draft": self.engine.spec.draft_name,  # the draft model's name, "ngram" by default, or ""
+            "draft_size": self._draft_bytes(),  # a draft model's weights plus its KV cache (bytes), else 0
             "row_invariant": b.row_invariant,  # drafting's output is bit-identical to plain decoding's
         }
+
+    def _draft_bytes(self) -> int:
+        d = self.draft_backend
+        if d is None:
+            return 0
+        return d.model_size() + d.kv_bytes_per_token() * d.num_ctx * d.n_parallel
 
     def __enter__(self) -> LoadedModel:
         return self

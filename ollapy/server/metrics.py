@@ -24,8 +24,9 @@ class Metrics:
         r = self.registry
         self.requests = Counter("ollapy_requests", "HTTP generation requests by route and outcome.",
                                 ["route", "status"], registry=r)
-        self.tokens = Counter("ollapy_tokens", "Tokens processed, by kind (prompt, cached, generated; drafted and "
-                              "draft_accepted: speculative decoding's verified and accepted drafted tokens).",
+        self.tokens = Counter("ollapy_tokens", "Tokens of finished requests, by kind (prompt, cached, generated; "
+                              "drafted and draft_accepted: speculative decoding's verified and accepted drafted "
+                              "tokens); a cancelled request's are not counted.",
                               ["model", "kind"], registry=r)
         self.ttft = Histogram("ollapy_time_to_first_token_seconds", "Time from request arrival to the first token.",
                               ["model"], buckets=_TTFT_BUCKETS, registry=r)
