@@ -155,19 +155,16 @@ def draft_path(options: Options) -> Path | None:
 
 
 def checked_draft_path(ref: PathRef | ModelRef, options: Options) -> Path | None:
-    """:func:`draft_path`, then the vocabulary check that the two GGUF headers decide
-    (store.info.header_vocab_mismatch: tokenizer type, size), before anything loads: a server checks a request's
-    draft model with it before it unloads the model it serves. Reads both headers (~0.25 s for a 262k-token
-    vocabulary). Raises ModelNotFound, DraftMismatch, ModelLoadError (an unreadable header)."""
+    """:func:`draft_path`, then the vocabulary check on the two GGUF headers
+    (:func:`ollapy.store.draft_vocab.check_draft_header`: llama.cpp's whole rule, token texts included) before
+    anything loads: a server checks a request's draft model with it before it unloads the model it serves.
+    Reads both token arrays (~0.2 s for a 262k-token vocabulary). Raises ModelNotFound, DraftMismatch,
+    ModelLoadError (an unreadable header)."""
     path = draft_path(options)
-    if path is None:
-        return None
-    from .errors import DraftMismatch
-    from .store.info import header_vocab_mismatch, read_gguf_header
+    if path is not None:
+        from .store.draft_vocab import check_draft_header
 
-    why = header_vocab_mismatch(read_gguf_header(ref.path)[0], read_gguf_header(path)[0])
-    if why is not None:
-        raise DraftMismatch(options.draft, ref.name, why)
+        check_draft_header(ref.path, path, ref.name, options.draft)
     return path
 
 

@@ -104,15 +104,35 @@ HANG_GUARD_S = 900
 """Seconds after which a test treats a process or thread as hung: a guard, never a performance bound."""
 
 
-def run_cli(*args: str, input: bytes | str | None = None, env: dict | None = None, timeout: float = 300):
-    """Run ``python -m ollapy.cli.main ARGS`` in a subprocess; returns CompletedProcess with bytes output."""
+def run_cli(*args: str, input: bytes | str | None = None, env: dict | None = None, timeout: float = 300,
+            cwd: Path | None = None):
+    """Run ``python -m ollapy.cli.main ARGS`` in a subprocess (in ``cwd``, by default the repository); returns
+    CompletedProcess with bytes output."""
     full_env = dict(os.environ)
     full_env.pop("OLLAPY_DEBUG", None)
     full_env.update(env or {})
     if isinstance(input, str):
         input = input.encode()
     return subprocess.run([sys.executable, "-m", "ollapy.cli.main", *args], input=input, capture_output=True,
-                          env=full_env, timeout=timeout, cwd=str(ROOT))
+                          env=full_env, timeout=timeout, cwd=str(cwd or ROOT))
+
+
+def edited_gguf_copy(src: Path, dst: Path, key: str, index: int = 0, value: int | None = None) -> Path:
+    """A copy of the GGUF ``src`` with one header value changed in place (the ``gguf`` library's writable
+    reader): the scalar ``key`` set to ``value``, or (``value`` None) the first byte of string ``index`` of the
+    array ``key`` changed to ``#`` (or ``%`` where it is ``#``), so that its length stays."""
+    import shutil
+
+    from gguf import GGUFReader
+
+    shutil.copyfile(src, dst)
+    reader = GGUFReader(dst, "r+")
+    field = reader.fields[key]
+    part = field.parts[field.data[index]]
+    part[0] = value if value is not None else (ord("#") if part[0] != ord("#") else ord("%"))
+    reader.data.flush()
+    del reader
+    return dst
 
 
 @contextlib.contextmanager

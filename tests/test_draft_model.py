@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DRAFT_LAYERS, _draft_module
+from conftest import DRAFT_LAYERS, _draft_module, edited_gguf_copy
 from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
@@ -179,16 +179,33 @@ def test_drafts_stop_at_the_end_of_the_context(draft_pair):
     assert dm.propose({0: (long + [long[0], long[1]], 4)})[0] == []
 
 
-def test_the_gguf_headers_decide_a_vocabulary_mismatch_before_anything_loads(smollm2_path, smollm2_draft_path,
-                                                                             gemma_path):
-    """loader.checked_draft_path's check: the headers' tokenizer type and vocabulary size, in the load-time
-    check's words (so a server refuses a draft before it unloads anything); a same-vocabulary cut passes."""
-    from ollapy.store.info import ArraySummary, header_vocab_mismatch, read_gguf_header
+def test_the_gguf_headers_decide_a_vocabulary_mismatch_as_the_loaded_models_do(smollm2_path, smollm2_draft_path,
+                                                                                gemma_path, tmp_path):
+    """store.draft_vocab's check, run before anything loads (so a server refuses a draft before it unloads
+    anything), applies llama.cpp's whole rule: for a draft with another tokenizer, another BOS handling or one
+    token's text changed, it finds the difference the load-time check finds, in the same words; a
+    same-vocabulary cut passes. (A fresh-user trial found the BOS case passing a type-and-size-only check.)"""
+    from ollapy.store.draft_vocab import check_draft_header, header_vocab_mismatch
+    from ollapy.store.info import ArraySummary, read_gguf_header
 
-    smol, cut, gemma = (read_gguf_header(p)[0] for p in (smollm2_path, smollm2_draft_path, gemma_path))
-    assert header_vocab_mismatch(smol, cut) is None
-    assert header_vocab_mismatch(smol, gemma) == "tokenizer SentencePiece (SPM) vs byte-level BPE"
-    assert str(smol["tokenizer.ggml.tokens"]) == "[array of 49152]"  # as `show` prints it
+    keep = frozenset({"tokenizer.ggml.tokens"})
+    smol = read_gguf_header(smollm2_path, keep)[0]
+    assert len(smol["tokenizer.ggml.tokens"]) == 49152 and smol["tokenizer.ggml.tokens"][1000] == b"()"
+    assert str(read_gguf_header(smollm2_path)[0]["tokenizer.ggml.tokens"]) == "[array of 49152]"  # as `show` prints it
+    bos = edited_gguf_copy(smollm2_draft_path, tmp_path / "bos.gguf", "tokenizer.ggml.add_bos_token",
+                       value=0 if smol["tokenizer.ggml.add_bos_token"] else 1)
+    text = edited_gguf_copy(smollm2_draft_path, tmp_path / "text.gguf", "tokenizer.ggml.tokens", index=1000)
+    expected = {smollm2_draft_path: None, gemma_path: "tokenizer SentencePiece (SPM) vs byte-level BPE",
+                bos: "BOS token 1 vs not added", text: "token 1000 is '#)' vs '()'"}
+    with Backend(smollm2_path, CFG) as target:
+        for draft, why in expected.items():
+            assert header_vocab_mismatch(smol, read_gguf_header(draft, keep)[0]) == why, draft
+            with Backend(draft, CFG) as loaded:
+                assert vocab_mismatch(target, loaded) == why, draft
+    with pytest.raises(DraftMismatch, match=r"^draft model d does not share the vocabulary of t \(token 1000 is"):
+        check_draft_header(smollm2_path, text, "t", "d")
+    check_draft_header(smollm2_path, smollm2_draft_path, "t", "d")
+    # sizes: within 128 tokens of each other is one vocabulary (padding rows), as llama.cpp's rule
     wider = dict(smol, **{"tokenizer.ggml.tokens": ArraySummary(49152 + 129)})
     assert header_vocab_mismatch(smol, wider) == "49281 tokens vs 49152"
     assert header_vocab_mismatch(smol, dict(smol, **{"tokenizer.ggml.tokens": ArraySummary(49152 + 128)})) is None

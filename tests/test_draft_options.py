@@ -132,6 +132,20 @@ def test_create_refuses_a_modelfile_no_run_could_use(smollm2_path, tmp_path, lin
     assert run_cli("show", "spec-bad").returncode == 1  # nothing was created
 
 
+def test_create_refuses_a_draft_of_another_vocabulary(smollm2_path, gemma_path, tmp_path):
+    """Found by a fresh-user trial: ``create`` wrote a model whose DRAFT has another vocabulary, and every run of
+    it then failed. The GGUF headers are compared when the model is created (exit 2, nothing written)."""
+    (tmp_path / "gemma.gguf").symlink_to(gemma_path)
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\nDRAFT ./gemma.gguf\n")
+    made = run_cli("create", "spec-other", "-f", str(tmp_path / "Modelfile"))
+    err = made.stderr.decode().splitlines()
+    assert made.returncode == 2 and err, made.stderr.decode()
+    assert err[0] == (f"Error: draft model {gemma_path.resolve()} does not share the vocabulary of {smollm2_path} "
+                      "(tokenizer SentencePiece (SPM) vs byte-level BPE) (a draft model must come from the same model "
+                      "family and tokenizer as the model)"), err
+    assert run_cli("show", "spec-other").returncode == 1  # nothing was created
+
+
 def test_a_servers_api_never_shows_the_draft_models_path(smollm2_path, smollm2_draft_path, tmp_path):
     """/api/show and /api/ps name a DRAFT given as a file as `<path>`, as the server's errors do: like FROM, never
     a path on the server (found by a fresh-user trial)."""
@@ -150,5 +164,22 @@ def test_a_servers_api_never_shows_the_draft_models_path(smollm2_path, smollm2_d
         assert httpx.post(url + "/api/generate", json=body, timeout=300).status_code == 200
         ps = httpx.get(url + "/api/ps", timeout=60).json()["models"]
         assert [m["draft"] for m in ps] == ["<path>"]
+        missing = httpx.post(url + "/api/generate", json=dict(body, options={"draft": "nosuchdraft"}), timeout=300)
+        error = missing.json()["error"]  # the name as given, as the CLI's "pull it first: ollapy pull nosuchdraft"
+        assert missing.status_code == 404 and error.startswith("draft model") and \
+            error.endswith("(try `ollapy pull nosuchdraft`)"), error
         whole = show["modelfile"] + show["parameters"] + str(ps)
         assert str(smollm2_draft_path.parent) not in whole and str(tmp_path) not in whole
+
+
+def test_a_relative_draft_path_is_made_absolute_by_the_cli_and_a_name_is_kept(tmp_path, monkeypatch):
+    """The CLI sends a server an absolute draft path (its working directory is not the user's); names, ``ngram``
+    and off pass as typed (`ollapy run`'s rule for the model argument)."""
+    from ollapy.cli.runner import absolute_draft_option
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_draft_option({"draft": "./d.gguf", "top_k": 3}) == {"draft": str(tmp_path / "d.gguf"), "top_k": 3}
+    assert absolute_draft_option({"draft": "sub/d.gguf"}) == {"draft": str(tmp_path / "sub" / "d.gguf")}
+    for kept in ("smollm2:135m", "ngram", "", "hf.co/org/repo:Q4_K_M"):
+        assert absolute_draft_option({"draft": kept}) == {"draft": kept}
+    assert absolute_draft_option({"top_k": 3}) == {"top_k": 3}

@@ -266,17 +266,29 @@ def test_a_draft_model_of_another_vocabulary_is_refused_in_one_line(smollm2_path
 
 
 def test_a_server_refuses_a_draft_of_another_vocabulary_without_unloading_its_model(tmp_path, smollm2_path,
-                                                                                      gemma_path):
-    """Found by a fresh-user trial: a request naming a draft model of another vocabulary drained and unloaded the
-    loaded model, and only then did the load fail. The GGUF headers are compared first (loader.checked_draft_path):
-    a one-line 400, the model stays loaded (the next request loads nothing), and the CLI asking that server exits
-    2 as it does when it loads the models itself."""
+                                                                                      smollm2_draft_path, gemma_path):
+    """Found by fresh-user trials: a request naming a draft model of another vocabulary drained and unloaded the
+    loaded model, and only then did the load fail; first for another tokenizer, then (with only the tokenizer
+    type and size compared first) for another BOS handling. The GGUF headers are compared by llama.cpp's whole
+    rule first (loader.checked_draft_path): a one-line 400, the model stays loaded (the next request loads
+    nothing), and the CLI asking that server exits 2 as it does when it loads the models itself. A relative
+    ``-o draft=./x.gguf`` is the CLI user's working directory's, not the server's."""
+    import shutil
+
     import httpx
-    from conftest import live_server
+    from conftest import edited_gguf_copy, live_server
+
+    from ollapy.store.info import read_gguf_header
 
     (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\n")
     env = {"OLLAPY_MODELS": str(tmp_path / "models")}
     assert run_cli("create", "smol", "-f", str(tmp_path / "Modelfile"), env=env).returncode == 0
+    adds_bos = bool(read_gguf_header(smollm2_path)[0]["tokenizer.ggml.add_bos_token"])
+    other_bos = edited_gguf_copy(smollm2_draft_path, tmp_path / "bos.gguf", "tokenizer.ggml.add_bos_token",
+                                 value=int(not adds_bos))
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copyfile(smollm2_draft_path, work / "cut.gguf")
 
     def ask(**opts) -> httpx.Response:
         return httpx.post(url + "/api/generate", timeout=600, json={
@@ -285,16 +297,24 @@ def test_a_server_refuses_a_draft_of_another_vocabulary_without_unloading_its_mo
     with live_server(tmp_path, "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
         first = ask()
         assert first.status_code == 200 and first.json()["load_duration"] > 0
-        refused = ask(draft=str(gemma_path))
-        error = refused.json()["error"]
-        assert refused.status_code == 400 and "\n" not in error, error
-        assert "does not share the vocabulary of smol:latest (tokenizer SentencePiece (SPM) vs byte-level BPE)" in error
-        assert [m["name"] for m in httpx.get(url + "/api/ps", timeout=30).json()["models"]] == ["smol:latest"]
-        again = ask()
-        assert again.status_code == 200 and again.json()["load_duration"] == 0  # never unloaded
-        r = run_cli("run", "smol", "-o", f"draft={gemma_path}", "hi", env={"OLLAPY_HOST": url[len("http://"):]})
-    err = r.stderr.decode().strip()
-    assert r.returncode == 2 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err, err
+        for draft, why in ((gemma_path, "tokenizer SentencePiece (SPM) vs byte-level BPE"),
+                           (other_bos, "BOS token ")):
+            refused = ask(draft=str(draft))
+            error = refused.json()["error"]
+            assert refused.status_code == 400 and "\n" not in error, error
+            assert f"does not share the vocabulary of smol:latest ({why}" in error, error
+            assert [m["name"] for m in httpx.get(url + "/api/ps", timeout=30).json()["models"]] == ["smol:latest"]
+            again = ask()
+            assert again.status_code == 200 and again.json()["load_duration"] == 0  # never unloaded
+        host = {"OLLAPY_HOST": url[len("http://"):]}
+        r = run_cli("run", "smol", "-o", f"draft={gemma_path}", "hi", env=host)
+        err = r.stderr.decode().strip()
+        assert r.returncode == 2 and len(err.splitlines()) <= 2 and "does not share the vocabulary" in err, err
+        rel = run_cli("run", "smol", "--verbose", "-o", "draft=./cut.gguf", "-o", "num_predict=8", "-o",
+                      "temperature=0", "Say hello.", env=host, cwd=work)
+        assert rel.returncode == 0, rel.stderr.decode()
+        ps = httpx.get(url + "/api/ps", timeout=30).json()["models"]
+        assert [(m["name"], m["draft"]) for m in ps] == [("smol:latest", "<path>")]  # ./cut.gguf was found
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
@@ -392,6 +412,13 @@ def test_the_repl_drafts_after_set_parameter_and_answers_the_same(smollm2_path):
     c.sendline("/show parameters")
     c.expect_exact(">>> ")
     assert "draft_min" not in c.before and re.search(r'draft +"ngram"', c.before)
+    c.sendline("/set parameter draft_num_predict 8")
+    c.expect_exact("Set parameter 'draft_num_predict' to '8'")
+    c.expect_exact(">>> ")
+    c.sendline("/show parameters")  # one column of values, also past a 16-character name
+    c.expect_exact(">>> ")
+    rows = [ln for ln in c.before.replace("\r", "").splitlines()[1:] if ln.strip()]
+    assert 'draft_num_predict  8' in rows and len({len(ln) - len(ln.split(None, 1)[1]) for ln in rows}) == 1, rows
     c.sendline("/clear")
     c.expect_exact(">>> ")
     assert ask() == plain  # the chat goes on drafting as before

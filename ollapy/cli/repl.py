@@ -308,6 +308,10 @@ def _set_parameter(conv, settings, name: str, value: str) -> None:
         value = ", ".join(words)
     else:
         typed = coerce_option(name, value)
+        if name == "draft":  # ./draft.gguf means the user's working directory, whoever loads it
+            from .runner import absolute_draft_option
+
+            typed = absolute_draft_option({name: typed})[name]
     runner_opts = getattr(conv.runner, "options", None)
     # checked with the options in force (draft_min against draft_num_predict...): OptionError leaves all as it was
     checked = (runner_opts if runner_opts is not None else Options().merged(conv.options)).merged({name: typed})
@@ -370,8 +374,9 @@ def _show(conv, settings, what: str) -> None:
             shown = {k: getattr(opts, k) for k in ("temperature", "top_k", "top_p", "min_p", "num_ctx", "num_predict",
                                                    "repeat_penalty", "seed", "stop")}
             shown.update(conv.options)  # what /set parameter changed in this session (draft, ...)
+        width = max([16, *(len(k) + 1 for k in shown)])  # draft_num_predict is 17 characters
         for k, v in shown.items():
-            print(f"{k:<16} {json.dumps(list(v) if isinstance(v, tuple) else v)}")
+            print(f"{k:<{width}} {json.dumps(list(v) if isinstance(v, tuple) else v)}")
     elif what == "system":
         print(conv.system or "No system message was specified for this model.")
     elif what == "template":

@@ -80,7 +80,9 @@ def run(
 
     if as_json and not each_line:
         raise UsageError("--json needs --each-line", hint="add --each-line: ollapy run MODEL --each-line --json < prompts.txt")
-    opts = parse_options(option or [])
+    from .runner import absolute_draft_option
+
+    opts = absolute_draft_option(parse_options(option or []))
     if parallel is not None:
         if parallel < 1:
             raise UsageError("--parallel must be at least 1")

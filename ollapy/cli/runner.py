@@ -28,6 +28,17 @@ def absolute_model_arg(name: str) -> str:
     return name
 
 
+def absolute_draft_option(options: dict) -> dict:
+    """``options`` with a ``draft`` that names a GGUF path made absolute (:func:`absolute_model_arg`'s rule), so
+    that a server, whose working directory is not the user's, finds the file the user meant."""
+    from ..options import draft_model
+
+    draft = options.get("draft")
+    if isinstance(draft, str) and draft_model(draft):
+        return {**options, "draft": absolute_model_arg(draft)}
+    return options
+
+
 def resolve_for_cli(name: str, pull: bool = True):
     """Resolve a model argument as typed in a terminal (paths allowed, relative ones from the working dir)."""
     return loader.resolve(absolute_model_arg(name), pull=pull, allow_paths=True)

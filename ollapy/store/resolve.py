@@ -263,7 +263,7 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     draft = params.get("draft", "")
     if draft and draft != "ngram" and not Path(draft).expanduser().is_absolute() and (base_dir / draft).is_file():
         params["draft"] = str((base_dir / draft).resolve())  # DRAFT ./file.gguf: relative to the Modelfile, as FROM
-    _check_runnable(params)
+    _check_runnable(params, base)
     layers += extra_layers(own, template=template or base.template, system=mf.system or base.system, params=params,
                            license="\n".join(mf.license) or base.license, messages=mf.messages or base.messages)
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
@@ -271,14 +271,19 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     return resolve_model(target.display(), pull=False)
 
 
-def _check_runnable(params: dict[str, Any]) -> None:
-    """Refuse parameters no run could use: option combinations (``draft_min`` above the draft cap: OptionError)
-    and a ``DRAFT`` that names no file or store model (:func:`resolve_draft`'s ModelNotFound). Whether a draft
-    model shares the vocabulary is checked when both load."""
+def _check_runnable(params: dict[str, Any], base: ModelRef) -> None:
+    """Refuse parameters no run could use: option combinations (``draft_min`` above the draft cap: OptionError),
+    a ``DRAFT`` that names no file or store model (:func:`resolve_draft`'s ModelNotFound) or one whose GGUF
+    header shows another vocabulary than ``base``'s (:func:`~ollapy.store.draft_vocab.check_draft_header`'s
+    DraftMismatch)."""
     from ..options import Options
+    from .draft_vocab import check_draft_header
 
     Options().merged(params)
-    resolve_draft(str(params.get("draft", "")))
+    draft = str(params.get("draft", ""))
+    path = resolve_draft(draft)
+    if path is not None:
+        check_draft_header(base.path, path, base.name, draft)
 
 
 def resolve_draft(draft: str) -> Path | None:
@@ -303,7 +308,7 @@ def resolve_draft(draft: str) -> Path | None:
             return "draft " + (text if text.startswith("model ") else f"model: {text}")
 
         raise ModelNotFound(named(e.message), f"pull it first: ollapy pull {name}",
-                            public=named(e.public) if e.public else None, name=e.name) from None
+                            public=named(e.public) if e.public else None, name=name) from None
 
 
 def model_file_note(ref: ModelRef) -> str:

@@ -11,9 +11,10 @@ llama.cpp's vocabulary API:
   are special tokens whose spelling differs between otherwise identical conversions) up to the smaller size.
 
 A mismatch raises :class:`~ollapy.errors.DraftMismatch` with one line naming both models and the first
-difference. The part of the rule a GGUF header decides (tokenizer type, vocabulary size) is checked before
-anything loads (:func:`ollapy.store.info.header_vocab_mismatch`), so that a server does not unload a model for
-a draft that cannot serve it. The engine must also never let a draft token at or beyond the target's ``n_vocab`` reach a
+difference. The same rule is applied to the two GGUF headers before anything loads
+(:func:`ollapy.store.draft_vocab.header_vocab_mismatch`), so that a server does not unload a model for a draft
+that cannot serve it; this check stays as the authority on what llama.cpp loaded (its defaults for keys a header
+leaves out). The engine must also never let a draft token at or beyond the target's ``n_vocab`` reach a
 verification batch (only possible when the sizes differ).
 """
 from __future__ import annotations
@@ -21,13 +22,11 @@ from __future__ import annotations
 from typing import Protocol
 
 from ...errors import DraftMismatch
-from ...store.info import MAX_VOCAB_SIZE_DIFFERENCE
+from ...store.draft_vocab import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE
 from .bindings import C
 
 #: largest vocabulary-size difference allowed (llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
 MAX_SIZE_DIFFERENCE = MAX_VOCAB_SIZE_DIFFERENCE
-#: first token id whose text is compared (llama.cpp's SPEC_VOCAB_CHECK_START_TOKEN_ID)
-CHECK_START_TOKEN_ID = 5
 
 
 class VocabHolder(Protocol):
