@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A suite started in the background by a script (`bash .ci/run &`, nohup) inherits SIGINT ignored, and so would
+# every `ollapy` process it starts: the Ctrl-C tests (REPL, rpc-server) would then wait for an exit that never
+# comes. A user's terminal gives the default, so the tests run with it.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _fetch_module():

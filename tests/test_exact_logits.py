@@ -42,6 +42,9 @@ def harness(request):
     name, bufts = request.param
     path = request.getfixturevalue("smollm2_path" if name == "smollm2" else "gemma_path")
     b = Backend(path, ContextConfig(n_parallel=6, num_ctx=1024, extra_bufts=bufts, flash_attn="off"))
+    if bufts == "on" and not b.extra_bufts:  # an AMX CPU with an AMX build: ggml's AMX path would crash
+        b.close()
+        pytest.skip(f"this machine cannot repack weights: extra_bufts {b.extra_bufts_reason}")
     text = " ".join(f"Entry {i}: the courier with badge {i * 7 % 31} walks to street {i * 13 % 97} at dawn."
                     for i in range(80))
     toks = b.tokenize(text)[:N_PROMPT]

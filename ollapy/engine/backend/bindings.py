@@ -196,14 +196,18 @@ def build_has_amx() -> bool:
 def choose_extra_bufts(setting: str) -> tuple[bool, str]:
     """Decide whether to use CPU extra buffer types (repacking, AMX).
 
-    ``setting`` is ``auto``, ``on`` or ``off``. Returns ``(use, reason)``; the
+    ``setting`` is ``auto``, ``on`` or ``off``; ``on`` is refused (off) where the CPU and the build both have AMX,
+    the one case known to crash. Returns ``(use, reason)``; the
     reason is a short human sentence shown by ``ollapy info`` and the debug log.
     """
+    amx_crash = cpu_has_amx() and build_has_amx()
+    if setting == "on" and amx_crash:  # honouring it would segfault on the first decode: never do
+        return False, "off (extra_bufts=on refused: AMX CPU and AMX build; ggml's AMX path crashes)"
     if setting == "on":
         return True, "on (forced by extra_bufts=on)"
     if setting == "off":
         return False, "off (forced by extra_bufts=off)"
-    if cpu_has_amx() and build_has_amx():
+    if amx_crash:
         return False, "off (auto: AMX CPU and AMX build; ggml's AMX path crashes, repacking disabled)"
     # repacked weights multiply rows in groups of 4 (ggml-cpu repack.cpp), so a row's logits would depend on the
     # rows beside it: concurrency and speculative drafting could change a greedy answer (engine/speculation.py)
