@@ -430,6 +430,37 @@ def test_the_repl_drafts_after_set_parameter_and_answers_the_same(smollm2_path):
     assert plain and drafted == plain
 
 
+def test_the_chat_refuses_a_draft_of_another_vocabulary_without_reloading(smollm2_path, gemma_path):
+    """Found by a fresh-user trial: in a chat running the model in this process, ``/set parameter draft`` with a
+    draft of another vocabulary was refused, but only after the model had been closed, so the next answer loaded
+    it again (~0.2 s) and lost its slot. The GGUF headers are checked before anything closes: the next answer
+    loads nothing and reuses the slot's prefix."""
+    import sys
+
+    import pexpect
+    from conftest import ROOT
+
+    env = dict(os.environ, OLLAPY_NOHISTORY="1")
+    c = pexpect.spawn(sys.executable, ["-m", "ollapy.cli.main", "run", str(smollm2_path), "--verbose", "--local",
+                                       "-o", "temperature=0", "-o", "num_predict=8"],
+                      env=env, encoding="utf-8", timeout=300, cwd=str(ROOT), dimensions=(40, 200))
+    c.expect_exact(">>> ")
+    c.sendline("Say hi.")
+    c.expect(r"load duration: +(\S+)")
+    c.expect_exact(">>> ")
+    c.sendline(f"/set parameter draft {gemma_path}")
+    c.expect_exact("does not share the vocabulary")
+    c.expect_exact(">>> ")
+    c.sendline("Say hi again.")
+    c.expect(r"load duration: +(\S+)")
+    after = c.match.group(1)
+    c.expect(r"prompt cache: +(\d+) token\(s\) reused([^\r\n]*)")
+    assert (after, c.match.group(2).strip()) == ("0.000µs", "(slot)"), (after, c.match.group(0))
+    c.expect_exact(">>> ")
+    c.sendline("/bye")
+    c.expect(pexpect.EOF)
+
+
 def test_a_draft_model_after_a_prompt_cache_restore_in_a_new_process(smollm2_path):
     """Second `ollapy run` restores the prompt from the disk cache; the draft model (here the model itself, the
     plumbing case) catches up from the restored tokens and the answer is the cold run's and --no-cache's."""

@@ -121,6 +121,8 @@ class Conversation:
 
         new_options = {**self.options, **updates}
         name = self.base or self.name
+        if not self.on_server:  # a draft model that cannot serve is refused before the loaded model is closed
+            self._check_draft(name, new_options)
         self.close()
         try:
             self.runner, _ = connect_runner(name, new_options, settings, pull=False)
@@ -128,6 +130,18 @@ class Conversation:
             self.runner, _ = connect_runner(name, self.options, settings, pull=False)
             raise
         self.options = new_options
+
+    @staticmethod
+    def _check_draft(name: str, options: dict) -> None:
+        """Raise ModelNotFound or DraftMismatch when ``options`` name a draft model that is missing or of another
+        vocabulary than the model ``name`` (loader.checked_draft_path: the GGUF headers, nothing loads)."""
+        from .. import loader
+        from ..options import Options, draft_model
+        from .runner import resolve_for_cli
+
+        draft = options.get("draft")
+        if isinstance(draft, str) and draft_model(draft):
+            loader.checked_draft_path(resolve_for_cli(name, pull=False), Options().merged({"draft": draft}))
 
     def chat_messages(self, text: str | None, system: str | None) -> list[dict]:
         """Messages to send: system, history, then the new user text."""
