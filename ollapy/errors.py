@@ -7,6 +7,8 @@ that line, so the CLI and the server show the same words.
 """
 from __future__ import annotations
 
+import os
+
 
 class OllapyError(Exception):
     """Base error: ``message`` (one line), ``hint`` (what to do next), exit code and HTTP status; ``code`` is the
@@ -60,8 +62,14 @@ class DraftMismatch(UsageError):
     error, the same (exit 2, HTTP 400) whether the CLI loads the model itself or asks a server."""
 
     def __init__(self, draft_name: str, target_name: str, why: str) -> None:
-        super().__init__(f"draft model {draft_name} does not share the vocabulary of {target_name} ({why})",
-                         hint="a draft model must come from the same model family and tokenizer as the model")
+        hint = "a draft model must come from the same model family and tokenizer as the model"
+        text = "draft model {} does not share the vocabulary of {} ({})"
+
+        def file_name(name: str) -> str:  # a server's clients see a GGUF path as its file name, never the path
+            return os.path.basename(name) if os.path.isabs(os.path.expanduser(name)) else name
+
+        super().__init__(text.format(draft_name, target_name, why), hint=hint,
+                         public=f"{text.format(file_name(draft_name), file_name(target_name), why)} ({hint})")
 
 
 class BusyError(OllapyError):
