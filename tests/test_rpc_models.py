@@ -149,7 +149,8 @@ def test_a_lost_server_fails_only_the_request_and_the_next_one_reloads(smollm2_p
             # test_split_over_two_servers_gives_the_local_greedy_output's): once in a full CI run on an AMX Xeon the
             # reloaded split answered "No numbers at all." (5 tokens, then EOS), never in 7 runs of this test alone
             assert again.status_code == 200 and again.json()["done"] and again.json()["load_duration"] > 0, again.text
-            assert 1 <= again.json()["eval_count"] <= 8, again.text
+            ended, n = again.json()["done_reason"], again.json()["eval_count"]
+            assert (ended, n) == ("length", 8) if ended == "length" else (ended == "stop" and n > 0), again.text
             ps = {m["name"]: m for m in httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]}
             assert ps["split:latest"]["rpc"] == f"{a.endpoint},{b.endpoint}"
             assert isinstance(ps["split:latest"]["runner_pid"], int)
