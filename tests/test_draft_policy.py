@@ -287,3 +287,70 @@ def test_skipping_proposals_below_the_break_even_gain_plans_exactly_as_pricing_t
         i += kept + 1
     assert fast.slots[0].history.totals() == full.slots[0].history.totals()
     assert drafted > 20 and skipped > 200  # both paths taken, many times
+
+
+# ---- a draft model's price and probes ------------------------------------------------------------------------
+# Gemma 3 270M on the 2-core AVX-512 Xeon: target steps of 1-5 rows (ms; scripts/measure_row_cost.py)
+GEMMA_XEON = StepCost.fit([(r, ms / 1000) for r, ms in {1: 22.7, 2: 24.0, 3: 27.0, 4: 31.2, 5: 45.0}.items()
+                           for _ in range(16)])
+
+
+def test_a_draft_models_tokens_are_priced_apart_from_the_targets_rows():
+    """ModelDraftCost adds the draft model's time per drafted row to the target's step: with its 16-block,
+    32k-token Gemma draft (~10 ms a token) and a 98% acceptance the plan drafts 3 (4 rows, one pass of the
+    AVX-512 tiles), with a draft as dear as 25 ms a token nothing."""
+    from ollapy.engine.draft_policy import ModelDraftCost
+
+    cheap = ModelDraftCost(GEMMA_XEON, 0.010, base_rows=1)
+    assert cheap.time(1) == GEMMA_XEON.time(1) and cheap.time(4) == pytest.approx(GEMMA_XEON.time(4) + 0.030)
+    assert plan_draft_lengths([SlotDraft(4, 0.98)], cheap) == [3]
+    assert plan_draft_lengths([SlotDraft(4, 0.98)], ModelDraftCost(GEMMA_XEON, 0.025, base_rows=1)) == [0]
+    assert ModelDraftCost(GEMMA_XEON, 0.010, base_rows=3).time(4) == pytest.approx(GEMMA_XEON.time(4) + 0.010)
+
+
+class _ScriptedDraft:
+    """Stands in for DraftModel (the llama.cpp boundary): proposes token 7 ``n`` times and records the requests."""
+
+    def __init__(self) -> None:
+        from ollapy.engine.draft_model import DraftStats
+
+        self.stats = DraftStats()
+        self.asked: list[int] = []
+
+    def propose(self, requests):
+        self.asked.extend(n for _, n in requests.values())
+        return {s: [7] * n for s, (_, n) in requests.items()}
+
+    def reset(self, seq: int) -> None:
+        pass
+
+
+def test_a_draft_model_probes_at_once_and_again_after_a_rejection_with_a_growing_wait():
+    """A draft model has no free shadow: without probes, a slot whose prior (2/3) is under the break-even gain
+    never drafted, and one rejected proposal stopped it for good (bench_spec's draft-model row drafted 1 token in
+    160). Now the first step probes draft_min tokens, a rejected probe doubles the wait before the next, an
+    accepted one brings it back to PROBE_STEPS."""
+    from ollapy.engine.speculation import PROBE_STEPS
+
+    draft = _ScriptedDraft()
+    sp = Speculator(1, draft_model=draft, draft_name="d.gguf")
+    sp.seed_steps([(r, ms / 1000) for r, ms in {1: 20, 2: 40, 3: 60}.items() for _ in range(16)])  # rows are dear
+    sp.begin(0, [1, 2, 3], "d.gguf", -1, 1)
+    cand = [Candidate(0, [1, 2, 3], 50)]
+
+    def steps_until_draft(limit: int = 600) -> int:
+        for i in range(limit):
+            got = sp.plan(cand)
+            if got:
+                assert got == {0: [7]}  # a probe: draft_min tokens
+                return i
+        raise AssertionError("never drafted")
+
+    assert steps_until_draft() == 0  # at once: nothing learned yet
+    waits = []
+    for _ in range(3):
+        sp.record(0, 1, 0)
+        waits.append(steps_until_draft())
+    assert waits == [2 * PROBE_STEPS - 1, 4 * PROBE_STEPS - 1, 8 * PROBE_STEPS - 1]
+    sp.record(0, 1, 1)  # the draft pays again
+    assert steps_until_draft() == PROBE_STEPS - 1 and draft.asked == [1] * 5

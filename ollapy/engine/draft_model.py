@@ -17,7 +17,11 @@ for slot ``i``), and this class keeps each sequence's KV equal to a prefix of th
   rest down) with ``seq_rm`` + ``seq_add``, so that no re-prefill follows; if the draft context cannot shift
   it clears the sequence and the next :meth:`propose` prefills it.
 
-The vocabularies are checked when the class is built (:func:`~.backend.vocab.check_draft_vocab`). Draft tokens
+The vocabularies are checked when the class is built (:func:`~.backend.vocab.check_draft_vocab`). A draft with a
+trimmed vocabulary (FR-Spec, Zhao et al. 2025: its output layer keeps only the target's most frequent tokens, the
+layer that dominates a small model's step) comes with ``token_ids``, the target id of each draft token: the
+draft context is fed the draft's ids (a token outside the subset as the draft's ``<unk>``) and its argmax is
+mapped back, so that everything outside this class sees target ids only. Draft tokens
 are the draft model's argmax, a point-mass draft: the target verifies them with
 :func:`~.spec_sampling.verify_by_sampling` (or :func:`~.spec_sampling.verify_greedy` at temperature 0).
 Called from the engine's loop thread only, like the target's backend.
@@ -29,6 +33,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from ..store.draft_vocab import TokenMap
 from .backend.vocab import check_draft_vocab
 
 if TYPE_CHECKING:
@@ -51,14 +58,24 @@ class DraftModel:
     """Greedy drafting from a draft model's context, one sequence per target slot (see the module docstring).
 
     ``draft``: a loaded Backend of the draft model with ``n_parallel`` >= the target's and the same
-    ``num_ctx``; ``target``: the target's Backend (only its vocabulary is read). Raises ModelLoadError when
-    the vocabularies differ (one line naming ``target_name`` and ``draft_name``).
+    ``num_ctx``; ``target``: the target's Backend (only its vocabulary is read); ``token_map``: a
+    trimmed-vocabulary draft's map (``draft.n_vocab`` target ids), None for a draft of the same vocabulary.
+    Raises DraftMismatch when the vocabularies differ (one line naming ``target_name`` and ``draft_name``).
     """
 
-    def __init__(self, draft: Backend, target: Backend, target_name: str, draft_name: str) -> None:
-        check_draft_vocab(target, draft, target_name, draft_name)
+    def __init__(self, draft: Backend, target: Backend, target_name: str, draft_name: str,
+                 token_map: TokenMap | None = None) -> None:
+        check_draft_vocab(target, draft, target_name, draft_name, token_map.ids if token_map else None)
         self.backend = draft
         self.n_vocab = min(draft.n_vocab, target.n_vocab)  # never propose an id the target does not have
+        # target id -> draft id (out of the subset: the draft's <unk>, else 0) and back; None: the same ids
+        self._to_draft: np.ndarray | None = None
+        self._to_target: np.ndarray | None = None
+        if token_map is not None:
+            self.n_vocab = draft.n_vocab
+            self._to_target = np.asarray(token_map.ids, dtype=np.int32)
+            self._to_draft = np.full(target.n_vocab, token_map.unknown, dtype=np.int32)
+            self._to_draft[self._to_target] = np.arange(draft.n_vocab, dtype=np.int32)
         self._held: list[list[int]] = [[] for _ in range(draft.n_parallel)]
         self.stats = DraftStats()
         # decode threads for a batch of n tokens (the engine sets its ThreadBudget's: fewer threads while other
@@ -170,6 +187,8 @@ class DraftModel:
         return firsts
 
     def _decode(self, toks: array, pos: array, seqs: array, logits: array) -> None:
+        if self._to_draft is not None:
+            toks = array("i", self._to_draft[np.frombuffer(toks, dtype=np.int32)].tobytes())
         if self.thread_count is not None:
             n = self.thread_count(len(toks))
             if n != self.backend.threads:
@@ -177,5 +196,5 @@ class DraftModel:
         self.backend.decode(toks, pos, seqs, logits)
 
     def _argmax(self, row: int) -> int:
-        logits = self.backend.logits_row(row)
-        return int(logits[: self.n_vocab].argmax())
+        best = int(self.backend.logits_row(row)[: self.n_vocab].argmax())
+        return best if self._to_target is None else int(self._to_target[best])

@@ -265,6 +265,34 @@ class StepCost:
         return min(line, self.measured[below] * (1.0 + PRIOR_ROW_COST * (rows - below) / below))
 
 
+class StepTimer(Protocol):
+    """What the planner needs of a cost model: the predicted seconds of a step of ``rows`` batch rows."""
+
+    def time(self, rows: int) -> float: ...
+
+
+#: a draft model's price per drafted token, in target one-row steps, until its decodes were timed (the dearest
+#: draft that can still pay with a good acceptance: 2 drafted rows at 1 + 2 * 0.5 steps)
+PRIOR_DRAFT_COST = 0.5
+
+
+@dataclass(frozen=True)
+class ModelDraftCost:
+    """A step's time when a draft model drafts its extra rows (Leviathan et al. 2023's cost coefficient ``c`` is
+    ``per_token / target.time(1)``): the target's step, ``target.time(rows)``, plus ``per_token`` seconds of
+    draft-model decoding per row beyond ``base_rows`` (the step's rows without drafts: one per decoding slot and
+    the other work). The draft model decodes its drafted positions one ``llama_decode`` each, for all its slots
+    at once, so with several slots this overprices (a conservative plan)."""
+
+    target: StepCost
+    per_token: float
+    base_rows: int
+
+    def time(self, rows: int) -> float:
+        """Predicted seconds of a step of ``rows`` rows, drafting included."""
+        return self.target.time(rows) + self.per_token * max(0, rows - self.base_rows)
+
+
 @dataclass(frozen=True)
 class SlotDraft:
     """One decoding slot's input to :func:`plan_draft_lengths`.
@@ -285,7 +313,7 @@ class SlotDraft:
         return self.survival[j - 1] if self.survival else self.acceptance ** j
 
 
-def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 1, n_other_rows: int = 0,
+def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepTimer, n_min: int = 1, n_other_rows: int = 0,
                        min_gain: float = MIN_GAIN) -> list[int]:
     """Draft length for every decoding slot in this step (the rule in the module docstring).
 
@@ -334,7 +362,7 @@ def plan_draft_lengths(slots: Sequence[SlotDraft], cost: StepCost, n_min: int = 
     return best if best_tput >= base_tput * (1.0 + min_gain) else [0] * len(slots)
 
 
-def break_even_gain(cost: StepCost, n_min: int, available: int, min_gain: float = MIN_GAIN) -> float:
+def break_even_gain(cost: StepTimer, n_min: int, available: int, min_gain: float = MIN_GAIN) -> float:
     """The smallest first-token gain (``SlotDraft.gain(1)``: the probability that a proposal's first token is
     accepted) with which :func:`plan_draft_lengths` could draft for ONE slot alone in its step (no other rows)
     with up to ``available`` tokens of at least ``n_min``; ``inf`` when no length is possible.

@@ -29,6 +29,7 @@ number of drafted tokens (the smallest the policy gave any of them; none if one 
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -38,11 +39,14 @@ from ..options import draft_limit
 from .draft_model import DraftModel
 from .draft_policy import (
     MIN_SAMPLES,
+    PRIOR_DRAFT_COST,
     AcceptanceHistory,
     ContextRates,
+    ModelDraftCost,
     ShadowVerdict,
     SlotDraft,
     StepCost,
+    StepTimer,
     break_even_gain,
     plan_draft_lengths,
 )
@@ -61,6 +65,12 @@ SHADOW_TOKENS = 4
 #: the step-time line is refitted at least every this many steps (and at once for a row count with few samples
 #: or one going stale): a fit every step cost ~20 us, 0.2% of a SmolLM2 step on 2 cores
 REFIT_STEPS = 8
+
+#: a slot whose draft model the policy stopped trusting drafts ``n_min`` tokens after this many steps without
+#: drafting (a probe), the wait doubling after each probe that is rejected up to PROBE_MAX_STEPS: a draft model
+#: has no free shadow (its tokens cost a decode), and without probes one rejected first proposal (rate 2/3 -> 1/2,
+#: under the break-even gain) stopped a slot drafting for good, though the same draft then kept 96% of its tokens
+PROBE_STEPS, PROBE_MAX_STEPS = 8, 256
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
 OFF, NGRAM, MODEL = "", "ngram", "model"
@@ -82,6 +92,8 @@ class SlotSpec:
     history: AcceptanceHistory = field(default_factory=AcceptanceHistory)
     rates: ContextRates = field(default_factory=ContextRates)
     kinds: list[int] = field(default_factory=list)  # context kinds of the n-gram proposal planned last
+    idle: int = 0  # draft model: steps since the slot last drafted
+    probe_wait: int = PROBE_STEPS  # draft model: steps without drafting before a probe
     shadow: ShadowVerdict | None = None
     _shadow_kinds: list[int] = field(default_factory=list)
 
@@ -90,6 +102,7 @@ class SlotSpec:
 
     def clear(self) -> None:
         """Forget what was learned (a new request)."""
+        self.idle, self.probe_wait = 0, PROBE_STEPS
         self.history.clear()
         self.rates.clear()
         self.shadow.start(())
@@ -143,7 +156,10 @@ class Speculator:
         self._fit_step = 0  # _step_no at the last fit
         self._fit_expires = STALE_STEPS + 1  # _step_no at which a fitted row count may have gone stale
         self._break_even: dict[tuple[int, int], float] = {}  # (n_min, available) -> break_even_gain for _cost
-        self._draft_seconds = 0.0  # the draft model's drafting in the current step
+        # seconds of draft-model work per drafted token (its catch-up batch with the tokens accepted since, then
+        # one llama_decode per further position), the last STEP_SAMPLES proposals': a drafted token's price
+        # (ModelDraftCost), timed apart from the target's steps
+        self._draft_token: deque[float] = deque(maxlen=STEP_SAMPLES)
         self.drafted = 0
         self.accepted = 0
 
@@ -166,6 +182,8 @@ class Speculator:
         st.mode, st.n_max, st.n_min = mode, n_max, max(1, n_min)
         if mode == NGRAM:
             st.drafter.reset(prompt)
+        elif mode == MODEL:
+            st.idle = st.probe_wait  # nothing learned yet: the first step probes (PROBE_STEPS) if it would not draft
         return mode
 
     def end(self, slot: int) -> None:
@@ -216,6 +234,9 @@ class Speculator:
         proposals: list[list[int]] = []
         inputs: list[SlotDraft] = []
         alone = len(decoding) == 1 and n_other_rows == 0  # break_even_gain applies
+        probe = False
+        model_cost = self._model_cost(len(decoding) + n_other_rows) if any(
+            self.slots[c.slot].mode == MODEL for c in decoding) else None
         for c in decoding:
             st = self.slots[c.slot]
             room = min(st.n_max, c.room)
@@ -239,14 +260,19 @@ class Speculator:
                     survival = st.rates.survival(contexts)
             elif st.mode == MODEL and room >= st.n_min:
                 avail = room
-                if alone and st.history.rate() < self._break_even_gain(st.n_min, avail) - 1e-9:
-                    return {}
+                if alone and st.history.rate() < break_even_gain(model_cost, st.n_min, avail) - 1e-9:
+                    st.idle += 1
+                    if st.idle < st.probe_wait:
+                        return {}
+                    probe = True  # PROBE_STEPS: draft n_min tokens to learn whether the draft model pays now
             proposals.append(prop)
             inputs.append(SlotDraft(avail, st.history.rate(), survival))
         if not any(d.available for d in inputs):
             return {}
-        lengths = plan_draft_lengths(inputs, self.cost(), 1, n_other_rows)
+        lengths = plan_draft_lengths(inputs, model_cost or self.cost(), 1, n_other_rows)
         lengths = [k if k >= self.slots[c.slot].n_min else 0 for k, c in zip(lengths, decoding)]
+        if probe:
+            lengths = [max(lengths[0], self.slots[decoding[0].slot].n_min)]
         if len(decoding) > 1:  # one ubatch: every slot verifies the same number of rows (module docstring)
             lengths = [min(lengths)] * len(decoding)
         out: dict[int, list[int]] = {}
@@ -260,10 +286,14 @@ class Speculator:
                     st.start_shadow(prop[:SHADOW_TOKENS])  # not verified: learn what it would have earned
             elif st.mode == MODEL and k:
                 want_model[c.slot] = (c.tokens, k)
+                st.probe_wait = min(2 * st.probe_wait, PROBE_MAX_STEPS) if probe else st.probe_wait
+                st.idle = 0
         if want_model:
             t0 = time.perf_counter()
             drafts = self.draft_model.propose(want_model)
-            self._draft_seconds = time.perf_counter() - t0
+            n_drafted = sum(len(d) for d in drafts.values())
+            if n_drafted and not probe:  # a probe's catch-up holds the idle steps' tokens: not the steady price
+                self._draft_token.append((time.perf_counter() - t0) / n_drafted)
             out.update({s: d for s, d in drafts.items() if d})
         return out
 
@@ -272,16 +302,17 @@ class Speculator:
         assert 0 <= n_accepted <= n_drafted, (n_accepted, n_drafted)
         st = self.slots[slot]
         st.history.record(n_drafted, n_accepted)
+        if st.mode == MODEL and n_accepted:
+            st.probe_wait = PROBE_STEPS  # the draft model pays again: probe soon after it stops
         if st.kinds:
             st.rates.record(st.kinds[:n_drafted], n_accepted)
         self.drafted += n_drafted
         self.accepted += n_accepted
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        """A decode step of ``rows`` rows took ``seconds`` (with a draft model's drafting for it). A row count
-        whose last sample is stale (:data:`STALE_STEPS`) starts its samples afresh."""
-        seconds += self._draft_seconds
-        self._draft_seconds = 0.0
+        """A decode step of ``rows`` rows took ``seconds`` (the target's ``llama_decode`` and sampling; a draft
+        model's drafting is timed apart, see :meth:`plan`). A row count whose last sample is stale
+        (:data:`STALE_STEPS`) starts its samples afresh."""
         self._step_no += 1
         q = self._steps.get(rows)
         if q is None:
@@ -339,6 +370,14 @@ class Speculator:
         lasts = [q[-1][0] for q in self._steps.values() if q and q[-1][0] >= fresh]
         self._fit_expires = min(lasts, default=self._step_no) + STALE_STEPS + 1
         self._break_even.clear()
+
+    def _model_cost(self, base_rows: int) -> StepTimer:
+        """The step price when the draft model drafts: :meth:`cost` plus the median draft-model time per
+        drafted token (:data:`~.draft_policy.PRIOR_DRAFT_COST` one-row steps until one was timed)."""
+        cost = self.cost()
+        per_token = (statistics.median(self._draft_token) if self._draft_token
+                     else PRIOR_DRAFT_COST * cost.time(1))
+        return ModelDraftCost(cost, per_token, base_rows)
 
     def _break_even_gain(self, n_min: int, available: int) -> float:
         """draft_policy.break_even_gain for the current cost, memoised until the next fit."""

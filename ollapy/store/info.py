@@ -52,6 +52,12 @@ def _value(f: BinaryIO, vtype: int, keep: bool = False) -> Any:
         itype, n = _read(f, "<I"), _read(f, "<Q")
         if keep and itype == _STRING:
             return [_raw_string(f) for _ in range(n)]
+        if keep and itype in _SCALARS:
+            fmt = _SCALARS[itype]
+            data = f.read(struct.calcsize(fmt) * n)
+            if len(data) != struct.calcsize(fmt) * n:
+                raise EOFError("truncated GGUF header")
+            return list(struct.unpack(f"<{n}{fmt[1]}", data))
         if itype in _SCALARS:
             f.seek(struct.calcsize(_SCALARS[itype]) * n, 1)
         else:
@@ -72,8 +78,9 @@ def _raw_string(f: BinaryIO) -> bytes:
 
 
 def read_gguf_header(path: Path, keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], int]:
-    """Return (scalar metadata, parameter count). Arrays are summarised (:class:`ArraySummary`), except the string
-    arrays named in ``keep``, which come as ``list[bytes]`` (``tokenizer.ggml.tokens``: ~0.2 s for 262k tokens).
+    """Return (scalar metadata, parameter count). Arrays are summarised (:class:`ArraySummary`), except those named
+    in ``keep``: string arrays come as ``list[bytes]`` (``tokenizer.ggml.tokens``: ~0.2 s for 262k tokens), number
+    arrays as lists of numbers.
     Raises ModelLoadError."""
     try:
         with open(path, "rb") as f:

@@ -19,10 +19,11 @@ verification batch (only possible when the sizes differ).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from ...errors import DraftMismatch
-from ...store.draft_vocab import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE
+from ...store.draft_vocab import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, mapped_vocab_mismatch
 from .bindings import C
 
 #: largest vocabulary-size difference allowed (llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
@@ -37,9 +38,15 @@ class VocabHolder(Protocol):
     n_vocab: int
 
 
-def vocab_mismatch(target: VocabHolder, draft: VocabHolder) -> str | None:
-    """The first difference between the two vocabularies, in words, or None when a draft may serve."""
+def vocab_mismatch(target: VocabHolder, draft: VocabHolder, token_ids: Sequence[int] | None = None) -> str | None:
+    """The first difference between the two vocabularies, in words, or None when a draft may serve.
+
+    ``token_ids``: a trimmed-vocabulary draft's map (the target id of each draft token,
+    :func:`ollapy.store.draft_vocab.read_token_ids`); then its rule is
+    :func:`ollapy.store.draft_vocab.mapped_vocab_mismatch`'s, with BOS/EOS compared through the map."""
     tv, dv = target.vocab, draft.vocab
+    if token_ids is not None:
+        return _mapped_mismatch(target, draft, token_ids)
     t_type, d_type = C.llama_vocab_type(tv), C.llama_vocab_type(dv)
     if t_type != d_type:
         names = {C.LLAMA_VOCAB_TYPE_SPM: "SentencePiece (SPM)", C.LLAMA_VOCAB_TYPE_BPE: "byte-level BPE",
@@ -60,12 +67,31 @@ def vocab_mismatch(target: VocabHolder, draft: VocabHolder) -> str | None:
     return None
 
 
-def check_draft_vocab(target: VocabHolder, draft: VocabHolder, target_name: str, draft_name: str) -> None:
-    """Raise DraftMismatch (one line naming both models) unless ``draft`` may draft for ``target``.
+def _mapped_mismatch(target: VocabHolder, draft: VocabHolder, ids: Sequence[int]) -> str | None:
+    tv, dv = target.vocab, draft.vocab
+    if C.llama_vocab_type(tv) != C.llama_vocab_type(dv):
+        return vocab_mismatch(target, draft)  # the type's words
+    why = mapped_vocab_mismatch(ids, draft.n_vocab, target.n_vocab, None)
+    if why is not None:
+        return why
+    for what, add, tok in (("BOS", C.llama_vocab_get_add_bos, C.llama_vocab_bos),
+                           ("EOS", C.llama_vocab_get_add_eos, C.llama_vocab_eos)):
+        t_add, d_add = bool(add(tv)), bool(add(dv))
+        d_tok = ids[tok(dv)] if 0 <= tok(dv) < len(ids) else -1
+        if t_add != d_add or (t_add and tok(tv) != d_tok):
+            return f"{what} token {d_tok if d_add else 'not added'} vs {tok(tv) if t_add else 'not added'}"
+    return mapped_vocab_mismatch(ids, draft.n_vocab, target.n_vocab,
+                                 lambda i: (C.llama_vocab_get_text(dv, i), C.llama_vocab_get_text(tv, ids[i])))
+
+
+def check_draft_vocab(target: VocabHolder, draft: VocabHolder, target_name: str, draft_name: str,
+                      token_ids: Sequence[int] | None = None) -> None:
+    """Raise DraftMismatch (one line naming both models) unless ``draft`` may draft for ``target`` (through
+    ``token_ids``, a trimmed-vocabulary draft's map, when given).
 
     Cost: one ctypes call per token id (about 50,000 for SmolLM2), tens of milliseconds, once per load.
     """
-    why = vocab_mismatch(target, draft)
+    why = vocab_mismatch(target, draft, token_ids)
     if why is not None:
         raise DraftMismatch(draft_name, target_name, why)
 
