@@ -354,3 +354,25 @@ def test_a_draft_model_probes_at_once_and_again_after_a_rejection_with_a_growing
     assert waits == [2 * PROBE_STEPS - 1, 4 * PROBE_STEPS - 1, 8 * PROBE_STEPS - 1]
     sp.record(0, 1, 1)  # the draft pays again
     assert steps_until_draft() == PROBE_STEPS - 1 and draft.asked == [1] * 5
+
+
+def test_a_draft_model_probes_when_its_rate_passes_the_break_even_bound_but_no_length_pays():
+    """Between the two tests (the first-token bound passed, plan_draft_lengths says 0) a slot also counts as idle
+    and probes; before, it sat there for good: on bench_spec's draft-model row, a process seeded with the last
+    one's step times drafted 13 tokens in 160 (all accepted) at 0.95x plain."""
+    from ollapy.engine.draft_policy import ModelDraftCost
+    from ollapy.engine.speculation import PROBE_STEPS
+
+    draft = _ScriptedDraft()
+    sp = Speculator(1, draft_model=draft, draft_name="d.gguf")
+    sp.seed_steps([(r, ms / 1000) for r, ms in {1: 23.8, 2: 30.0}.items() for _ in range(16)])
+    sp.begin(0, [1, 2, 3], "d.gguf", -1, 1)
+    cand = [Candidate(0, [1, 2, 3], 50)]
+    assert sp.plan(cand) == {0: [7]}  # the first step's probe
+    sp.record(0, 1, 1)
+    sp.record(0, 1, 1)
+    rate = sp.slots[0].history.rate()
+    price = ModelDraftCost(sp.cost(), 0.5 * sp.cost().time(1), 1)  # no proposal timed yet: the prior price
+    assert rate >= break_even_gain(price, 1, 4) and plan_draft_lengths([SlotDraft(4, rate)], price) == [0]
+    waits = [i for i in range(40) if sp.plan(cand)]
+    assert waits[0] == PROBE_STEPS - 1 and draft.asked[:2] == [1, 1]

@@ -120,6 +120,12 @@ class SlotSpec:
             self.rates.record(self._shadow_kinds[:n_drafted], n_accepted)
 
 
+def _probe_due(st: SlotSpec) -> bool:
+    """One more step in which ``st`` (drafting with a draft model) does not draft; True when it should probe."""
+    st.idle += 1
+    return st.idle >= st.probe_wait
+
+
 @dataclass(frozen=True)
 class Candidate:
     """A decoding slot as the planner sees it: ``tokens`` (prompt plus accepted output, the pending token
@@ -261,8 +267,7 @@ class Speculator:
             elif st.mode == MODEL and room >= st.n_min:
                 avail = room
                 if alone and st.history.rate() < break_even_gain(model_cost, st.n_min, avail) - 1e-9:
-                    st.idle += 1
-                    if st.idle < st.probe_wait:
+                    if not _probe_due(st):
                         return {}
                     probe = True  # PROBE_STEPS: draft n_min tokens to learn whether the draft model pays now
             proposals.append(prop)
@@ -271,8 +276,15 @@ class Speculator:
             return {}
         lengths = plan_draft_lengths(inputs, model_cost or self.cost(), 1, n_other_rows)
         lengths = [k if k >= self.slots[c.slot].n_min else 0 for k, c in zip(lengths, decoding)]
+        first = self.slots[decoding[0].slot]
+        if alone and first.mode == MODEL and not probe and lengths == [0]:
+            # above the break-even bound, yet no length pays: as idle as below it (without this, a slot whose rate
+            # sat between the two never drafted, so never learned: 13 tokens drafted in 160, all of them accepted)
+            if not _probe_due(first):
+                return {}
+            probe = True
         if probe:
-            lengths = [max(lengths[0], self.slots[decoding[0].slot].n_min)]
+            lengths = [max(lengths[0], first.n_min)]
         if len(decoding) > 1:  # one ubatch: every slot verifies the same number of rows (module docstring)
             lengths = [min(lengths)] * len(decoding)
         out: dict[int, list[int]] = {}
