@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, _draft_module, edited_gguf_copy, run_cli
+from conftest import _draft_module, edited_gguf_copy, run_cli
 from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
@@ -19,7 +19,7 @@ from ollapy.store.draft_vocab import TOKEN_IDS_KEY, TokenMap, header_vocab_misma
 from ollapy.store.info import read_gguf_header
 
 N_TOKENS = 8192
-CORPUS = [ROOT / "README.md"]
+CORPUS_TEXT = "Each slot of the engine keeps the tokenizer's tokens in a KV cache; a slot drafts. " * 20
 CFG = ContextConfig(num_ctx=256, num_batch=64)
 PROMPT = "The capital of France is"
 COPY = ("Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite quarried on the "
@@ -28,13 +28,14 @@ COPY = ("Repeat this paragraph exactly: The lighthouse at Skerry Point was built
 
 @pytest.fixture(scope="module")
 def trimmed(smollm2_path, tmp_path_factory) -> Path:
-    """All 30 blocks of SmolLM2, its 49,152 tokens trimmed to 8,192 (ranked on this README, the paragraph the CLI
-    test copies, and 3,000 English words, to keep the test fast): the same network, so its drafts are the
+    """All 30 blocks of SmolLM2, its 49,152 tokens trimmed to 8,192 (ranked on a short corpus, the paragraph the
+    CLI test copies, and 3,000 English words, to keep the test fast): the same network, so its drafts are the
     target's wherever the target's choice is among the kept tokens."""
     out = tmp_path_factory.mktemp("trimmed")
+    (out / "corpus.txt").write_text(CORPUS_TEXT)
     (out / "copy.txt").write_text(COPY)
     return _draft_module().make_draft_gguf(smollm2_path, out / "smollm2-8k.gguf", 30, vocab=N_TOKENS,
-                                           corpus=CORPUS + [out / "copy.txt"], words=3000)
+                                           corpus=[out / "corpus.txt", out / "copy.txt"], words=3000)
 
 
 def _greedy(backend: Backend, tokens: list[int], n: int) -> list[int]:
@@ -57,8 +58,8 @@ def test_the_trimmed_gguf_keeps_the_control_tokens_the_frequent_ones_and_their_r
     assert cut_tokens == [src_tokens[i] for i in ids]
     types = src.fields["tokenizer.ggml.token_type"].contents()
     assert {i for i, t in enumerate(types) if t != 1} <= set(ids)  # every control token of SmolLM2 is kept
-    # a common word, words of the README outside the 3,000 most common English ones, the newline; a rare word not
-    assert {"Ġthe", "Ġslot", "Ġtokenizer", "Ċ"} <= set(cut_tokens) and "Ġkeeper" not in cut_tokens
+    # a common word, words of the corpus outside the 3,000 most common English ones, the newline; a rare word not
+    assert {"Ġthe", "Ġslot", "Ġtokenizer", "Ċ"} <= set(cut_tokens) and "Ġpenguin" not in cut_tokens
     assert cut.fields["llama.block_count"].contents() == 30
     assert cut.fields["general.name"].contents().endswith(f"(draft: first 30 of 30 blocks, {N_TOKENS} tokens)")
     src_embd = next(t for t in src.tensors if t.name == "token_embd.weight")
@@ -66,7 +67,8 @@ def test_the_trimmed_gguf_keeps_the_control_tokens_the_frequent_ones_and_their_r
     assert cut_embd.tensor_type == src_embd.tensor_type and list(cut_embd.shape) == [576, N_TOKENS]
     assert np.array_equal(np.asarray(cut_embd.data), np.asarray(src_embd.data)[ids])  # quantized rows, as they were
     again = _draft_module().make_draft_gguf(smollm2_path, tmp_path / "again.gguf", 30, vocab=N_TOKENS,
-                                            corpus=CORPUS + [trimmed.parent / "copy.txt"], words=3000)
+                                            corpus=[trimmed.parent / "corpus.txt", trimmed.parent / "copy.txt"],
+                                            words=3000)
     assert again.read_bytes() == trimmed.read_bytes()  # deterministic
     with pytest.raises(ValueError, match="--vocab must be above"):
         _draft_module().make_draft_gguf(smollm2_path, tmp_path / "x.gguf", 30, vocab=10, corpus=[], words=10)

@@ -22,6 +22,8 @@ Model. Two measurements:
   rows a second pass over the weights, about 3.4) and 2 at a time with AVX2, where an odd last row costs a pass
   of its own (3 rows 2.4 one-row steps, 4 rows 2.2); a line through those points would draft 1 token where 3 are
   as cheap, or 2 where 3 cost less.
+- With a **draft model** each drafted token also costs the draft model's decoding, timed apart from the
+  target's steps and added per drafted row (:class:`ModelDraftCost`; Leviathan et al.'s cost coefficient ``c``).
 
 Rule. Start from no drafts: ``rows = n_decoding + n_other_rows`` (prefill rows in the same step),
 ``tokens = n_decoding`` (one per decoding slot), throughput ``tokens / t(rows)``. Repeatedly add the draft

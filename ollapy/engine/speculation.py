@@ -25,6 +25,12 @@ One ubatch per step. With one KV stream per slot llama.cpp splits a batch "equal
 same number of rows for every sequence of a ubatch), so slots verifying drafts of different lengths would
 cost extra ubatches, each reading all the weights again. When several slots decode, they all verify the same
 number of drafted tokens (the smallest the policy gave any of them; none if one of them drafts nothing).
+
+A draft model's price and probes. Its time per drafted token (the catch-up batch plus one decode per further
+position) is measured per proposal and priced per drafted row beside the target's measured step times. Unlike
+an n-gram proposal, a draft model's proposal is not free, so it has no shadow: a slot decoding alone that does
+not draft with it probes ``draft_min`` tokens at its first step and after :data:`PROBE_STEPS` idle steps, the
+wait doubling after each rejected probe (up to :data:`PROBE_MAX_STEPS`) and reset by an accepted one.
 """
 from __future__ import annotations
 
