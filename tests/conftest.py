@@ -142,6 +142,24 @@ def edited_gguf_copy(src: Path, dst: Path, key: str, index: int = 0, value: int 
     return dst
 
 
+def plain_greedy(backend, tokens: list[int], n: int) -> list[int]:
+    """Reference greedy decoding on a loaded ``Backend``: a fresh sequence 0, ``tokens`` in one batch, then ``n``
+    argmax steps; returns the ``n`` token ids (sequence 0 is cleared again)."""
+    from array import array
+
+    import numpy as np
+
+    backend.seq_clear(0)
+    k = len(tokens)
+    backend.decode(array("i", tokens), array("i", range(k)), array("i", [0] * k), array("b", [0] * (k - 1) + [1]))
+    out = [int(np.argmax(backend.logits_row(k - 1)))]
+    while len(out) < n:
+        backend.decode(array("i", [out[-1]]), array("i", [k + len(out) - 1]), array("i", [0]), array("b", [1]))
+        out.append(int(np.argmax(backend.logits_row(0))))
+    backend.seq_clear(0)
+    return out
+
+
 @contextlib.contextmanager
 def live_server(base: Path, *serve_args: str, env: dict | None = None):
     """Run ``ollapy serve`` on a free loopback port with its store, prompt cache and state under ``base``;

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import DRAFT_LAYERS, _draft_module, edited_gguf_copy
+from conftest import DRAFT_LAYERS, _draft_module, edited_gguf_copy, plain_greedy
 from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
@@ -97,19 +97,6 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, ge
 
 
 # ---- DraftModel: the draft context kept in step with the target's slots -------------------------------------
-def _plain_greedy(backend: Backend, tokens: list[int], n: int) -> list[int]:
-    """Reference: a fresh sequence 0, the tokens in one batch, then n greedy steps."""
-    backend.seq_clear(0)
-    k = len(tokens)
-    backend.decode(array("i", tokens), array("i", range(k)), array("i", [0] * k), array("b", [0] * (k - 1) + [1]))
-    out = [int(np.argmax(backend.logits_row(k - 1)))]
-    while len(out) < n:
-        backend.decode(array("i", [out[-1]]), array("i", [k + len(out) - 1]), array("i", [0]), array("b", [1]))
-        out.append(int(np.argmax(backend.logits_row(0))))
-    backend.seq_clear(0)
-    return out
-
-
 @pytest.fixture(scope="module")
 def draft_pair(smollm2_path, smollm2_draft_path):
     from ollapy.engine.draft_model import DraftModel
@@ -125,7 +112,7 @@ def test_drafts_are_the_draft_models_greedy_continuation(draft_pair):
     prompt = ref.tokenize(PROMPT)
     other = ref.tokenize("Water boils at")
     got = dm.propose({0: (prompt, 4), 1: (other, 3)})
-    assert got == {0: _plain_greedy(ref, prompt, 4), 1: _plain_greedy(ref, other, 3)}
+    assert got == {0: plain_greedy(ref, prompt, 4), 1: plain_greedy(ref, other, 3)}
     # each sequence holds its tokens and all but the last draft token
     assert dm.held(0) == prompt + got[0][:3] and dm.held(1) == other + got[1][:2]
 
@@ -140,7 +127,7 @@ def test_accepted_and_rejected_tokens_resync_with_only_the_new_tokens(draft_pair
     synced = dm.stats.synced
     again = dm.propose({0: (tokens, 3)})[0]
     assert dm.stats.synced - synced == 1  # only the corrected token was evaluated: the accepted ones were held
-    assert again == _plain_greedy(ref, tokens, 3)
+    assert again == plain_greedy(ref, tokens, 3)
 
 
 def test_a_new_prompt_sharing_a_prefix_keeps_the_prefix(draft_pair):
@@ -152,7 +139,7 @@ def test_a_new_prompt_sharing_a_prefix_keeps_the_prefix(draft_pair):
     dm.propose({1: (a, 2)})
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
     synced = dm.stats.synced
-    assert dm.propose({1: (b, 2)})[1] == _plain_greedy(ref, b, 2)
+    assert dm.propose({1: (b, 2)})[1] == plain_greedy(ref, b, 2)
     assert dm.stats.synced - synced == len(b) - shared
 
 

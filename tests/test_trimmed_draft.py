@@ -4,12 +4,11 @@ most frequent tokens and records their ids in the target's vocabulary; ollapy ch
 from __future__ import annotations
 
 import re
-from array import array
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import _draft_module, edited_gguf_copy, run_cli
+from conftest import _draft_module, edited_gguf_copy, plain_greedy, run_cli
 from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
@@ -36,18 +35,6 @@ def trimmed(smollm2_path, tmp_path_factory) -> Path:
     (out / "copy.txt").write_text(COPY)
     return _draft_module().make_draft_gguf(smollm2_path, out / "smollm2-8k.gguf", 30, vocab=N_TOKENS,
                                            corpus=[out / "corpus.txt", out / "copy.txt"], words=3000)
-
-
-def _greedy(backend: Backend, tokens: list[int], n: int) -> list[int]:
-    k = len(tokens)
-    backend.seq_clear(0)
-    backend.decode(array("i", tokens), array("i", range(k)), array("i", [0] * k), array("b", [0] * (k - 1) + [1]))
-    out = [int(np.argmax(backend.logits_row(k - 1)))]
-    while len(out) < n:
-        backend.decode(array("i", [out[-1]]), array("i", [k + len(out) - 1]), array("i", [0]), array("b", [1]))
-        out.append(int(np.argmax(backend.logits_row(0))))
-    backend.seq_clear(0)
-    return out
 
 
 def test_the_trimmed_gguf_keeps_the_control_tokens_the_frequent_ones_and_their_rows(smollm2_path, trimmed, tmp_path):
@@ -107,7 +94,7 @@ def test_a_trimmed_draft_proposes_the_targets_own_ids(smollm2_path, trimmed):
     with Backend(smollm2_path, CFG) as target, Backend(trimmed, ContextConfig(num_ctx=256, num_batch=64)) as d:
         dm = DraftModel(d, target, "smollm2", "smollm2-8k", tmap)
         prompt = target.tokenize(PROMPT)
-        want = _greedy(target, prompt, 6)
+        want = plain_greedy(target, prompt, 6)
         assert set(prompt + want) <= set(tmap.ids)  # so that the comparison below is exact
         assert dm.propose({0: (prompt, 6)}) == {0: want}
         rare = target.tokenize("Zygomorphic quaggas")
