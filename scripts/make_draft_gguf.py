@@ -21,9 +21,10 @@ one whose tokenizer matches the target's. Two cuts, combinable:
   frequencies). The token embedding rows (also the output layer where it is tied) and the tokenizer arrays are
   cut to those tokens, in the target's id order, and ``ollapy.draft.token_ids`` (int32, one per draft token)
   records each one's id in the target's vocabulary. ollapy checks that every kept token's text equals the
-  target's text at that id (ollapy.store.draft_vocab), feeds the draft the mapped ids (a token outside the
-  subset as the draft's ``<unk>``) and maps its argmax back; the target verifies every drafted token, so the
-  answer is unchanged. llama.cpp's own tools refuse such a draft (its vocabulary differs in size).
+  target's text at that id (ollapy.store.draft_vocab), feeds the draft the mapped ids and maps its argmax back.
+  A token outside the subset is fed as the most frequent kept token (``ollapy.draft.fallback_id``; measured in
+  the README). The target verifies every drafted token, so the answer is unchanged. llama.cpp's own tools
+  refuse such a draft (its vocabulary differs in size).
 
 The tokenizer metadata is otherwise copied unchanged, ``{arch}.block_count`` becomes K, and ``general.name``
 says what it is. Deterministic: the same input and options give the same bytes (metadata and tensors in the
@@ -45,8 +46,10 @@ import numpy as np
 
 KEEP = ("token_embd.", "output_norm.", "output.")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
-#: metadata key of a trimmed-vocabulary draft: the target's id of each draft token (see ollapy.store.draft_vocab)
+#: metadata keys of a trimmed-vocabulary draft (see ollapy.store.draft_vocab): the target's id of each draft token,
+#: and the draft id fed for a target token the draft lacks
 TOKEN_IDS_KEY = "ollapy.draft.token_ids"
+FALLBACK_KEY = "ollapy.draft.fallback_id"
 _UNUSED = re.compile(rb"^<unused\d+>$")
 _NORMAL = 1  # gguf.TokenType.NORMAL
 
@@ -123,6 +126,14 @@ def make_draft_gguf(src: Path, dst: Path, n_layers: int, *, vocab: int | None = 
     """
     import gguf
 
+    src, dst = Path(src), Path(dst)
+    if not src.is_file():
+        raise ValueError(f"{src}: no such file")
+    with open(src, "rb") as f:
+        if f.read(4) != b"GGUF":
+            raise ValueError(f"{src} is not a GGUF file")
+    if dst.exists() and os.path.samefile(src, dst):  # the same path, a symlink or a hard link (a store's blob)
+        raise ValueError(f"{dst} is the source model: write the draft to another file")
     reader = gguf.GGUFReader(src)
     arch = reader.fields["general.architecture"].contents()
     count_key = f"{arch}.block_count"
@@ -138,6 +149,7 @@ def make_draft_gguf(src: Path, dst: Path, n_layers: int, *, vocab: int | None = 
         if vocab < len(tokens):
             counts = rank_tokens(src, corpus if corpus is not None else default_corpus(), words)
             keep_ids = np.array(choose_vocab(tokens, types, counts, vocab), dtype=np.int32)
+            fallback = max((i for i, t in enumerate(types) if t == _NORMAL), key=lambda i: (counts.get(i, 0), -i))
     new_id = {int(t): i for i, t in enumerate(keep_ids)} if keep_ids is not None else {}
     what = [f"first {n_layers} of {n_total} blocks"] + ([f"{len(keep_ids)} tokens"] if keep_ids is not None else [])
 
@@ -165,6 +177,7 @@ def make_draft_gguf(src: Path, dst: Path, n_layers: int, *, vocab: int | None = 
         writer.add_key_value(field.name, value, vtype, sub_type=sub)
     if keep_ids is not None:
         writer.add_array(TOKEN_IDS_KEY, [int(i) for i in keep_ids])
+        writer.add_uint32(FALLBACK_KEY, new_id[fallback])
     for tensor in reader.tensors:
         m = _BLOCK.match(tensor.name)
         if m and int(m.group(1)) < n_layers:
@@ -184,6 +197,15 @@ def make_draft_gguf(src: Path, dst: Path, n_layers: int, *, vocab: int | None = 
     return dst
 
 
+def describe(draft: Path) -> str:
+    """What a draft file keeps, from its ``general.name`` (e.g. ``first 16 of 18 blocks, 32768 tokens``)."""
+    import gguf
+
+    name = str(gguf.GGUFReader(draft).fields["general.name"].contents())
+    kept = name[name.rfind("(draft: ") + 8:-1] if name.endswith(")") and "(draft: " in name else name
+    return kept if "tokens" in kept else f"{kept}, the whole vocabulary"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", type=Path, help="the target model's GGUF")
@@ -197,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"{out}: {out.stat().st_size} bytes, a draft of {args.src.name}")
+    print(f"{out}: {out.stat().st_size} bytes, a draft of {args.src.name}: {describe(out)}")
     return 0
 
 

@@ -3,6 +3,8 @@ llama.cpp loads through ollapy's backend, and the vocabulary check accepts it an
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
 from array import array
 from pathlib import Path
 
@@ -57,6 +59,26 @@ def test_the_cut_is_deterministic(smollm2_path, smollm2_draft_path, tmp_path):
     assert not (tmp_path / "again.gguf.tmp").exists()
     with pytest.raises(ValueError, match="between 1 and 30"):
         _draft_module().make_draft_gguf(smollm2_path, tmp_path / "x.gguf", 31)
+
+
+def test_the_cut_never_writes_over_its_source(smollm2_path, tmp_path):
+    """A fresh-user trial ran ``make_draft_gguf.py G G --layers 4`` and the model file became its own 4-block
+    cut. The source is refused as the destination, also through a hard link (a store's blob) or a symlink."""
+    src = tmp_path / "model.gguf"
+    shutil.copyfile(smollm2_path, src)
+    hard, soft = tmp_path / "hard.gguf", tmp_path / "soft.gguf"
+    os.link(src, hard)
+    soft.symlink_to(src)
+    size = src.stat().st_size
+    for dst in (src, hard, soft):
+        with pytest.raises(ValueError, match="is the source model: write the draft to another file"):
+            _draft_module().make_draft_gguf(src, dst, 4)
+    assert src.stat().st_size == size == smollm2_path.stat().st_size
+    with pytest.raises(ValueError, match="no such file"):
+        _draft_module().make_draft_gguf(tmp_path / "missing.gguf", tmp_path / "x.gguf", 4)
+    (tmp_path / "notes.txt").write_text("not a model")
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        _draft_module().make_draft_gguf(tmp_path / "notes.txt", tmp_path / "x.gguf", 4)
 
 
 def test_keeping_every_block_gives_the_same_model_bit_for_bit(smollm2_path, tmp_path):

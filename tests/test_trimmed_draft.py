@@ -14,7 +14,7 @@ from gguf import GGUFReader
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.backend.vocab import vocab_mismatch
 from ollapy.engine.draft_model import DraftModel
-from ollapy.store.draft_vocab import TOKEN_IDS_KEY, TokenMap, header_vocab_mismatch, read_token_map
+from ollapy.store.draft_vocab import FALLBACK_KEY, TOKEN_IDS_KEY, TokenMap, header_vocab_mismatch, read_token_map
 from ollapy.store.info import read_gguf_header
 
 N_TOKENS = 8192
@@ -69,6 +69,8 @@ def test_the_headers_and_the_loaded_models_accept_the_map_and_find_the_same_faul
     target_meta = read_gguf_header(smollm2_path, keep)[0]
     tmap = read_token_map(trimmed)
     assert isinstance(tmap, TokenMap) and len(tmap.ids) == N_TOKENS and read_token_map(smollm2_path) is None
+    # a token the draft lacks goes in as its most frequent one (SmolLM2 has no <unk>: id 0 is <|endoftext|>)
+    assert tmap.unknown == GGUFReader(trimmed).fields[FALLBACK_KEY].contents() != 0
     text = edited_gguf_copy(trimmed, tmp_path / "text.gguf", "tokenizer.ggml.tokens", index=1000)
     mapped = tmap.ids[1000]
     with Backend(smollm2_path, CFG) as target:
@@ -89,7 +91,8 @@ def test_the_headers_and_the_loaded_models_accept_the_map_and_find_the_same_faul
 
 def test_a_trimmed_draft_proposes_the_targets_own_ids(smollm2_path, trimmed):
     """Full depth, trimmed head: where the target's greedy choice is a kept token, the draft proposes exactly it,
-    in the target's ids (draft id 1000 is not target id 1000); a prompt token outside the subset is fed as <unk>."""
+    in the target's ids (draft id 1000 is not target id 1000); a prompt token outside the subset is fed as the
+    most frequent kept token."""
     tmap = read_token_map(trimmed)
     with Backend(smollm2_path, CFG) as target, Backend(trimmed, ContextConfig(num_ctx=256, num_batch=64)) as d:
         dm = DraftModel(d, target, "smollm2", "smollm2-8k", tmap)

@@ -20,7 +20,7 @@ for slot ``i``), and this class keeps each sequence's KV equal to a prefix of th
 The vocabularies are checked when the class is built (:func:`~.backend.vocab.check_draft_vocab`). A draft with a
 trimmed vocabulary (FR-Spec, Zhao et al. 2025: its output layer keeps only the target's most frequent tokens, the
 layer that dominates a small model's step) comes with ``token_ids``, the target id of each draft token: the
-draft context is fed the draft's ids (a token outside the subset as the draft's ``<unk>``) and its argmax is
+draft context is fed the draft's ids (a token outside the subset as ``token_map.unknown``) and its argmax is
 mapped back, so that everything outside this class sees target ids only. Draft tokens
 are the draft model's argmax, a point-mass draft: the target verifies them with
 :func:`~.spec_sampling.verify_by_sampling` (or :func:`~.spec_sampling.verify_greedy` at temperature 0).
@@ -68,7 +68,7 @@ class DraftModel:
         check_draft_vocab(target, draft, target_name, draft_name, token_map.ids if token_map else None)
         self.backend = draft
         self.n_vocab = min(draft.n_vocab, target.n_vocab)  # never propose an id the target does not have
-        # target id -> draft id (out of the subset: the draft's <unk>, else 0) and back; None: the same ids
+        # target id -> draft id (out of the subset: token_map.unknown) and back; None: the same ids
         self._to_draft: np.ndarray | None = None
         self._to_target: np.ndarray | None = None
         if token_map is not None:

@@ -115,24 +115,32 @@ def check_draft_header(target_path: Path, draft_path: Path, target_name: str, dr
         raise DraftMismatch(draft_name, target_name, why)
 
 
+#: metadata key of a trimmed-vocabulary draft: the draft id fed for a target token outside its vocabulary
+FALLBACK_KEY = "ollapy.draft.fallback_id"
+
+
 @dataclass(frozen=True)
 class TokenMap:
     """A trimmed-vocabulary draft's map: ``ids[i]`` is the target's id of draft token ``i``; ``unknown`` is the
-    draft id fed for a target token outside the subset (its ``<unk>``, else 0)."""
+    draft id fed for a target token outside the subset (:data:`FALLBACK_KEY`, the most frequent kept token)."""
 
     ids: list[int]
     unknown: int
 
 
 def read_token_map(path: Path) -> TokenMap | None:
-    """A trimmed-vocabulary draft's :class:`TokenMap` (from :data:`TOKEN_IDS_KEY`), or None for a draft of the
-    target's own vocabulary. Raises ModelLoadError when the header is unreadable."""
+    """A trimmed-vocabulary draft's :class:`TokenMap` (from :data:`TOKEN_IDS_KEY` and :data:`FALLBACK_KEY`; without
+    the latter its ``<unk>``, else id 0), or None for a draft of the target's own vocabulary. Raises
+    ModelLoadError when the header is unreadable."""
     meta = read_gguf_header(path, frozenset({TOKEN_IDS_KEY}))[0]
     ids = meta.get(TOKEN_IDS_KEY)
     if not isinstance(ids, list):
         return None
-    unk = meta.get("tokenizer.ggml.unknown_token_id")
-    return TokenMap([int(i) for i in ids], int(unk) if isinstance(unk, int) and 0 <= unk < len(ids) else 0)
+    for key in (FALLBACK_KEY, "tokenizer.ggml.unknown_token_id"):
+        got = meta.get(key)
+        if isinstance(got, int) and 0 <= got < len(ids):
+            return TokenMap([int(i) for i in ids], got)
+    return TokenMap([int(i) for i in ids], 0)
 
 
 def _show(text: bytes) -> str:
