@@ -119,10 +119,18 @@ def test_ollapy_run_with_a_trimmed_draft_answers_as_plain_and_drafts(smollm2_pat
     assert proposed > 0 and accepted > 0, line[0]
 
 
-def test_a_draft_model_gets_flash_attention_on_a_cpu_and_the_target_keeps_its_choice(smollm2_path, trimmed):
-    from ollapy.engine.model import LoadedModel
+def test_a_draft_model_gets_flash_attention_on_a_cpu_where_its_heads_are_wide(smollm2_path, trimmed, gemma_path,
+                                                                             tmp_path):
+    """On for Gemma 3's heads of 256 (faster there), off for SmolLM2's 64 (a chat turn's tail 4.6x slower with it);
+    the model itself keeps ollapy's choice, and an explicit flash_attn applies to both."""
+    from ollapy.engine.model import LoadedModel, draft_flash_attn
     from ollapy.options import Options
 
-    with LoadedModel(smollm2_path, Options(num_ctx=256, draft=str(trimmed)), draft_path=trimmed) as m:
+    gemma_draft = _draft_module().make_draft_gguf(gemma_path, tmp_path / "gemma-2.gguf", 2)
+    assert draft_flash_attn("auto", False, gemma_draft) == "on" and draft_flash_attn("auto", False, trimmed) == "off"
+    assert draft_flash_attn("off", False, gemma_draft) == "off" and draft_flash_attn("auto", True, gemma_draft) == "auto"
+    with LoadedModel(gemma_path, Options(num_ctx=256, draft=str(gemma_draft)), draft_path=gemma_draft) as m:
         assert m.backend.flash_attn == "off" and m.draft_backend.flash_attn == "on"
+    with LoadedModel(smollm2_path, Options(num_ctx=256, draft=str(trimmed)), draft_path=trimmed) as m:
+        assert m.backend.flash_attn == "off" and m.draft_backend.flash_attn == "off"
         assert m.engine.spec.draft_model.n_vocab == N_TOKENS

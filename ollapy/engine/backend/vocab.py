@@ -42,7 +42,7 @@ def vocab_mismatch(target: VocabHolder, draft: VocabHolder, token_ids: Sequence[
     """The first difference between the two vocabularies, in words, or None when a draft may serve.
 
     ``token_ids``: a trimmed-vocabulary draft's map (the target id of each draft token,
-    :func:`ollapy.store.draft_vocab.read_token_ids`); then its rule is
+    :func:`ollapy.store.draft_vocab.read_token_map`); then its rule is
     :func:`ollapy.store.draft_vocab.mapped_vocab_mismatch`'s, with BOS/EOS compared through the map."""
     tv, dv = target.vocab, draft.vocab
     if token_ids is not None:
