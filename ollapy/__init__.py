@@ -1,3 +1,16 @@
-"""ollapy: a command-line local LLM runner in the Ollama style."""
+"""ollapy: a command-line local LLM runner in the Ollama style.
 
+Layers, top to bottom (imports point down only; ``tests/test_layering.py`` checks every module):
+
+- :mod:`.cli`: the ``ollapy`` command.
+- :mod:`.server`: ``ollapy serve`` (Ollama, OpenAI and Anthropic APIs; the scheduler).
+- :mod:`.runner`: a model behind the runner interface, in process or in a child process; the loader.
+- :mod:`.engine` and :mod:`.cache`: one loaded model (slots, batch loop, the llama.cpp boundary); the prompt
+  cache. They meet only through the engine's PrefixSource Protocol.
+- :mod:`.store`: models on disk and pull sources.
+- :mod:`.chat`: chat templates and the meaning of a reply.
+
+Shared by every layer: :mod:`.config` (settings), :mod:`.options` (model options), :mod:`.errors`,
+:mod:`.duration`, :mod:`.fsutil`, :mod:`.rpc_endpoint`, :mod:`.tokens`.
+"""
 __version__ = "0.1.0"

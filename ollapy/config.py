@@ -14,7 +14,7 @@ from typing import Callable
 
 import platformdirs
 
-from .duration import parse_duration
+from ollapy.duration import parse_duration
 
 APP = "ollapy"
 
@@ -127,7 +127,7 @@ _BOOL_TEXT = "a boolean: 1, 0, true, false, yes, no, on or off"
 
 def invalid(s: Setting, expected: str, hint: str = "") -> Exception:
     """The one error for a bad ``OLLAPY_*`` value: ``OLLAPY_X='v' is not valid: expected ...`` (UsageError, exit 2)."""
-    from .errors import SettingError
+    from ollapy.errors import SettingError
 
     return SettingError(s.env, s.raw(), expected, hint=hint)
 
@@ -342,8 +342,8 @@ def extra_bufts() -> str:
 
 def rpc() -> str:
     """``OLLAPY_RPC`` normalized (``"host:port,host:port"``, ``""`` = none); raises SettingError."""
-    from .errors import OptionError
-    from .rpc_endpoint import parse_endpoints
+    from ollapy.errors import OptionError
+    from ollapy.rpc_endpoint import parse_endpoints
 
     try:
         return ",".join(parse_endpoints(RPC.raw()))
@@ -432,7 +432,7 @@ def kv_cache_type() -> str:
     return _choice(KV_CACHE_TYPE, ("f16", "q8_0", "q4_0"))
 
 
-# ---- server (ollapy/server, ollapy/runtime.py) ------------------------------------------------
+# ---- server (ollapy/server, ollapy/server/scheduler.py) ------------------------------------------------
 ORIGINS = _setting(
     "OLLAPY_ORIGINS",
     "",
@@ -479,7 +479,7 @@ def api_key() -> str:
     blanks or control characters inside (it could not travel in an HTTP header)."""
     key = API_KEY.raw().strip()
     if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in key) or not key.isascii():
-        from .errors import SettingError
+        from ollapy.errors import SettingError
 
         # the value is a secret: never echoed in the error
         raise SettingError(API_KEY.env, "…", "printable ASCII without blanks, e.g. the output of "

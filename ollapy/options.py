@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import OptionError
+from ollapy.errors import OptionError
 
 log = logging.getLogger("ollapy.options")
 
@@ -257,7 +257,7 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
                                   f"option {name} must not be negative, got {out}")
             return out
         if name == "rpc":
-            from .rpc_endpoint import parse_endpoints
+            from ollapy.rpc_endpoint import parse_endpoints
 
             return ",".join(parse_endpoints(str(value)))
         if name == "tensor_split":

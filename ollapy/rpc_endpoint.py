@@ -20,7 +20,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from .errors import OptionError, RpcUnavailable
+from ollapy.errors import OptionError, RpcUnavailable
 
 RPC_CMD_HELLO = 14
 RPC_CONN_CAPS_SIZE = 24

@@ -27,7 +27,7 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
   through one LoadedModel with its slots emptied in between: cache off, cache on and cold (it fills the
   cache), cache on again (a hit); target: all three identical for every prompt, and every third run a hit;
 * canonical order cost: cold TTFT of the ~2,200-token prompt with the last prompt token evaluated alone
-  (ollapy/engine/evalorder.py) against the same prefill with it inside the last chunk (the order before it),
+  (ollapy/engine/prefix/evalorder.py) against the same prefill with it inside the last chunk (the order before it),
   driven on the backend in alternating pairs; target < 5% slower.
 
 The script exits 1 when any target row is MISSED. ``--busy N`` runs everything while N
@@ -260,8 +260,8 @@ def ttft_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
     """In-process rows (cold, 0% hits, RAM hit, same-process disk hit, restore) on one LoadedModel."""
     from ollapy.cache import PromptCache
     from ollapy.engine.model import LoadedModel
-    from ollapy.loader import PathRef
     from ollapy.options import Options
+    from ollapy.runner.loader import PathRef
 
     opts = Options(num_ctx=4096, temperature=0, num_predict=1, num_thread=args.threads)
     ref = PathRef(name=MODEL_NAME, path=args.model)
@@ -439,9 +439,9 @@ def exact_prompt(rng: random.Random) -> str:
 
 def exactness_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
     """cached == cold over many prompts per model, and the cost of the canonical evaluation order."""
-    from ollapy.engine.evalorder import next_chunk_end
-    from ollapy.loader import PathRef, open_model
+    from ollapy.engine.prefix.evalorder import next_chunk_end
     from ollapy.options import Options
+    from ollapy.runner.loader import PathRef, open_model
 
     opts = Options(num_ctx=4096, temperature=0, num_predict=40, num_thread=args.threads)
     models = [("SmolLM2", args.model), ("Gemma 3", GEMMA_MODEL)]
@@ -519,10 +519,10 @@ def exactness_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
 
 def admission_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
     """Server-like run, then a fresh process checks that every system prompt is a disk hit."""
-    from ollapy import loader
     from ollapy.cache.tiers import disk_usage
-    from ollapy.loader import PathRef
     from ollapy.options import Options
+    from ollapy.runner import loader
+    from ollapy.runner.loader import PathRef
 
     root = tmp / "admission"
     n = args.requests
@@ -592,9 +592,9 @@ def admission_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
 
 def verify_admission(args) -> None:
     """(Child process.) One new question per admission system prompt on a new cache; prints one JSON line."""
-    from ollapy import loader
-    from ollapy.loader import PathRef
     from ollapy.options import Options
+    from ollapy.runner import loader
+    from ollapy.runner.loader import PathRef
 
     os.environ["OLLAPY_CACHE_DIR"] = args.verify_admission
     ref = PathRef(name=MODEL_NAME, path=args.model)

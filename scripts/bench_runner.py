@@ -59,8 +59,8 @@ def main() -> int:
         print(f"model not found: {args.model} (run scripts/fetch_test_models.py)", file=sys.stderr)
         return 2
 
-    from ollapy import loader
     from ollapy.options import Options
+    from ollapy.runner import loader
 
     opts = Options(num_ctx=1024, num_parallel=1, num_thread=args.threads, temperature=0, num_predict=args.tokens)
     ref = loader.PathRef(name=args.model.stem, path=args.model)

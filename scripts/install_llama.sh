@@ -21,7 +21,7 @@
 # - every other type tinyBLAS takes (F32, F16, BF16, IQ4_NL; all types off x86) rounds differently in vec_dot, so
 #   one row goes to tinyBLAS too (guard n < 1).
 # So a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on it:
-# ollapy/engine/speculation.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
+# ollapy/engine/spec/speculator.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
 # VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, one_row_products_differ).
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"

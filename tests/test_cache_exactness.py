@@ -5,7 +5,7 @@ by new `ollapy run` processes sharing one cache directory: cold (nothing cached)
 hits the cache), then `--no-cache`. The three greedy answers must be byte-identical, and the second run must
 have reused the prefix. The same holds through `ollapy serve` across a restart.
 
-This is what the canonical evaluation order (ollapy/engine/evalorder.py) buys; before it, a hit or a cache that
+This is what the canonical evaluation order (ollapy/engine/prefix/evalorder.py) buys; before it, a hit or a cache that
 was merely on changed 1 to 2 answers in 5 on these models. Timeouts only guard against hangs.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ from ollapy.cache import PromptCache
 from ollapy.cache.manager import WRITE_BACK_NEWEST
 from ollapy.cache.tiers import iter_state_files
 from ollapy.engine.model import LoadedModel
-from ollapy.loader import PathRef
 from ollapy.options import Options
+from ollapy.runner.loader import PathRef
 
 RULES = " ".join(f"Rule {i}: answer the question politely, in one short sentence, and never invent facts."
                  for i in range(150))  # ~3,000 tokens with the chat template
@@ -120,7 +120,7 @@ def test_after_a_shift_only_the_kept_prefix_is_reused(smollm2_path, tmp_path):
         # the same tokens again: only the kept prefix may come from the shifted slot, resumed on the chunk grid
         again = m.submit(type(prompt)(list(final.tokens), prompt.keep, (), ""), opts.merged({"num_predict": 8}))
         last = again.result()[1]
-        from ollapy.engine.evalorder import canonical_reuse
+        from ollapy.engine.prefix.evalorder import canonical_reuse
 
         assert last.metrics.prompt_cache_tokens == canonical_reuse(keep, len(final.tokens)) > 0
         assert last.metrics.prefix_source == "slot"

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,11 @@ from pathlib import Path
 
 import httpx
 from conftest import post_chat
+from rpc_helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM = " ".join(f"Guideline {i}: answer briefly, kindly and truthfully." for i in range(30))
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
@@ -68,7 +63,7 @@ def test_server_restart_keeps_the_prompt_cache_and_reports_it(smollm2_path, tmp_
     env = dict(os.environ)
     env.pop("OLLAPY_DEBUG", None)
     cache_dir = tmp_path / "cache"
-    env.update(OLLAPY_HOST=f"127.0.0.1:{_free_port()}", OLLAPY_MODELS=str(tmp_path / "models"),
+    env.update(OLLAPY_HOST=f"127.0.0.1:{free_port()}", OLLAPY_MODELS=str(tmp_path / "models"),
                OLLAPY_CACHE_DIR=str(cache_dir), OLLAPY_NUM_PARALLEL="2", OLLAPY_CONTEXT_LENGTH="1024",
                XDG_STATE_HOME=str(tmp_path / "state"))
     log = tmp_path / "serve.log"

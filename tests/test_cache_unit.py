@@ -371,7 +371,7 @@ def _raw_state(n_stream: int, seq: int, block: bytes) -> bytearray:
 def test_seq_state_rewrites_to_and_from_the_one_stream_layout(n_stream, seq):
     import struct
 
-    from ollapy.engine import seqstate
+    from ollapy.engine.backend import seqstate
 
     block = struct.pack("<I", 3) + bytes(range(1, 200)) + b"\0\0\0\0"  # cell_count 3; may end in zero bytes
     portable = seqstate.to_portable(_raw_state(n_stream, seq, block), n_stream)
@@ -385,7 +385,7 @@ def test_seq_state_rewrites_to_and_from_the_one_stream_layout(n_stream, seq):
 def test_seq_state_that_does_not_parse_is_refused():
     import struct
 
-    from ollapy.engine import seqstate
+    from ollapy.engine.backend import seqstate
 
     assert seqstate.to_portable(_raw_state(2, 0, struct.pack("<I", 3) + b"x" * 10), 4) is None  # wrong count
     head = struct.pack("<Ii", 0xAF143CD8, 0)
@@ -624,7 +624,7 @@ def test_the_bound_cache_is_the_engines_prefix_source(tmp_path):
     import inspect
 
     from ollapy.cache.manager import BoundCache, Candidate, Hit
-    from ollapy.engine.prefix_source import PrefixCandidate, PrefixHit, PrefixSource
+    from ollapy.engine.prefix.source import PrefixCandidate, PrefixHit, PrefixSource
 
     c = _bound(tmp_path)
     assert isinstance(c, PrefixSource)

@@ -9,8 +9,8 @@ from conftest import live_server, run_cli
 from test_embeddings import _with_pooling_type
 from think_models import THINK_TEMPLATE, think_modelfile
 
+from ollapy.chat.reply import check_capabilities, model_capabilities
 from ollapy.errors import OptionError
-from ollapy.reply import check_capabilities, model_capabilities
 from ollapy.store.info import embedding_only_meta
 
 TOOLS_TEMPLATE = THINK_TEMPLATE.replace("{%- for", "{%- if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}{%- for", 1)

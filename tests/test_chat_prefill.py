@@ -67,7 +67,8 @@ def test_prefill_is_continued_not_restarted(smollm2_path, tmp_path):
 def test_gemma_fallback_keeps_every_system_message():
     """Codex sends two developer (system) messages, and the generic tool format appends the tools to the first:
     Gemma's fallback template once kept only the last one, dropping Codex's instructions and every tool."""
-    from ollapy import chat, generic_tools
+    from ollapy.chat import generic_tools
+    from ollapy.chat import templates as chat
     from ollapy.engine.backend.templating import render_chat_template
 
     tools = [{"type": "function", "function": {"name": "exec_command", "description": "run", "parameters": {}}}]

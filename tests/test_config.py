@@ -124,7 +124,7 @@ def test_debug_never_raises_while_reporting(monkeypatch):
 
 def test_callers_use_the_strict_accessors(monkeypatch):
     """The server's keep-alive default, max loaded models and the pull retry budget no longer fall back silently."""
-    from ollapy import runtime
+    from ollapy.server import scheduler as runtime
     from ollapy.store import download
 
     monkeypatch.setenv("OLLAPY_KEEP_ALIVE", "soon")
@@ -197,8 +197,8 @@ def test_parse_duration_table(value, plain, negative_forever):
 
 def test_both_keep_alive_callers_use_the_one_parser(monkeypatch):
     """The env setting and the request field agree on every form; each turns ValueError into its own error."""
-    from ollapy import runtime
     from ollapy.errors import OptionError
+    from ollapy.server import scheduler as runtime
 
     for value, _plain, want in DURATIONS:
         if value == "":  # the default to both callers (an empty variable counts as unset)

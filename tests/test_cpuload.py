@@ -236,8 +236,8 @@ def test_real_model_decodes_on_fewer_threads_under_load_with_the_same_output(smo
 def test_a_draft_model_decodes_on_the_same_thread_budget_as_the_target(smollm2_path):
     """The draft model's context lowers its threads with the target's (a 2-thread ggml barrier on a CPU that other
     processes keep busy made each drafting step take seconds); what is generated stays the same."""
-    from ollapy.engine.draft_policy import StepCost
     from ollapy.engine.model import LoadedModel
+    from ollapy.engine.spec.policy import StepCost
     from ollapy.options import Options
 
     copy = "Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite."

@@ -121,7 +121,7 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, ge
 # ---- DraftModel: the draft context kept in step with the target's slots -------------------------------------
 @pytest.fixture(scope="module")
 def draft_pair(smollm2_path, smollm2_draft_path):
-    from ollapy.engine.draft_model import DraftModel
+    from ollapy.engine.spec.draft_model import DraftModel
 
     cfg = ContextConfig(n_parallel=2, num_ctx=256, num_batch=64)
     with Backend(smollm2_path, ContextConfig(num_ctx=256, num_batch=64, n_parallel=2)) as target, \

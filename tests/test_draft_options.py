@@ -175,7 +175,7 @@ def test_a_servers_api_never_shows_the_draft_models_path(smollm2_path, smollm2_d
 def test_a_relative_draft_path_is_made_absolute_by_the_cli_and_a_name_is_kept(tmp_path, monkeypatch):
     """The CLI sends a server an absolute draft path (its working directory is not the user's); names, ``ngram``
     and off pass as typed (`ollapy run`'s rule for the model argument)."""
-    from ollapy.cli.runner import absolute_draft_option
+    from ollapy.cli.embedded import absolute_draft_option
 
     monkeypatch.chdir(tmp_path)
     assert absolute_draft_option({"draft": "./d.gguf", "top_k": 3}) == {"draft": str(tmp_path / "d.gguf"), "top_k": 3}

@@ -1,11 +1,11 @@
-"""The batch-aware drafting policy (ollapy.engine.draft_policy): exact plans for measured step costs."""
+"""The batch-aware drafting policy (ollapy.engine.spec.policy): exact plans for measured step costs."""
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ollapy.engine.draft_policy import (
+from ollapy.engine.spec.policy import (
     AcceptanceHistory,
     ShadowVerdict,
     SlotDraft,
@@ -14,7 +14,7 @@ from ollapy.engine.draft_policy import (
     plan_draft_lengths,
     shadow_accepted,
 )
-from ollapy.engine.speculation import SHADOW_TOKENS, STALE_STEPS, Candidate, Speculator
+from ollapy.engine.spec.speculator import SHADOW_TOKENS, STALE_STEPS, Candidate, Speculator
 
 # SmolLM2-135M Q4_1 on 2 CPU cores (shared/ENVIRONMENT.md): 1/2/4/8 sequences decode at 96/129/162/179 tok/s,
 # i.e. steps of 10.4/15.5/24.7/44.7 ms
@@ -135,8 +135,8 @@ def test_per_token_survival_cuts_a_draft_where_the_history_stops_backing_it():
 
 
 def test_context_rates_learn_per_kind_and_first_token_and_follow_the_text():
-    from ollapy.engine.draft_policy import ContextRates
-    from ollapy.engine.ngram_draft import NOVEL, ONCE, SEEN
+    from ollapy.engine.spec.ngram import NOVEL, ONCE, SEEN
+    from ollapy.engine.spec.policy import ContextRates
     r = ContextRates()
     assert r.rate(NOVEL, True) == pytest.approx(1 / 3) and r.rate(ONCE, False) == 0.5
     for _ in range(10):  # copies: every ONCE token kept
@@ -299,7 +299,7 @@ def test_a_draft_models_tokens_are_priced_apart_from_the_targets_rows():
     """ModelDraftCost adds the draft model's time per drafted row to the target's step: with its 16-block,
     32k-token Gemma draft (~10 ms a token) and a 98% acceptance the plan drafts 3 (4 rows, one pass of the
     AVX-512 tiles), with a draft as dear as 25 ms a token nothing."""
-    from ollapy.engine.draft_policy import ModelDraftCost
+    from ollapy.engine.spec.policy import ModelDraftCost
 
     cheap = ModelDraftCost(GEMMA_XEON, 0.010, base_rows=1)
     assert cheap.time(1) == GEMMA_XEON.time(1) and cheap.time(4) == pytest.approx(GEMMA_XEON.time(4) + 0.030)
@@ -312,7 +312,7 @@ class _ScriptedDraft:
     """Stands in for DraftModel (the llama.cpp boundary): proposes token 7 ``n`` times and records the requests."""
 
     def __init__(self) -> None:
-        from ollapy.engine.draft_model import DraftStats
+        from ollapy.engine.spec.draft_model import DraftStats
 
         self.stats = DraftStats()
         self.asked: list[int] = []
@@ -330,7 +330,7 @@ def test_a_draft_model_probes_at_once_and_again_after_a_rejection_with_a_growing
     never drafted, and one rejected proposal stopped it for good (bench_spec's draft-model row drafted 1 token in
     160). Now the first step probes draft_min tokens, a rejected probe doubles the wait before the next, an
     accepted one brings it back to PROBE_STEPS."""
-    from ollapy.engine.speculation import PROBE_STEPS
+    from ollapy.engine.spec.speculator import PROBE_STEPS
 
     draft = _ScriptedDraft()
     sp = Speculator(1, draft_model=draft, draft_name="d.gguf")
@@ -360,8 +360,8 @@ def test_a_draft_model_probes_when_its_rate_passes_the_break_even_bound_but_no_l
     """Between the two tests (the first-token bound passed, plan_draft_lengths says 0) a slot also counts as idle
     and probes; before, it sat there for good: on bench_spec's draft-model row, a process seeded with the last
     one's step times drafted 13 tokens in 160 (all accepted) at 0.95x plain."""
-    from ollapy.engine.draft_policy import ModelDraftCost
-    from ollapy.engine.speculation import PROBE_STEPS
+    from ollapy.engine.spec.policy import ModelDraftCost
+    from ollapy.engine.spec.speculator import PROBE_STEPS
 
     draft = _ScriptedDraft()
     sp = Speculator(1, draft_model=draft, draft_name="d.gguf")

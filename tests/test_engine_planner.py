@@ -15,7 +15,14 @@ import pytest
 from fake_backend import FakeBackend
 
 from ollapy.engine.engine import Engine
-from ollapy.engine.planner import COPY_BYTES_PER_TOKEN, MIN_GAIN, RESTORE_BYTES_PER_TOKEN, CacheOffer, SlotView, plan_prefix
+from ollapy.engine.prefix.planner import (
+    COPY_BYTES_PER_TOKEN,
+    MIN_GAIN,
+    RESTORE_BYTES_PER_TOKEN,
+    CacheOffer,
+    SlotView,
+    plan_prefix,
+)
 from ollapy.errors import Cancelled
 from ollapy.options import Options
 
@@ -142,7 +149,7 @@ def _with_donor(engine, prompt, then):
     after its prefill until ``then`` has submitted, so the donor holds exactly its prompt plus one token.
 
     The donor's prefill is ceil((N-1)/n_batch) chunk decodes, then the decode of its last prompt token alone
-    (the canonical order, ollapy.engine.evalorder); the step after that is the one held."""
+    (the canonical order, ollapy.engine.prefix.evalorder); the step after that is the one held."""
     b = engine.backend
     b.block_at = b.n_decodes + -(-(len(prompt) - 1) // b.n_batch) + 2
     donor = engine.submit(prompt, OPTS.merged({"num_predict": 100000}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ollapy.engine.evalorder import ALIGN, canonical_reuse, grid_points, next_chunk_end
+from ollapy.engine.prefix.evalorder import ALIGN, canonical_reuse, grid_points, next_chunk_end
 
 
 def chunks(start: int, stop: int, budgets, save_points=()):

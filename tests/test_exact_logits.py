@@ -1,7 +1,7 @@
 """Bit-exact harness: the last prompt token's logits after a cold prefill and after a restored prefix.
 
 Drives llama.cpp through ollapy's Backend in exactly the shapes the engine uses
-(:mod:`ollapy.engine.evalorder`: chunks of ``[0, N-1)`` each in its own
+(:mod:`ollapy.engine.prefix.evalorder`: chunks of ``[0, N-1)`` each in its own
 ``llama_decode``, the last prompt token alone) and compares logits byte for
 byte. Both test models, weight repacking (``extra_bufts``) on and off.
 
@@ -28,7 +28,7 @@ from array import array
 
 import pytest
 
-from ollapy.engine.evalorder import canonical_reuse, grid_for, grid_points, next_chunk_end
+from ollapy.engine.prefix.evalorder import canonical_reuse, grid_for, grid_points, next_chunk_end
 
 N_PROMPT = 600  # crosses one n_ubatch (512) boundary
 SYSTEM_END = 203  # a system prompt's end; the engine moves it down onto the model's grid (Harness.save_point)

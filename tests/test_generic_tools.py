@@ -1,4 +1,4 @@
-"""llama.cpp's generic tool-call format (ollapy/generic_tools.py) without a model: the prompt polyfill, the
+"""llama.cpp's generic tool-call format (ollapy/chat/generic_tools.py) without a model: the prompt polyfill, the
 answer schema, and the streaming parser on every split of its input; the Responses store and input items."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ollapy.chat.generic_tools import INSTRUCTION, GenericCallParser, answer_schema, generic_messages, history_messages
 from ollapy.errors import OptionError
-from ollapy.generic_tools import INSTRUCTION, GenericCallParser, answer_schema, generic_messages, history_messages
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
@@ -108,7 +108,7 @@ def test_prompt_describes_the_tools_and_writes_the_history_as_text():
 
 
 def test_response_store_evicts_least_recently_used_by_bytes():
-    from ollapy.server.response_store import ResponseNotFound, ResponseStore, StoredResponse
+    from ollapy.server.openai.responses.store import ResponseNotFound, ResponseStore, StoredResponse
 
     def item(n: int) -> StoredResponse:
         return StoredResponse({"pad": "x" * n}, [])
@@ -129,7 +129,7 @@ def test_response_store_evicts_least_recently_used_by_bytes():
 
 
 def test_responses_input_items_become_chat_messages():
-    from ollapy.server.responses_bodies import ResponsesBody
+    from ollapy.server.openai.responses.bodies import ResponsesBody
 
     body = ResponsesBody.from_dict({"model": "m", "instructions": "Be brief.", "input": [
         {"role": "developer", "content": "Use tools."},

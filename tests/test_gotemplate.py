@@ -1,4 +1,4 @@
-"""Ollama Go-template TEMPLATEs translated to Jinja at ``create`` (ollapy/store/gotemplate.py).
+"""Ollama Go-template TEMPLATEs translated to Jinja at ``create`` (ollapy/chat/gotemplate.py).
 
 Each template below is written in the style of Ollama's library templates; the expected prompts are derived by
 hand from Go's text/template rules and Ollama's Execute/collate (messages mode, or legacy per-turn execution with
@@ -11,10 +11,10 @@ import pytest
 
 pytest_plugins = ["store_fixtures"]
 
-from ollapy import chat
+from ollapy.chat import templates as chat
+from ollapy.chat.gotemplate import is_go_template, jinja_template, translate_go_template
 from ollapy.engine.backend.templating import render_chat_template
 from ollapy.errors import UsageError
-from ollapy.store.gotemplate import is_go_template, jinja_template, translate_go_template
 
 LLAMA3 = """{{- if .Messages }}
 {{- if .System }}<|start_header_id|>system<|end_header_id|>

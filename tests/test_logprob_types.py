@@ -50,7 +50,7 @@ def test_engine_logprobs_are_python_floats(logprob_items):
 
 def test_api_logprob_objects_are_plain_json(logprob_items):
     from ollapy.server import generation
-    from ollapy.server.openai_routes import _legacy_logprobs
+    from ollapy.server.openai.routes import _legacy_logprobs
 
     class _Req:
         logprobs = 3

@@ -1,4 +1,4 @@
-"""Draftless n-gram drafting (ollapy.engine.ngram_draft): exact proposals, and properties against a brute-force
+"""Draftless n-gram drafting (ollapy.engine.spec.ngram): exact proposals, and properties against a brute-force
 reference over random histories (hypothesis)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ollapy.engine.ngram_draft import Drafter, NgramDrafter
+from ollapy.engine.spec.ngram import Drafter, NgramDrafter
 
 
 def reference_propose(history: list[int], max_ngram: int, min_ngram: int, n_max: int, n_min: int) -> list[int]:
@@ -135,7 +135,7 @@ def test_extending_in_pieces_equals_extending_at_once(a, b):
 def test_contexts_back_a_template_and_doubt_what_follows_a_number():
     """A log whose lines share a template with one varying number: the template's tokens are followed alike
     each time (SEEN, high), the token after the number varies (SEEN, low), a copied passage is ONCE."""
-    from ollapy.engine.ngram_draft import NOVEL, ONCE, SEEN
+    from ollapy.engine.spec.ngram import NOVEL, ONCE, SEEN
     line = lambda n: [1, 2, 3, 100 + n, 4, 5, 6, 9]  # "Line: wind speed N knots and wave\n" (N varies)
     history = [t for n in (7, 3, 9, 1, 8, 2) for t in line(n)]
     d = NgramDrafter(max_ngram=4)
@@ -154,7 +154,7 @@ def test_a_context_seen_rarely_is_backed_by_its_shorter_suffix():
     """After "Line 11:" the 2-gram "1 :" recurred once, the 1-gram ":" at every line, always followed by " the": the
     estimate of the rare context is pulled toward its suffix's (BACKING pseudo-counts), not left at Laplace's 2/3;
     where the suffix varies, the rare context stays doubtful."""
-    from ollapy.engine.ngram_draft import BACKING, SEEN
+    from ollapy.engine.spec.ngram import BACKING, SEEN
     colon, the, sp = 1, 2, 3
     history = []
     for n in range(1, 21):  # "Line N: the ..." with digits as tokens 100+d

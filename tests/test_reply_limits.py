@@ -1,7 +1,7 @@
 """``parallel_tool_calls: false`` (OpenAI): ReplyParser keeps only the first parsed call, whole and streamed."""
 from __future__ import annotations
 
-from ollapy.reply import ReplyParser
+from ollapy.chat.reply import ReplyParser
 
 TWO = ('<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
        '<tool_call>\n{"name": "g", "arguments": {"b": 2}}\n</tool_call>')

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from conftest import HANG_GUARD_S, ROOT, cancel_after_first_chunk
 
-from ollapy import loader
 from ollapy.engine.interface import ModelRunner
 from ollapy.errors import (
     BusyError,
@@ -23,6 +22,7 @@ from ollapy.errors import (
     RunnerError,
 )
 from ollapy.options import Options
+from ollapy.runner import loader
 from ollapy.runner.wire import error_from_payload, error_payload
 
 SYSTEM = [{"role": "system", "content": "You are a terse geography tutor."},
@@ -180,7 +180,7 @@ def test_load_error_in_the_child_is_the_same_model_load_error(tmp_path):
 def test_runtime_drops_a_model_whose_runner_died_and_loads_it_again(tmp_path):
     import asyncio
 
-    from ollapy.runtime import Runtime
+    from ollapy.server.scheduler import Runtime
 
     class DeadableModel:
         """Stands in for a ProcessModel: ``alive`` turns false when its runner dies."""

@@ -11,11 +11,11 @@ import threading
 
 import pytest
 
-from ollapy.admission import Resident, choose_evictions
 from ollapy.engine.interface import RunnerSnapshot
 from ollapy.errors import BusyError, ModelNotFound
-from ollapy.loader import PathRef
-from ollapy.runtime import Runtime
+from ollapy.runner.loader import PathRef
+from ollapy.server.admission import Resident, choose_evictions
+from ollapy.server.scheduler import Runtime
 
 GUARD_S = 60  # a hang guard, not a speed limit
 
@@ -249,9 +249,9 @@ def test_the_load_estimate_matches_what_the_loaded_model_reports(smollm2_path, g
     """The admission estimate from the GGUF header alone: SmolLM2's KV bytes per token equal the loaded
     model's own figure; Gemma 3 (head dim 256 from ``key_length``, not embedding / heads) gets 18 layers x 1 KV
     head x (256 + 256) x 2 bytes."""
-    from ollapy.admission import estimate_load
     from ollapy.engine.model import LoadedModel
     from ollapy.options import Options
+    from ollapy.server.admission import estimate_load
 
     with LoadedModel(smollm2_path, Options(num_ctx=512, num_parallel=2)) as m:
         info = m.info()

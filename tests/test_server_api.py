@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -22,21 +21,17 @@ import httpx
 import pytest
 from conftest import ROOT, run_cli
 from fake_registry import FakeRegistry
+from rpc_helpers import free_port
 
 Q = "What is the capital of France? Answer in one word."
 GREEDY = {"temperature": 0, "num_predict": 24, "repeat_penalty": 1.0}  # prompt tokens enter the penalty window
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, smollm2_path):
     base = tmp_path_factory.mktemp("serve")
-    port = _free_port()
+    port = free_port()
     reg = FakeRegistry()
     reg.__enter__()
     reg.add_model("library", "smolpull", "latest", Path(smollm2_path))

@@ -1,11 +1,11 @@
-"""Request bodies (ollapy.server.bodies): defaults, Ollama's leniency, one-line errors naming the field."""
+"""Request bodies (ollapy.server.ollama.bodies): defaults, Ollama's leniency, one-line errors naming the field."""
 from __future__ import annotations
 
 import pytest
 
 from ollapy.errors import InvalidModelName, OptionError, UsageError
-from ollapy.server.bodies import ChatBody, CopyBody, CreateBody, GenerateBody, PullBody
-from ollapy.server.openai_bodies import ChatCompletionBody, CompletionBody
+from ollapy.server.ollama.bodies import ChatBody, CopyBody, CreateBody, GenerateBody, PullBody
+from ollapy.server.openai.bodies import ChatCompletionBody, CompletionBody
 
 MSGS = [{"role": "user", "content": "hi"}]
 

@@ -1,4 +1,4 @@
-"""The speculative-sampling acceptance rule (ollapy.engine.spec_sampling): exact cases, and the statistical test
+"""The speculative-sampling acceptance rule (ollapy.engine.spec.acceptance): exact cases, and the statistical test
 that drafting leaves the output distribution unchanged (chi-square on an 8-token vocabulary)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from ollapy.engine.spec_sampling import Verdict, speculative_accept, verify_by_sampling, verify_greedy
+from ollapy.engine.spec.acceptance import Verdict, speculative_accept, verify_by_sampling, verify_greedy
 
 V = 8          # vocabulary slice
 LENGTH = 3     # tokens generated per sample

@@ -19,8 +19,8 @@ import pytest
 from conftest import run_cli
 
 from ollapy.engine.backend.context import Backend, ContextConfig
-from ollapy.engine.draft_policy import StepCost
 from ollapy.engine.model import LoadedModel
+from ollapy.engine.spec.policy import StepCost
 from ollapy.errors import DraftMismatch
 from ollapy.options import Options
 
@@ -203,7 +203,7 @@ def test_draft_model_drafts_and_answers_as_plain_decoding(smollm2_path):
         held = dm.held(0)
         assert held == (prompt + again[1])[:len(held)]
         # what it holds, as /api/ps and `ollapy ps` show it: the draft model's weights and KV cache count too
-        from ollapy.runtime import loaded_size
+        from ollapy.server.scheduler import loaded_size
 
         info, d = m.info(), m.draft_backend
         assert info["draft_size"] == d.model_size() + d.kv_bytes_per_token() * 512 > d.model_size() > 50_000_000

@@ -1,4 +1,4 @@
-"""The draft policy's step times, remembered across processes (ollapy.engine.step_costs)."""
+"""The draft policy's step times, remembered across processes (ollapy.engine.spec.step_costs)."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,8 @@ from conftest import run_cli
 
 from ollapy import config
 from ollapy.engine.model import LoadedModel
-from ollapy.engine.speculation import STALE_STEPS
-from ollapy.engine.step_costs import KEEP, StepCostStore, step_cost_key
+from ollapy.engine.spec.speculator import STALE_STEPS
+from ollapy.engine.spec.step_costs import KEEP, StepCostStore, step_cost_key
 from ollapy.options import Options
 
 COPY = ("Repeat this paragraph exactly: The lighthouse at Skerry Point was built in 1851 from granite quarried on the "

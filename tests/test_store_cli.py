@@ -237,7 +237,7 @@ def test_pull_too_long_name_is_one_line_that_says_so(store_env):
 
 def test_show_template_is_the_one_run_uses(store_env, gemma_path, tmp_path):
     """A GGUF without a chat template: `show --template` prints the built-in template `run` falls back to."""
-    from ollapy.chat import select_template
+    from ollapy.chat.templates import select_template
     from ollapy.store.info import read_gguf_info
 
     info = read_gguf_info(gemma_path)

@@ -33,7 +33,7 @@ def test_pull_registry_and_resolve(store_env, registry, smollm2_path):
     assert ref.name == "tiny:q4" and ref.digest == hexd
     assert ref.path == store_env / "blobs" / f"sha256-{hexd}" and ref.path.stat().st_size == smollm2_path.stat().st_size
     assert ref.parameters == {"temperature": 0.2, "stop": ["<|im_end|>"]}
-    from ollapy.store.gotemplate import translate_go_template
+    from ollapy.chat.gotemplate import translate_go_template
 
     # the registry's Go template is used translated to Jinja (the engine renders Jinja only)
     assert (ref.template, ref.system, ref.license) == (translate_go_template("{{ .Prompt }}"), "You are terse.",

@@ -1,4 +1,4 @@
-"""Thinking split (ollapy.thinking): whole text, streaming at every split point, think values."""
+"""Thinking split (ollapy.chat.thinking): whole text, streaming at every split point, think values."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from streaming_helpers import assert_every_split_matches, feed_in_pieces
 
-from ollapy.errors import OptionError
-from ollapy.thinking import (
+from ollapy.chat.thinking import (
     ThinkingParser,
     parse_think,
     prompt_opens_thinking,
@@ -15,6 +14,7 @@ from ollapy.thinking import (
     supports_thinking,
     think_enabled,
 )
+from ollapy.errors import OptionError
 
 
 def _stream(text: str, cuts: list[int], opened: bool = False) -> tuple[str, str]:

@@ -110,7 +110,7 @@ def test_template_thinking_switches():
 
 def test_reply_parser_same_split_for_any_cut():
     """ReplyParser (thinking, then hermes calls) gives the whole-text result however the text is cut."""
-    from ollapy.reply import ReplyParser
+    from ollapy.chat.reply import ReplyParser
 
     text = ('<think>\nweigh it </thi up</think>\nSure. <tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>'
             " <tool_call>{bad</tool_call> done")

@@ -1,4 +1,4 @@
-"""Tool-call parsing (ollapy.toolcalls): each family's format, malformed text, streaming splits."""
+"""Tool-call parsing (ollapy.chat.toolcalls): each family's format, malformed text, streaming splits."""
 from __future__ import annotations
 
 import re
@@ -8,14 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from streaming_helpers import assert_every_split_matches, feed_in_pieces
 
-from ollapy.errors import OptionError
-from ollapy.toolcalls import (
+from ollapy.chat.toolcalls import (
     ToolCall,
     ToolCallParser,
     call_id_factory,
     detect_family,
     parse_tool_calls,
 )
+from ollapy.errors import OptionError
 
 W = {"city": "Paris", "unit": "celsius"}
 T = {"tz": "Europe/Paris"}

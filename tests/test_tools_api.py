@@ -296,7 +296,7 @@ def test_history_arguments_render_as_dict_and_as_string():
 def test_modelfile_tool_parser_decides_the_family(api):
     """Output that is a bare JSON call (made so by ``format``) is a call for ``tool_parser generic`` (smol-json),
     and content for the template's own hermes format (smol-tools), which needs ``<tool_call>`` tags."""
-    from ollapy.reply import forced_call_schema
+    from ollapy.chat.reply import forced_call_schema
 
     body = {"messages": ASK, "tools": TOOLS, "format": forced_call_schema(TOOLS, "get_weather"), "stream": False,
             "options": GREEDY}
@@ -321,7 +321,7 @@ def test_auto_calls_stream_through_both_clients(api):
     """``tool_choice`` auto (nothing forced): the model's own output, made a bare JSON call here by ``format`` /
     ``response_format``, is parsed while it streams (smol-json's generic family) into Ollama chunks and OpenAI
     deltas."""
-    from ollapy.reply import forced_call_schema
+    from ollapy.chat.reply import forced_call_schema
 
     schema = forced_call_schema(TOOLS, "get_weather")
     chunks = list(_ollama_chat(api, stream=True, model="smol-json", messages=ASK, tools=TOOLS, format=schema))

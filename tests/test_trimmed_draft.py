@@ -13,7 +13,7 @@ from gguf import GGUFReader
 
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.backend.vocab import vocab_mismatch
-from ollapy.engine.draft_model import DraftModel
+from ollapy.engine.spec.draft_model import DraftModel
 from ollapy.store.draft_vocab import FALLBACK_KEY, TOKEN_IDS_KEY, TokenMap, header_vocab_mismatch, read_token_map
 from ollapy.store.info import read_gguf_header
 

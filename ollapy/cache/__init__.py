@@ -1,12 +1,19 @@
 """Prompt-cache manager: per-prefix KV states in a RAM tier and a disk tier shared across processes.
 
-See :mod:`ollapy.cache.manager` for the engine-facing API, :mod:`.index` for the
-hash-chained block index, :mod:`.tiers` for the RAM LRU and disk directory,
-:mod:`.fileformat` for the state file and :mod:`.salt` for what makes a state
-valid (model sha256, KV settings).
+- :mod:`.manager`: :class:`~.manager.PromptCache` and :class:`~.manager.BoundCache`, the engine-facing facade
+  (it satisfies :class:`ollapy.engine.prefix.source.PrefixSource`).
+- :mod:`.candidate`: what a lookup hands the engine (a candidate, then a hit).
+- :mod:`.index`: the hash-chained block index (vLLM-style automatic prefix caching), confirmed token by token.
+- :mod:`.policy`: admission: which states are worth keeping, and which reach the disk tier.
+- :mod:`.tiers`: the RAM LRU and the shared disk directory.
+- :mod:`.fileformat`: the state file (header, token ids, payload, checksums).
+- :mod:`.salt`: what makes a saved state valid (model sha256, KV settings).
+- :mod:`.writer`, :mod:`.sync`, :mod:`.tempfiles`: the background disk writer, the file-system sync thread,
+  and temporary-file names.
+- :mod:`.stats`: counters persisted across processes.
 """
 from __future__ import annotations
 
-from .manager import BoundCache, Hit, PromptCache, open_prompt_cache
+from ollapy.cache.manager import BoundCache, Hit, PromptCache, open_prompt_cache
 
 __all__ = ["BoundCache", "Hit", "PromptCache", "open_prompt_cache"]

@@ -1,14 +1,14 @@
 """What a prompt-cache lookup hands the engine: a :class:`Candidate` (nothing read yet) and a :class:`Hit`.
 
-They satisfy :class:`ollapy.engine.prefix_source.PrefixCandidate` and
-:class:`~ollapy.engine.prefix_source.PrefixHit` structurally.
+They satisfy :class:`ollapy.engine.prefix.source.PrefixCandidate` and
+:class:`~ollapy.engine.prefix.source.PrefixHit` structurally.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .fileformat import Header, PayloadCheck
-from .tiers import Entry
+from ollapy.cache.fileformat import Header, PayloadCheck
+from ollapy.cache.tiers import Entry
 
 
 @dataclass

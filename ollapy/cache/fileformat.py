@@ -31,9 +31,9 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fsutil import write_atomically
-from .tempfiles import TMP_PREFIX as TMP_PREFIX  # re-exported: the name tests and tools match on
-from .tempfiles import writer_prefix
+from ollapy.cache.tempfiles import TMP_PREFIX as TMP_PREFIX  # re-exported: the name tests and tools match on
+from ollapy.cache.tempfiles import writer_prefix
+from ollapy.fsutil import write_atomically
 
 MAGIC = b"OLLAPYKV"
 FORMAT_VERSION = 1

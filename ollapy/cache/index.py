@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
+from ollapy.tokens import common_prefix  # noqa: F401  (re-exported: the index's confirmation)
+
 HashFn = Callable[[bytes, bytes], bytes]
 T = TypeVar("T")
 MAX_CANDIDATES = 32
@@ -23,18 +25,6 @@ MAX_CANDIDATES = 32
 def blake2_chain(parent: bytes, block: bytes) -> bytes:
     """Default chain step: blake2b-128 of parent hash and block token bytes."""
     return hashlib.blake2b(parent + block, digest_size=16).digest()
-
-
-def common_prefix(a, b) -> int:
-    """Length of the longest common prefix of two token sequences (chunked compare, then exact)."""
-    n = min(len(a), len(b))
-    i = 0
-    step = 256
-    while i + step <= n and a[i:i + step] == b[i:i + step]:
-        i += step
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _as_list(tokens) -> list[int]:

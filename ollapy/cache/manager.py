@@ -2,7 +2,7 @@
 
 ``open_prompt_cache(ref, options)`` returns a :class:`PromptCache`;
 ``LoadedModel`` calls :meth:`PromptCache.bind` once its backend exists. The
-bound cache is the engine's :class:`~ollapy.engine.prefix_source.PrefixSource`:
+bound cache is the engine's :class:`~ollapy.engine.prefix.source.PrefixSource`:
 the engine calls ``peek`` (best candidate, nothing read yet), ``load`` (read
 and verify it), ``record_hit``/``record_refused``/``record_corrupt``/``record_miss``
 and ``store`` from its loop thread only.
@@ -39,15 +39,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import config
-from .candidate import Candidate, Hit
-from .index import BlockIndex, HashFn, blake2_chain, common_prefix
-from .policy import WRITE_BACK_NEWEST, AdmissionPolicy
-from .salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
-from .stats import CacheStats, Stats
-from .sync import IndexSync
-from .tiers import LAYOUT, DiskTier, Entry, RamTier
-from .writer import DrainResult
+from ollapy import config
+from ollapy.cache.candidate import Candidate, Hit
+from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
+from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
+from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
+from ollapy.cache.stats import CacheStats, Stats
+from ollapy.cache.sync import IndexSync
+from ollapy.cache.tiers import LAYOUT, DiskTier, Entry, RamTier
+from ollapy.cache.writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
 
@@ -89,7 +89,7 @@ class PromptCache:
 
 
 class BoundCache:
-    """The prompt cache of one loaded model; satisfies :class:`ollapy.engine.prefix_source.PrefixSource`.
+    """The prompt cache of one loaded model; satisfies :class:`ollapy.engine.prefix.source.PrefixSource`.
 
     Engine-facing methods run on its loop thread only. A context manager:
     leaving the ``with`` block calls :meth:`close`.

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .index import BlockIndex
-from .tiers import Entry
+from ollapy.cache.index import BlockIndex
+from ollapy.cache.tiers import Entry
 
 WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
 

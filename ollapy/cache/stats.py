@@ -18,8 +18,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..fsutil import write_atomically
-from .tiers import pid_alive
+from ollapy.cache.tiers import pid_alive
+from ollapy.fsutil import write_atomically
 
 _HOST = socket.gethostname()
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .fileformat import (
+from ollapy.cache.fileformat import (
     SUFFIX,
     TMP_PREFIX,
     CacheFileError,
@@ -40,8 +40,8 @@ from .fileformat import (
     read_payload,
     write_file,
 )
-from .tempfiles import pid_alive, reapable
-from .writer import CacheWriter, DrainResult
+from ollapy.cache.tempfiles import pid_alive, reapable
+from ollapy.cache.writer import CacheWriter, DrainResult
 
 __all__ = ["DiskTier", "Entry", "RamTier", "condemn", "delete_entry_files", "disk_usage", "enforce_disk_cap",
            "iter_state_files", "pid_alive"]

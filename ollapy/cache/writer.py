@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .tempfiles import writer_prefix
+from ollapy.cache.tempfiles import writer_prefix
 
 log = logging.getLogger("ollapy.cache")
 

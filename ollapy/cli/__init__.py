@@ -1,4 +1,15 @@
-"""The typer command-line app. Must not import llama_cpp at import time (fast start)."""
+"""The ``ollapy`` command line (typer). Must not import llama_cpp at import time (fast start).
+
+- :mod:`.main`: the typer app, built from the command modules; :mod:`.errors_out` turns every exception into
+  one stderr line and an exit code (0 ok, 1 error, 2 usage, 130 interrupted).
+- Commands: :mod:`.run_cmd` (``run``: one-shot, piped, ``--each-line`` via :mod:`.batch`, the REPL in
+  :mod:`.repl`), :mod:`.models_cmd` (``pull``, ``list``, ``show``, ``rm``, ``cp``, ``create``),
+  :mod:`.serve_cmd` (``serve``, ``ps``, ``stop``), :mod:`.cache_cmd`, :mod:`.embed_cmd`, :mod:`.info_cmd`,
+  :mod:`.launch_cmd` (coding agents), :mod:`.rpc_cmd`.
+- What ``run`` talks to: :mod:`.session` picks :mod:`.remote` (a running ``ollapy serve``, through the httpx
+  client in :mod:`.client`) or :mod:`.embedded` (a model loaded in this process).
+- :mod:`.output`: model text to stdout, stats and warnings to stderr, no ANSI codes off a TTY.
+"""
 from __future__ import annotations
 
 import sys
@@ -11,7 +22,7 @@ def main() -> None:
     0.1 s (typer and rich importing) exits 130 without a traceback too.
     """
     try:
-        from .main import main as run_main
+        from ollapy.cli.main import main as run_main
     except KeyboardInterrupt:
         sys.exit(130)
     run_main()

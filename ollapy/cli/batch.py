@@ -25,9 +25,9 @@ from __future__ import annotations
 import json
 import sys
 
-from ..engine.request import Metrics
-from ..errors import describe
-from .output import OutputClosed, format_stats, info, warn, write_out
+from ollapy.cli.output import OutputClosed, format_stats, info, warn, write_out
+from ollapy.engine.request import Metrics
+from ollapy.errors import describe
 
 _ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 

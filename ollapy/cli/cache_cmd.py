@@ -12,8 +12,8 @@ from pathlib import Path
 
 import typer
 
-from .. import config
-from ..errors import OllapyError, UsageError
+from ollapy import config
+from ollapy.errors import OllapyError, UsageError
 
 cache_app = typer.Typer(help="Inspect and manage the prompt cache (saved KV states of prompt prefixes).",
                         no_args_is_help=True, add_completion=False)
@@ -39,8 +39,8 @@ def _ago(t: float) -> str:
 
 
 def _entries(model: str | None = None) -> list[dict]:
-    from ..cache.fileformat import quick_info
-    from ..cache.tiers import iter_state_files
+    from ollapy.cache.fileformat import quick_info
+    from ollapy.cache.tiers import iter_state_files
 
     shas = _model_shas(model) if model else None
     out = []
@@ -59,10 +59,10 @@ def _entries(model: str | None = None) -> list[dict]:
 
 def _model_shas(model: str) -> set[str]:
     """sha256 of MODEL when it resolves to a file (memoized hash), else an empty set."""
-    from ..cache.salt import file_sha256, normalize_digest
+    from ollapy.cache.salt import file_sha256, normalize_digest
 
     try:
-        from .runner import resolve_for_cli
+        from ollapy.cli.embedded import resolve_for_cli
 
         ref = resolve_for_cli(model, pull=False)
     except Exception:  # noqa: BLE001 - an unknown name still matches by header name
@@ -98,8 +98,8 @@ def ls(model: str | None = typer.Argument(None, help="Only entries of this model
 @cache_app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Hits and misses by tier, tokens reused, bytes held (disk, pinned), over every process."""
-    from ..cache.stats import aggregate
-    from ..cache.tiers import disk_usage
+    from ollapy.cache.stats import aggregate
+    from ollapy.cache.tiers import disk_usage
 
     root = config.cache_dir()
     data = aggregate(root)
@@ -128,7 +128,7 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 def prune(max_bytes: str | None = typer.Option(None, "--max-bytes", help="Shrink the disk tier to this size "
                                                   "(e.g. 2GiB; default OLLAPY_CACHE_DISK). Pinned entries stay.")) -> None:
     """Evict least recently used (never-hit first) entries until the disk tier fits."""
-    from ..cache.tiers import disk_usage, enforce_disk_cap
+    from ollapy.cache.tiers import disk_usage, enforce_disk_cap
 
     if max_bytes is None:
         cap = config.cache_disk_bytes()
@@ -148,12 +148,12 @@ def prune(max_bytes: str | None = typer.Option(None, "--max-bytes", help="Shrink
 def clear(model: str | None = typer.Argument(None, help="Only this model's entries (name, path or sha256 prefix)."),
           keep_pinned: bool = typer.Option(False, "--keep-pinned", help="Keep pinned entries.")) -> None:
     """Delete prompt-cache entries (all of them, or one model's)."""
-    from ..cache.stats import reset
-    from ..cache.tiers import delete_entry_files
+    from ollapy.cache.stats import reset
+    from ollapy.cache.tiers import delete_entry_files
 
     n = 0
     if model is None:
-        from ..cache.tiers import iter_state_files
+        from ollapy.cache.tiers import iter_state_files
 
         for path, _st, pinned, _hit in list(iter_state_files(config.cache_dir())):
             if keep_pinned and pinned:
@@ -180,9 +180,9 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
                                                  ),
          ) -> None:
     """Compute the KV state of a system prompt now and pin it (never evicted, survives restarts)."""
-    from .. import loader
-    from ..options import parse_options
-    from .runner import resolve_for_cli
+    from ollapy.cli.embedded import resolve_for_cli
+    from ollapy.options import parse_options
+    from ollapy.runner import loader
 
     if (system is None) == (file is None):
         raise UsageError("give exactly one of --system TEXT or --file PATH")
@@ -224,7 +224,7 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
 def unpin(model: str | None = typer.Argument(None, help="Only this model's entries (default: all)."),
           ) -> None:
     """Unpin entries: they become ordinary LRU entries again."""
-    from ..cache.tiers import PIN
+    from ollapy.cache.tiers import PIN
 
     n = 0
     for r in _entries(model):

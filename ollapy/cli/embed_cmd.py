@@ -23,8 +23,8 @@ from typing import Callable, Iterator, List, Optional
 
 import typer
 
-from ..errors import OllapyError, UsageError
-from .output import is_tty, write_out
+from ollapy.cli.output import is_tty, write_out
+from ollapy.errors import OllapyError, UsageError
 
 MAX_LINES_PER_BATCH = 256
 
@@ -78,8 +78,8 @@ class _Local:
     """The model loaded in this process (no prompt cache: embeddings do not use it)."""
 
     def __init__(self, name: str, cli_options: dict, pull: bool) -> None:
-        from .. import loader
-        from .runner import absolute_model_arg
+        from ollapy.cli.embedded import absolute_model_arg
+        from ollapy.runner import loader
 
         ref = loader.resolve(absolute_model_arg(name), pull=pull, allow_paths=True)
         self.model = loader.open_model(ref, loader.base_options(ref, cli_options), cache=False)
@@ -108,12 +108,12 @@ class _Remote:
 def connect(name: str, cli_options: dict, keep_alive=None, pull: bool = True):
     """The embedding side ``embed`` talks to: a server when one answers at OLLAPY_HOST (``run``'s rule), else
     the model loaded here. A model path always loads here. Raises ModelNotFound, ModelLoadError..."""
-    from .. import loader
-    from .remote import port_open
-    from .runner import absolute_model_arg
+    from ollapy.cli.embedded import absolute_model_arg
+    from ollapy.cli.remote import port_open
+    from ollapy.runner import loader
 
     if not loader.is_path_name(absolute_model_arg(name)) and port_open():
-        from ..client import Client
+        from ollapy.cli.client import Client
 
         client = Client()
         if client.heartbeat():
@@ -141,7 +141,7 @@ def embed(
     no_pull: bool = typer.Option(False, "--no-pull", help="Fail instead of pulling a missing model."),
 ) -> None:
     """Print embedding vectors as JSON Lines: one array per TEXT, or per line of stdin."""
-    from ..options import parse_options
+    from ollapy.options import parse_options
 
     opts = parse_options(option or [])
     if dimensions is not None and dimensions < 1:

@@ -6,8 +6,8 @@ import traceback
 
 import typer
 
-from .. import config
-from ..errors import OllapyError, describe
+from ollapy import config
+from ollapy.errors import OllapyError, describe
 
 try:  # typer >= 0.20 vendors its own click
     from typer._click.exceptions import ClickException as _ClickException
@@ -28,7 +28,7 @@ def run_app(app) -> int:
     stdout's reader going away (``ollapy ... | head -1``) is not an error: nothing is printed and the
     exit status is :data:`~ollapy.cli.output.EXIT_PIPE`, as a shell reports for ``yes | head -1``.
     """
-    from .output import EXIT_PIPE, OutputClosed, detach_stdout
+    from ollapy.cli.output import EXIT_PIPE, OutputClosed, detach_stdout
 
     try:
         rv = app(standalone_mode=False)

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from .. import __version__, config
+from ollapy import __version__, config
 
 
 def collect_rpc(endpoints: str) -> dict:
@@ -16,8 +16,8 @@ def collect_rpc(endpoints: str) -> dict:
     ``endpoints``: the ``rpc`` setting (``host:port,…``); see :func:`ollapy.engine.system.rpc_report` (an
     unreachable server is an entry with ``error``, never an abort).
     """
-    from ..engine.system import rpc_report
-    from ..rpc_endpoint import parse_endpoints
+    from ollapy.engine.system import rpc_report
+    from ollapy.rpc_endpoint import parse_endpoints
 
     return rpc_report(list(parse_endpoints(endpoints)))
 
@@ -25,7 +25,7 @@ def collect_rpc(endpoints: str) -> dict:
 def collect_info(rpc_endpoints: str = "") -> dict:
     """Everything ``info`` prints, as a dict (loads llama.cpp, not a model); ``rpc_endpoints`` as in
     :func:`collect_rpc`."""
-    from ..engine.system import system_report
+    from ollapy.engine.system import system_report
 
     report = system_report(config.extra_bufts())
     return {
@@ -61,7 +61,7 @@ def info(
                             help="RPC servers to list with their devices (default: OLLAPY_RPC)."),
 ) -> None:
     """Show versions, backends (CPU/CUDA/Metal/Vulkan devices, RPC), the CPU safety choice and paths."""
-    from ..options import coerce_option
+    from ollapy.options import coerce_option
 
     data = collect_info(coerce_option("rpc", rpc) if rpc else config.rpc())
     if as_json:

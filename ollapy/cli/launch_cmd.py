@@ -29,8 +29,8 @@ from pathlib import Path
 import platformdirs
 import typer
 
-from .. import config
-from ..errors import OllapyError, UsageError
+from ollapy import config
+from ollapy.errors import OllapyError, UsageError
 
 MIN_CONTEXT = 32768
 """Context (num_ctx, tokens) a model needs for an agent: Claude Code's and Codex's system prompts and tool lists
@@ -126,7 +126,7 @@ def launch(
                                                            f"{MIN_CONTEXT})."),
 ) -> None:
     """Start a coding agent (claude or codex) against ollapy serve; arguments after -- go to the agent."""
-    from ..client import Client
+    from ollapy.cli.client import Client
 
     if agent not in AGENTS:
         raise UsageError(f"unknown agent {agent!r}", hint="use claude or codex")

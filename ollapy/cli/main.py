@@ -10,7 +10,7 @@ import sys
 
 import typer
 
-from .. import __version__
+from ollapy import __version__
 
 app = typer.Typer(
     name="ollapy",
@@ -35,7 +35,7 @@ def _root(
                                  is_eager=True),
 ) -> None:
     """Run local LLMs (GGUF, llama.cpp) from the command line, Ollama-style."""
-    from .. import config
+    from ollapy import config
 
     config.check_settings()  # a bad OLLAPY_* value: one line and exit 2 before any command runs
 
@@ -58,8 +58,8 @@ _register_all()
 
 def main() -> None:
     """Console-script entry point: run the app and map errors to one line + exit code."""
-    from .. import config
-    from .errors_out import run_app
+    from ollapy import config
+    from ollapy.cli.errors_out import run_app
 
     if config.debug():
         import logging
@@ -93,7 +93,7 @@ def flush_stdout(code: int) -> int:
     try:
         sys.stdout.flush()
     except BrokenPipeError:
-        from .output import EXIT_PIPE, detach_stdout
+        from ollapy.cli.output import EXIT_PIPE, detach_stdout
 
         detach_stdout()
         return EXIT_PIPE if code == 0 else code
@@ -111,13 +111,13 @@ def finish_process(code: int) -> int:
     """
     if "ollapy.cache.writer" not in sys.modules:  # nothing was ever written: keep `--help` and `list` fast
         return code
-    from ..loader import close_all
+    from ollapy.runner.loader import close_all
 
     n = 0
     try:
         n = close_all()
     except KeyboardInterrupt:
-        from ..cache.writer import drain_all
+        from ollapy.cache.writer import drain_all
 
         n = drain_all(0).unsaved
         code = 130

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import UsageError
+from ollapy.errors import UsageError
 
 
 def _age(ts: float) -> str:
@@ -37,7 +37,7 @@ def pull_cmd(
     insecure: bool = typer.Option(False, "--insecure", help="Use plain HTTP for a registry host."),
 ) -> None:
     """Pull a model from Hugging Face, the catalogue's mirrors or an Ollama registry."""
-    from ..store import pull_model
+    from ollapy.store import pull_model
 
     stored = pull_model(name, quiet=quiet, insecure=insecure)  # the name the manifest was written under
     if not quiet:
@@ -46,8 +46,8 @@ def pull_cmd(
 
 def list_cmd() -> None:
     """List local models (NAME ID SIZE MODIFIED SOURCE); broken entries show their reason."""
-    from ..store import list_models
-    from ..store.progress import human_size
+    from ollapy.store import list_models
+    from ollapy.store.progress import human_size
 
     rows = [("NAME", "ID", "SIZE", "MODIFIED", "SOURCE")]
     for m in list_models():
@@ -78,10 +78,10 @@ def show_cmd(
     system: bool = typer.Option(False, "--system", help="Show the system prompt."),
 ) -> None:
     """Show a model's architecture, size, context length, template, parameters and license (GGUF metadata)."""
-    from ..store import resolve_model
-    from ..store.info import parameter_rows, read_gguf_info
-    from ..store.modelfile import format_modelfile
-    from ..store.resolve import model_file_note
+    from ollapy.store import resolve_model
+    from ollapy.store.info import parameter_rows, read_gguf_info
+    from ollapy.store.modelfile import format_modelfile
+    from ollapy.store.resolve import model_file_note
 
     ref = resolve_model(name, pull=False)
     if modelfile:
@@ -90,7 +90,7 @@ def show_cmd(
     info = read_gguf_info(ref.path)
     # like Ollama: each value on its own line, strings JSON-quoted; an unset template, license or system prints nothing
     if template:  # the template `run` uses: the Modelfile's, else the GGUF's, else the architecture's built-in one
-        from ..chat import select_template
+        from ollapy.chat.templates import select_template
 
         _print_if_set(select_template(info["chat_template"], info["architecture"], ref.template).text)
         return
@@ -111,8 +111,8 @@ def show_cmd(
     print(f"    {'file':<20}{ref.path} ({model_file_note(ref)})")
     if ref.source:
         print(f"    {'source':<20}{ref.source}")
-    from ..chat import select_template
-    from ..reply import model_capabilities
+    from ollapy.chat.reply import model_capabilities
+    from ollapy.chat.templates import select_template
 
     caps = model_capabilities(select_template(info["chat_template"], info["architecture"], ref.template).text,
                               embedding_only=bool(info.get("embedding_only")))
@@ -131,7 +131,7 @@ def show_cmd(
 
 def rm_cmd(names: Annotated[list[str], typer.Argument(help="Models to remove.")]) -> None:
     """Remove models (and the blobs no other model uses); works on broken entries too."""
-    from ..store import remove_model
+    from ollapy.store import remove_model
 
     for n in names:
         remove_model(n)
@@ -143,7 +143,7 @@ def cp_cmd(
     destination: str = typer.Argument(..., help="New name."),
 ) -> None:
     """Copy a model to a new name (no bytes copied)."""
-    from ..store import copy_model
+    from ollapy.store import copy_model
 
     dst = copy_model(source, destination)
     print(f"copied '{source}' to '{dst.display()}'")
@@ -155,7 +155,7 @@ def create_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
 ) -> None:
     """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, DRAFT)."""
-    from ..store import create_model
+    from ollapy.store import create_model
 
     path = file or Path("Modelfile")
     if str(path) == "-":  # standard input; a relative FROM is taken from the current directory

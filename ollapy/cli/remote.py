@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from ..options import Options
+from ollapy.options import Options
 
 
 @dataclass
@@ -27,7 +27,7 @@ class RemoteRef:
 
 
 class RemoteChunk(SimpleNamespace):
-    """A chunk like :class:`~ollapy.cli.runner.SplitStream`'s: ``text`` (answer), ``thinking`` (reasoning),
+    """A chunk like :class:`~ollapy.cli.embedded.SplitStream`'s: ``text`` (answer), ``thinking`` (reasoning),
     ``done``, ``done_reason``, ``metrics`` (dict on the last one)."""
 
 
@@ -62,7 +62,7 @@ def to_server_options(cli_options: dict) -> dict:
     """The options a request to a server carries: JSON values, without the ones the server decides
     (:data:`ollapy.options.SERVER_DECIDED_OPTIONS`: its slots serve every client, and asking for others would
     reload its model for everyone)."""
-    from ..options import SERVER_DECIDED_OPTIONS
+    from ollapy.options import SERVER_DECIDED_OPTIONS
 
     return {k: list(v) if isinstance(v, tuple) else v for k, v in cli_options.items()
             if k not in SERVER_DECIDED_OPTIONS}
@@ -99,9 +99,9 @@ class RemoteRunner:
         """Stream a chat from the server; returns an iterable of chunks with ``cancel()``.
 
         ``think`` (validated; None: the model's default) is checked against the server's capabilities
-        first (:func:`ollapy.reply.check_capabilities`, OptionError), then sent as ``/api/chat``'s ``think``.
+        first (:func:`ollapy.chat.reply.check_capabilities`, OptionError), then sent as ``/api/chat``'s ``think``.
         """
-        from ..reply import check_capabilities
+        from ollapy.chat.reply import check_capabilities
 
         check_capabilities(self.name, can_think="thinking" in self.capabilities, think=think)
         opts = to_server_options(cli_options)
@@ -145,7 +145,7 @@ def port_open(timeout: float = 0.3) -> bool:
     import socket
     from urllib.parse import urlsplit
 
-    from .. import config
+    from ollapy import config
 
     u = urlsplit(config.host())
     try:
@@ -164,7 +164,7 @@ def probe_server(name: str, cli_options: dict, settings):
     if not port_open():
         return None  # nothing listens: skip importing httpx at all (fast start of in-process runs)
     try:
-        from ..client import Client
+        from ollapy.cli.client import Client
     except ImportError:
         return None
     client = Client()
@@ -184,7 +184,7 @@ def probe_server(name: str, cli_options: dict, settings):
     parallel = getattr(settings, "parallel", None)
     slots = runner._ps.get("num_parallel")
     if parallel is not None and slots and parallel != slots:
-        from .output import info
+        from ollapy.cli.output import info
 
         info(f"--parallel {parallel}: the server at {client.host} serves {name} with {slots} slot"
              f"{'s' if slots != 1 else ''} (its OLLAPY_NUM_PARALLEL); using those (--local loads it here instead)")

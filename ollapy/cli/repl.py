@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import sys
 
-from .. import config
-from ..errors import Cancelled, ModelNotFound, OllapyError, describe
-from ..options import coerce_option
-from .output import ReplyPrinter, format_stats
+from ollapy import config
+from ollapy.cli.output import ReplyPrinter, format_stats
+from ollapy.errors import Cancelled, ModelNotFound, OllapyError, describe
+from ollapy.options import coerce_option
 
 # the help texts of Ollama's REPL (cmd/interactive.go); ollapy adds "(reloads the model)" to load-time parameters
 HELP = """Available Commands:
@@ -183,7 +183,7 @@ class _MarkdownSink:
 
 
 def _reply(conv, settings, msg: str) -> None:
-    from .output import is_tty
+    from ollapy.cli.output import is_tty
 
     markdown = _MarkdownSink if settings.markdown and is_tty(sys.stdout) else None
     sink = ReplyPrinter(sys.stdout, wrap=settings.wrap, show_thinking=not settings.hidethinking, content_sink=markdown)
@@ -267,7 +267,7 @@ def _set(conv, settings, line: str) -> None:
         setattr(settings, attr, val)
         print(f"Set '{what}' mode.")
     elif what == "think":
-        from ..thinking import parse_think
+        from ollapy.chat.thinking import parse_think
 
         value = parse_think(rest.strip() or "true")
         conv.check_think(value)  # a model without thinking: Ollama's error, the setting stays
@@ -300,7 +300,7 @@ def _set_parameter(conv, settings, name: str, value: str) -> None:
     option (:data:`ollapy.options.LOAD_OPTIONS`: ``num_ctx``, ``num_thread``, ``rpc``...) reloads the model
     with it (:meth:`~ollapy.cli.session.Conversation.reload`), or says why it cannot; "Set" is printed only
     for what took effect. Raises OptionError for an unknown name or a bad value (nothing changes)."""
-    from ..options import LOAD_OPTIONS, SERVER_DECIDED_OPTIONS, Options, draft_model
+    from ollapy.options import LOAD_OPTIONS, SERVER_DECIDED_OPTIONS, Options, draft_model
 
     if name == "stop":  # as Ollama's REPL: each word is one stop string, and they replace the earlier ones
         words = [_unquote(w) for w in value.split()]
@@ -309,7 +309,7 @@ def _set_parameter(conv, settings, name: str, value: str) -> None:
     else:
         typed = coerce_option(name, value)
         if name == "draft":  # ./draft.gguf means the user's working directory, whoever loads it
-            from .runner import absolute_draft_option
+            from ollapy.cli.embedded import absolute_draft_option
 
             typed = absolute_draft_option({name: typed})[name]
     runner_opts = getattr(conv.runner, "options", None)
@@ -385,7 +385,7 @@ def _show(conv, settings, what: str) -> None:
     elif what == "license":  # the text `ollapy show --license` prints
         print(conv.license.strip() if conv.license else "No license was specified for this model.")
     elif what == "modelfile":
-        from ..store.modelfile import format_modelfile
+        from ollapy.store.modelfile import format_modelfile
 
         print(format_modelfile(info.get("path", conv.name), conv.options, conv.system, None, None, []), end="")
     else:

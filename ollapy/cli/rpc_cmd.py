@@ -19,7 +19,7 @@ import threading
 
 import typer
 
-from ..errors import OllapyError
+from ollapy.errors import OllapyError
 
 
 def _is_loopback(host: str) -> bool:
@@ -56,8 +56,8 @@ def rpc_server(
 ) -> None:
     """Serve this machine's CPU or GPUs to other hosts over llama.cpp's RPC backend (no authentication:
     trusted networks only)."""
-    from ..engine import system
-    from ..engine.cpuload import default_threads
+    from ollapy.engine import system
+    from ollapy.engine.cpuload import default_threads
 
     names = [n.strip() for d in device for n in d.split(",") if n.strip()]
     devs = system.rpc_serving_devices(names)

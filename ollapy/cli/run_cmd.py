@@ -15,8 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from ..errors import Cancelled, OllapyError, OptionError, UsageError
-from .output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
+from ollapy.cli.output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
+from ollapy.errors import Cancelled, OllapyError, OptionError, UsageError
 
 
 def read_stdin() -> str | None:
@@ -74,13 +74,13 @@ def run(
                                                       "answers at OLLAPY_HOST."),
 ) -> None:
     """Run a model: answer PROMPT, piped input, each line of input, or chat interactively."""
-    from ..options import parse_options
-    from ..thinking import parse_think
-    from .session import RunSettings, load_model_for_run
+    from ollapy.chat.thinking import parse_think
+    from ollapy.cli.session import RunSettings, load_model_for_run
+    from ollapy.options import parse_options
 
     if as_json and not each_line:
         raise UsageError("--json needs --each-line", hint="add --each-line: ollapy run MODEL --each-line --json < prompts.txt")
-    from .runner import absolute_draft_option
+    from ollapy.cli.embedded import absolute_draft_option
 
     opts = absolute_draft_option(parse_options(option or []))
     if parallel is not None:
@@ -96,7 +96,7 @@ def run(
         if stdin_text is None:
             raise UsageError("--each-line reads prompts from stdin",
                              hint="pipe a file: ollapy run MODEL --each-line < prompts.txt")
-        from .batch import run_each_line, split_lines
+        from ollapy.cli.batch import run_each_line, split_lines
 
         lines = split_lines(stdin_text)
         suffix = " ".join(prompt or []).strip()
@@ -115,11 +115,11 @@ def run(
         raise UsageError("no prompt given", hint='pass a prompt, pipe text in, or run in a terminal to chat')
     with load_model_for_run(model, opts, settings, pull=not no_pull) as loaded:
         if interactive:
-            from .repl import run_repl
+            from ollapy.cli.repl import run_repl
 
             run_repl(loaded, settings)
         else:
-            from .embed_cmd import print_embedding
+            from ollapy.cli.embed_cmd import print_embedding
 
             if text is None or not print_embedding(loaded, text):  # an embedding-only model prints its vector, as in Ollama
                 answer_once(loaded, text, settings)

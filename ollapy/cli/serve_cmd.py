@@ -12,8 +12,8 @@ from pathlib import Path
 
 import typer
 
-from .. import config
-from ..errors import OllapyError, UsageError
+from ollapy import config
+from ollapy.errors import OllapyError, UsageError
 
 
 def serve(
@@ -36,8 +36,8 @@ def serve(
 
     import uvicorn
 
-    from ..options import parse_options
-    from ..server.app import create_app
+    from ollapy.options import parse_options
+    from ollapy.server.app import create_app
 
     defaults = parse_options(option)  # a typo is one line and exit 2 before anything binds
     key = read_api_key(api_key, api_key_file)
@@ -58,7 +58,7 @@ def serve(
         raise typer.Exit(0)
 
     previous = signal.signal(signal.SIGTERM, _terminated)
-    from ..server import generation
+    from ollapy.server import generation
 
     class Server(uvicorn.Server):
         """uvicorn's server whose first exit signal also cancels the running generations: their streams end
@@ -191,8 +191,8 @@ def _until(expires: str | None) -> str:
 
 def ps() -> None:
     """List the models a running server has loaded (NAME ID SIZE PROCESSOR CONTEXT SLOTS KV/SLOT DRAFT UNTIL)."""
-    from ..client import Client
-    from ..store.progress import human_size
+    from ollapy.cli.client import Client
+    from ollapy.store.progress import human_size
 
     client = Client(timeout=10)
     models = client.ps()
@@ -234,7 +234,7 @@ def _draft_text(m: dict) -> str:
 
 def stop(model: str = typer.Argument(..., help="Model to unload from the running server.")) -> None:
     """Unload a model from the running server."""
-    from ..client import Client
+    from ollapy.cli.client import Client
 
     client = Client(timeout=30)
     loaded = {m.get("name") for m in client.ps()} | {m.get("model") for m in client.ps()}

@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import config
-from ..errors import OllapyError, OptionError, UsageError
-from ..fsutil import write_atomically
+from ollapy import config
+from ollapy.errors import OllapyError, OptionError, UsageError
+from ollapy.fsutil import write_atomically
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Conversation:
     @property
     def on_server(self) -> bool:
         """True when the model runs on a ``ollapy serve`` (not in this process)."""
-        from .remote import RemoteRunner
+        from ollapy.cli.remote import RemoteRunner
 
         return isinstance(self.runner, RemoteRunner)
 
@@ -117,7 +117,7 @@ class Conversation:
         run's options; history, system prompt and the other options stay. On a server the next load asks it
         to reload; a server-only option (``rpc``) moves the model into this process (and says so). When the
         load fails, the model is loaded again as it was and the error is raised (the options stay unchanged)."""
-        from .runner import connect_runner
+        from ollapy.cli.embedded import connect_runner
 
         new_options = {**self.options, **updates}
         name = self.base or self.name
@@ -135,9 +135,9 @@ class Conversation:
     def _check_draft(name: str, options: dict) -> None:
         """Raise ModelNotFound or DraftMismatch when ``options`` name a draft model that is missing or of another
         vocabulary than the model ``name`` (loader.checked_draft_path: the GGUF headers, nothing loads)."""
-        from .. import loader
-        from ..options import Options, draft_model
-        from .runner import resolve_for_cli
+        from ollapy.cli.embedded import resolve_for_cli
+        from ollapy.options import Options, draft_model
+        from ollapy.runner import loader
 
         draft = options.get("draft")
         if isinstance(draft, str) and draft_model(draft):
@@ -161,7 +161,7 @@ class Conversation:
 
     def check_think(self, think: bool | str | None) -> None:
         """Raise CapabilityError (exit 1) with Ollama's words when ``think`` asks a model without thinking to think."""
-        from ..reply import check_capabilities
+        from ollapy.chat.reply import check_capabilities
 
         try:
             check_capabilities(getattr(self.runner, "name", self.name), can_think="thinking" in self.capabilities, think=think)
@@ -205,8 +205,8 @@ class Conversation:
         system prompt, the options (``-o`` and ``/set parameter``) as PARAMETERs and the chat so far as
         MESSAGEs. Goes through the store's ``create_model``; returns the stored name. Raises UsageError
         (bad name), ModelNotFound."""
-        from ..store import create_model
-        from ..store.modelfile import format_modelfile
+        from ollapy.store import create_model
+        from ollapy.store.modelfile import format_modelfile
 
         system = settings.system if settings.system is not None else self.system
         params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()}
@@ -218,8 +218,8 @@ class Conversation:
         """Unload the current model and load ``name`` (Ollama's ``/load``): its system prompt and messages
         replace the current ones; options given with ``-o`` or ``/set parameter`` stay. Raises ModelNotFound
         (the current model stays loaded) or the load error (the previous model is loaded again first)."""
-        from .. import loader
-        from .runner import absolute_model_arg, connect_runner, resolve_for_cli
+        from ollapy.cli.embedded import absolute_model_arg, connect_runner, resolve_for_cli
+        from ollapy.runner import loader
 
         resolve_for_cli(name, pull=False)  # an unknown name fails here, before anything is unloaded
         old_name = self.base or self.name
@@ -266,8 +266,8 @@ def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull
     With ``settings.session`` naming a saved session, its messages, system prompt and options come back;
     options in ``cli_options`` (``-o``) win over saved ones.
     """
-    from .. import loader
-    from .runner import absolute_model_arg, connect_runner
+    from ollapy.cli.embedded import absolute_model_arg, connect_runner
+    from ollapy.runner import loader
 
     data = load_session(settings.session) if settings.session else None
     options = dict(cli_options)
@@ -293,8 +293,8 @@ def load_model_for_run(name: str, cli_options: dict, settings: RunSettings, pull
 
 def _saved_options(saved) -> dict:
     """A saved session's options, typed again; a value that no longer parses (hand-edited file) is dropped."""
-    from ..errors import OptionError
-    from ..options import coerce_option
+    from ollapy.errors import OptionError
+    from ollapy.options import coerce_option
 
     out = {}
     for k, v in (saved or {}).items() if isinstance(saved, dict) else ():

@@ -1,5 +1,18 @@
-"""One loaded model: the llama.cpp boundary (bindings, backend, templating), slots, batch loop, sampling, detokenizer.
+"""One loaded model: slots, the batch loop, sampling and the detokenizer, above the llama.cpp boundary.
 
-Import :class:`ollapy.engine.model.LoadedModel` lazily: importing this package
-does not load llama.cpp, but importing ``.model``, ``.backend`` or ``.bindings`` does.
+- :mod:`.backend`: the llama.cpp boundary, the ONLY package that imports ``llama_cpp``.
+- :mod:`.model`: :class:`~.model.LoadedModel`, the in-process runner (backend + engine + chat template).
+- :mod:`.interface`: :class:`~.interface.ModelRunner`, the Protocol every caller holds.
+- :mod:`.engine`: :class:`~.engine.Engine`, ``n_parallel`` slots, continuous batching on one loop thread.
+- :mod:`.slot`, :mod:`.request`: a slot's state machine; a request and the chunks it streams back.
+- :mod:`.sampler`, :mod:`.text`: sampling (llama.cpp's sampler chain); UTF-8 detokenizing and stop strings.
+- :mod:`.context_shift`: context shift on overflow and prompt truncation.
+- :mod:`.prefix`: prefix reuse (planning, the PrefixSource Protocol, the canonical evaluation order).
+- :mod:`.spec`: speculative decoding (n-gram and draft-model drafting, the policy, acceptance).
+- :mod:`.cpuload`, :mod:`.hardware`, :mod:`.interrupt`: threads under load, AMX and flash-attention choices,
+  Ctrl-C inside C code.
+- :mod:`.system`: what this build offers (versions, devices, offload), for ``ollapy info`` and ``rpc-server``.
+
+Import :class:`ollapy.engine.model.LoadedModel` lazily: importing this package does not load llama.cpp, but
+importing ``.model`` or ``.backend`` does.
 """

@@ -4,17 +4,17 @@ Keep ``num_keep`` tokens, drop half of the rest. ``num_keep`` defaults to BOS pl
 tokens (the "attention sinks" of StreamingLLM, Xiao et al. 2023). After a shift the slot's KV beyond the kept
 prefix differs from a fresh prefill of the same tokens, so ``Slot.exact`` drops to the kept prefix. A model whose
 positions cannot shift re-prefills the kept tokens plus the recent tail. A draft model's sequence is shifted too
-(:meth:`~ollapy.engine.speculation.Speculator.shift`).
+(:meth:`~ollapy.engine.spec.speculator.Speculator.shift`).
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from .slot import Slot, SlotState
+from ollapy.engine.slot import Slot, SlotState
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ollapy.engine.engine import Engine
 
 log = logging.getLogger("ollapy.engine")
 

@@ -1,7 +1,7 @@
 """The engine: one loaded model, ``n_parallel`` slots, continuous batching on one loop thread.
 
 Design follows llama.cpp's server slot loop (``update_slots``), in the
-canonical evaluation order of :mod:`ollapy.engine.evalorder`: every step
+canonical evaluation order of :mod:`ollapy.engine.prefix.evalorder`: every step
 evaluates the next prompt chunk of each prefilling slot (each chunk in its own
 ``llama_decode``, up to ``n_batch`` prompt tokens per step: chunked prefill, so
 a long prompt stalls other slots by a bounded amount), then ONE
@@ -9,14 +9,14 @@ a long prompt stalls other slots by a bounded amount), then ONE
 the last prompt token of every slot whose chunks are done. Only those rows ask
 for logits; each slot samples from its own row with its own sampler chain.
 
-Slot choice for a new request: :mod:`ollapy.engine.assignment` (one prefix
+Slot choice for a new request: :mod:`ollapy.engine.prefix.assignment` (one prefix
 source per request: the slot's own KV, a donor slot's KV, or a prompt-cache
 state). At least one prompt token is always evaluated, for fresh logits.
 
 Context shift on overflow: :mod:`ollapy.engine.context_shift` (shifted KV is never reused past ``num_keep``
 nor saved). ``Slot.exact`` also stops before decode-shaped cells (the last prompt token, generated tokens).
 
-Speculative decoding: :mod:`ollapy.engine.speculation` proposes drafted tokens for generating slots; they ride
+Speculative decoding: :mod:`ollapy.engine.spec.speculator` proposes drafted tokens for generating slots; they ride
 as extra rows of the same single ``llama_decode`` and are verified row by row with the slot's own sampler.
 
 Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
@@ -34,18 +34,18 @@ from array import array
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
-from ..options import Options, predict_limit
-from .assignment import SlotAssigner
-from .backend.context import Backend
-from .context_shift import make_room, truncate_prompt
-from .cpuload import ThreadBudget
-from .evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
-from .prefix_source import PrefixSource
-from .request import Chunk, Request
-from .sampler import token_logprob
-from .slot import Slot, SlotState
-from .speculation import Candidate, Speculator
+from ollapy.engine.backend.context import Backend
+from ollapy.engine.context_shift import make_room, truncate_prompt
+from ollapy.engine.cpuload import ThreadBudget
+from ollapy.engine.prefix.assignment import SlotAssigner
+from ollapy.engine.prefix.evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
+from ollapy.engine.prefix.source import PrefixSource
+from ollapy.engine.request import Chunk, Request
+from ollapy.engine.sampler import token_logprob
+from ollapy.engine.slot import Slot, SlotState
+from ollapy.engine.spec.speculator import Candidate, Speculator
+from ollapy.errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
+from ollapy.options import Options, predict_limit
 
 if TYPE_CHECKING:
     import asyncio
@@ -57,7 +57,7 @@ class Engine:
     """Serve generation requests over ``backend.n_parallel`` slots of one model.
 
     ``cache`` is an optional prompt cache, seen only through the
-    :class:`~ollapy.engine.prefix_source.PrefixSource` Protocol.
+    :class:`~ollapy.engine.prefix.source.PrefixSource` Protocol.
     ``max_queue`` bounds the requests waiting for a slot; past it
     :meth:`submit` raises BusyError at once. A context manager: leaving the
     ``with`` block calls :meth:`close`.
@@ -231,7 +231,7 @@ class Engine:
                 self._waiting.popleft().push(Cancelled("model unloaded"))
 
     def _step(self) -> None:
-        """One engine step in the canonical evaluation order (:mod:`ollapy.engine.evalorder`).
+        """One engine step in the canonical evaluation order (:mod:`ollapy.engine.prefix.evalorder`).
 
         First each prefilling slot's next chunk of ``[0, N-1)``, each in its own
         ``llama_decode`` (up to ``n_batch`` prompt tokens per step in all), then
@@ -289,7 +289,7 @@ class Engine:
 
     def _decode_rows(self, active: list[Slot]) -> None:
         """One ``llama_decode`` of single rows (decode tokens and last prompt tokens), each generating slot's
-        followed by the tokens it drafted (:mod:`ollapy.engine.speculation`), then sample (and verify) each."""
+        followed by the tokens it drafted (:mod:`ollapy.engine.spec.speculator`), then sample (and verify) each."""
         b = self.backend
         toks, pos, seqs, want = array("i"), array("i"), array("i"), array("b")
         in_batch: list[Slot] = []

@@ -3,7 +3,7 @@
 :class:`ModelRunner` is a :class:`typing.Protocol`. Two classes implement it:
 :class:`ollapy.engine.model.LoadedModel` (the model in this process) and
 :class:`ollapy.runner.process.ProcessModel` (the model in a runner child, see
-:mod:`ollapy.runner`); :func:`ollapy.loader.open_model` picks one. Callers use
+:mod:`ollapy.runner`); :func:`ollapy.runner.loader.open_model` picks one. Callers use
 nothing else: nobody outside ``engine/`` reaches into a runner's ``.engine``,
 ``.cache`` or ``.backend`` (``tests/test_layering.py`` checks it).
 
@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import asyncio
 
-    from ..chat import Template
-    from ..options import Options
-    from .request import Prompt, Request
+    from ollapy.chat.templates import Template
+    from ollapy.engine.request import Prompt, Request
+    from ollapy.options import Options
 
 STALE_AFTER_S = 5.0  # a snapshot older than this is shown as stale (a runner refreshes its own every second)
 

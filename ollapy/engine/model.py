@@ -23,22 +23,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import chat, config
-from ..errors import OptionError
-from ..options import Options, tensor_split_values
-from ..store.draft_vocab import read_token_map
-from ..store.info import read_gguf_header
-from .backend import bindings
-from .backend.context import Backend, ContextConfig
-from .backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
-from .draft_model import DraftModel
-from .draft_policy import StepCost
-from .engine import Engine
-from .interface import ContextFacts, RunnerSnapshot
-from .planner import common_prefix
-from .request import Prompt, Request
-from .speculation import NGRAM, Speculator
-from .step_costs import StepCostStore, file_identity, step_cost_key
+from ollapy import config
+from ollapy.chat import templates as chat
+from ollapy.engine.backend import bindings
+from ollapy.engine.backend.context import Backend, ContextConfig
+from ollapy.engine.backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
+from ollapy.engine.engine import Engine
+from ollapy.engine.interface import ContextFacts, RunnerSnapshot
+from ollapy.engine.request import Prompt, Request
+from ollapy.engine.spec.draft_model import DraftModel
+from ollapy.engine.spec.policy import StepCost
+from ollapy.engine.spec.speculator import NGRAM, Speculator
+from ollapy.engine.spec.step_costs import StepCostStore, file_identity, step_cost_key
+from ollapy.errors import OptionError
+from ollapy.options import Options, tensor_split_values
+from ollapy.store.draft_vocab import read_token_map
+from ollapy.store.info import read_gguf_header
+from ollapy.tokens import common_prefix
 
 if TYPE_CHECKING:
     import asyncio
@@ -192,8 +193,8 @@ class LoadedModel:
 
     @property
     def supports_thinking(self) -> bool:
-        """Whether the chat template has a reasoning section (:func:`ollapy.thinking.supports_thinking`)."""
-        from ..thinking import supports_thinking
+        """Whether the chat template has a reasoning section (:func:`ollapy.chat.thinking.supports_thinking`)."""
+        from ollapy.chat.thinking import supports_thinking
 
         return supports_thinking(self.template.text)
 
@@ -239,8 +240,8 @@ class LoadedModel:
         """Build the prompt for a chat: tokens, ``keep`` (BOS + system) and cache save points.
 
         ``tools`` and ``think`` are passed to the template as in :meth:`render`; split the answer
-        with :class:`ollapy.reply.ReplyParser` (``opened`` from
-        :func:`ollapy.thinking.prompt_opens_thinking` of the prompt's ``text``).
+        with :class:`ollapy.chat.reply.ReplyParser` (``opened`` from
+        :func:`ollapy.chat.thinking.prompt_opens_thinking` of the prompt's ``text``).
 
         With ``options`` whose ``truncate`` is true, a chat that does not fit
         ``num_ctx`` is shortened message by message so the template's structure
@@ -359,11 +360,11 @@ class LoadedModel:
         (see :mod:`ollapy.engine.backend.embedding`). Raises OptionError (empty input, bad token id, dimensions < 1),
         ContextError (``truncate=False`` and an input over ``min(num_ctx, n_ctx_train)`` tokens), DecodeError.
         """
-        from .backend.embedding import Embedder
+        from ollapy.engine.backend.embedding import Embedder
 
         with self._embedder_lock:
             if self._closed:
-                from ..errors import DecodeError
+                from ollapy.errors import DecodeError
 
                 raise DecodeError(f"{self.name} is being unloaded", hint="retry the request")
             if self._embedder is None:
@@ -374,7 +375,7 @@ class LoadedModel:
     @property
     def embedding_only(self) -> bool:
         """True for an embedding model (GGUF ``pooling_type`` set, or an encoder such as BERT), as Ollama decides."""
-        from .backend.embedding import is_embedding_model
+        from ollapy.engine.backend.embedding import is_embedding_model
 
         return is_embedding_model(self.backend)
 

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Cancelled, OllapyError
-from ..options import Options
+from ollapy.errors import Cancelled, OllapyError
+from ollapy.options import Options
 
 if TYPE_CHECKING:
     import asyncio
@@ -34,8 +34,8 @@ class Metrics:
     total_duration: int = 0
     truncated: bool = False
     shifts: int = 0
-    prefix_source: str = ""  # none, slot, copy, cache ram, cache disk (see ollapy.engine.planner)
-    draft: str = ""  # how the request drafted: "" (not), "ngram", "model" (ollapy.engine.speculation)
+    prefix_source: str = ""  # none, slot, copy, cache ram, cache disk (see ollapy.engine.prefix.planner)
+    draft: str = ""  # how the request drafted: "" (not), "ngram", "model" (ollapy.engine.spec.speculator)
     draft_tokens: int = 0  # drafted tokens verified
     draft_accepted: int = 0  # of them, accepted
 

@@ -37,13 +37,13 @@ import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .backend import bindings as _bindings
-from .request import TokenLogprob
+from ollapy.engine.backend import bindings as _bindings
+from ollapy.engine.request import TokenLogprob
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .backend.context import Backend
+    from ollapy.engine.backend.context import Backend
 
 C = _bindings.C
 

@@ -5,7 +5,7 @@ State machine: IDLE -> PREFILL (reading prompt in chunks) -> GENERATE
 tokens whose KV cells the sequence holds, in position order. ``exact`` counts
 the leading tokens whose KV is bit for bit what a cold prefill of a longer
 prompt computes for them: the cells evaluated in prompt chunks (the canonical
-order of :mod:`ollapy.engine.evalorder`), never the last prompt token or the
+order of :mod:`ollapy.engine.prefix.evalorder`), never the last prompt token or the
 generated ones (evaluated alone, as decode rows), and after a context shift
 at most the kept ``num_keep`` prefix (the shifted rest was computed while the
 discarded tokens were still visible). Only ``tokens[:exact]`` is ever reused
@@ -21,8 +21,8 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from .request import Request
-from .text import Detokenizer, StopMatcher
+from ollapy.engine.request import Request
+from ollapy.engine.text import Detokenizer, StopMatcher
 
 
 class SlotState(enum.Enum):

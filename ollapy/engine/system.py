@@ -18,7 +18,7 @@ def system_report(extra_bufts_setting: str) -> dict:
     :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
     (``auto``/``on``/``off``).
     """
-    from .backend import bindings, vulkan
+    from ollapy.engine.backend import bindings, vulkan
 
     use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
     bindings.init_backend()  # sets ggml-cpu's tiled-matmul switch unless the environment did
@@ -46,9 +46,9 @@ def rpc_report(endpoints: list[str]) -> dict:
     (:func:`ollapy.rpc_endpoint.probe_endpoint`), so an unreachable one is an entry with ``error``, never an
     abort of this process.
     """
-    from ..errors import RpcUnavailable
-    from ..rpc_endpoint import probe_endpoint
-    from .backend import rpc
+    from ollapy.engine.backend import rpc
+    from ollapy.errors import RpcUnavailable
+    from ollapy.rpc_endpoint import probe_endpoint
 
     out: dict = {"supported": rpc.supports_rpc(), "servers": []}
     for ep in endpoints:
@@ -70,8 +70,8 @@ def rpc_serving_devices(names: list[str]) -> list[int]:
 
     Raises RpcUnavailable when the build has no RPC backend, OllapyError for an unknown device name.
     """
-    from ..errors import RpcUnavailable
-    from .backend import rpc
+    from ollapy.engine.backend import rpc
+    from ollapy.errors import RpcUnavailable
 
     if not rpc.supports_rpc():
         raise RpcUnavailable("this build of llama.cpp has no RPC backend", rpc._REBUILD)
@@ -81,6 +81,6 @@ def rpc_serving_devices(names: list[str]) -> list[int]:
 def serve_rpc(endpoint: str, devices: list[int], n_threads: int, cache_dir: str | None) -> None:
     """Run ggml's RPC server on ``endpoint`` (``host:port``) for ``devices`` (from
     :func:`rpc_serving_devices`); returns only when ggml's server stops (it has no stop call)."""
-    from .backend import rpc
+    from ollapy.engine.backend import rpc
 
     rpc.start_server(endpoint, devices, n_threads, cache_dir)

@@ -1,4 +1,4 @@
-"""Crash isolation: a loaded model served by a child runner process.
+"""A model behind the runner interface: in process, or in a child runner process for crash isolation.
 
 llama.cpp aborts the whole process on some failures (its RPC client calls
 ``GGML_ABORT`` when a remote server is lost mid-request); no Python ``try``
@@ -13,10 +13,12 @@ reloads the model.
 * :mod:`.handles`: the parent's handles on the child's objects (a pending call, a generation's Request).
 * :mod:`.childlog`: the child's output, logged again in the parent, its last line kept for errors.
 * :mod:`.launch`: how the child is started (an isolated interpreter, a neutral working directory).
-* :mod:`.child`: the child's side; it builds its model with :func:`ollapy.loader.open_local`.
+* :mod:`.child`: the child's side; it builds its model with :func:`ollapy.runner.loader.open_local`.
+* :mod:`.loader`: the one place that turns a model name into a loaded model with its prompt cache
+  (:func:`~.loader.open_model` for every caller, :func:`~.loader.open_local` in process).
 * :mod:`.wire`: what crosses the socket besides engine objects: errors, model
   facts, embedding results.
 
-:func:`ollapy.loader.open_model` picks the runner: isolated when
+:func:`ollapy.runner.loader.open_model` picks the runner: isolated when
 ``OLLAPY_RUNNER=process`` or the ``rpc`` option is set.
 """

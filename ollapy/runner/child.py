@@ -5,7 +5,7 @@ Started by :class:`ollapy.runner.process.ProcessModel` in an isolated interprete
 its end of a socketpair,
 wrapped in a :class:`multiprocessing.connection.Connection` (pickled tuples,
 see :mod:`ollapy.runner.wire`). The first message is ``load``; the model is
-opened with the in-process path below the factory (:func:`ollapy.loader.open_local`) and the child answers
+opened with the in-process path below the factory (:func:`ollapy.runner.loader.open_local`) and the child answers
 ``ready`` with its :class:`~ollapy.runner.wire.ReadyFacts`, or ``failed`` with the load error. From then on a
 status thread sends the model's :class:`~ollapy.engine.interface.RunnerSnapshot` every second.
 
@@ -32,7 +32,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
-from .wire import CALLS, STATUS_INTERVAL_S, EmbeddingResult, ReadyFacts, error_payload
+from ollapy.runner.wire import CALLS, STATUS_INTERVAL_S, EmbeddingResult, ReadyFacts, error_payload
 
 log = logging.getLogger("ollapy.runner")
 
@@ -67,7 +67,7 @@ class RunnerChild:
     # ---- load ---------------------------------------------------------------------------------
     def load(self, spec: dict) -> bool:
         """Open the model of a ``load`` spec; answers ``ready`` or ``failed``. True when loaded."""
-        from ..loader import PathRef, open_local
+        from ollapy.runner.loader import PathRef, open_local
 
         r = spec["ref"]
         ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"))

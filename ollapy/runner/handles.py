@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.request import Request
-from ..errors import RunnerError
+from ollapy.engine.request import Request
+from ollapy.errors import RunnerError
 
 
 def fresh_error(err: RunnerError) -> RunnerError:

@@ -50,15 +50,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import config
-from ..engine.interface import RunnerSnapshot
-from ..engine.request import Prompt, Request
-from ..errors import DecodeError, OllapyError, OptionError, RunnerError
-from ..options import Options
-from .childlog import ChildLog
-from .handles import PendingCall, ProcessRequest, fresh_error
-from .launch import NEUTRAL_CWD, child_command, child_environment
-from .wire import EmbeddingResult, ReadyFacts, error_from_payload, load_spec
+from ollapy import config
+from ollapy.engine.interface import RunnerSnapshot
+from ollapy.engine.request import Prompt, Request
+from ollapy.errors import DecodeError, OllapyError, OptionError, RunnerError
+from ollapy.options import Options
+from ollapy.runner.childlog import ChildLog
+from ollapy.runner.handles import PendingCall, ProcessRequest, fresh_error
+from ollapy.runner.launch import NEUTRAL_CWD, child_command, child_environment
+from ollapy.runner.wire import EmbeddingResult, ReadyFacts, error_from_payload, load_spec
 
 if TYPE_CHECKING:
     import asyncio
@@ -79,7 +79,7 @@ class ProcessModel:
     def __init__(self, ref, options: Options, *, cache: bool = True, write_back: bool = False,
                  max_queue: int = 512) -> None:
         if options.rpc:
-            from ..rpc_endpoint import check_endpoints, parse_endpoints
+            from ollapy.rpc_endpoint import check_endpoints, parse_endpoints
 
             check_endpoints(parse_endpoints(options.rpc))
         self.options = options
@@ -179,7 +179,7 @@ class ProcessModel:
         line = self._stderr.last_line()
         hint = "the next request reloads the model"
         if self.options.rpc:
-            from ..rpc_endpoint import parse_endpoints, unreachable_endpoints
+            from ollapy.rpc_endpoint import parse_endpoints, unreachable_endpoints
 
             down = unreachable_endpoints(parse_endpoints(self.options.rpc))
             hint += (f"; RPC server {', '.join(down)} does not answer" if down

@@ -30,9 +30,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from .. import errors
-from ..engine.interface import ContextFacts, RunnerSnapshot
-from ..errors import OllapyError, RunnerError, describe
+from ollapy import errors
+from ollapy.engine.interface import ContextFacts, RunnerSnapshot
+from ollapy.errors import OllapyError, RunnerError, describe
 
 # calls the child serves on a worker thread (runner interface methods of its LoadedModel)
 CALLS = frozenset({"tokenize", "render", "chat_prompt", "raw_prompt", "grammar_for", "embed", "info", "stats",
@@ -84,7 +84,7 @@ class ReadyFacts:
 
     pid: int
     architecture: str
-    template: Any  # ollapy.chat.Template
+    template: Any  # ollapy.chat.templates.Template
     facts: ContextFacts
     supports_tools: bool
     supports_thinking: bool

@@ -21,11 +21,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 
-from .. import __version__, config
-from ..runtime import Runtime
-from .errors import RouteError, anthropic_error, error_headers, ollama_error, openai_error
-from .metrics import Metrics
-from .response_store import ResponseStore
+from ollapy import __version__, config
+from ollapy.server.errors import RouteError, anthropic_error, error_headers, ollama_error, openai_error
+from ollapy.server.metrics import Metrics
+from ollapy.server.openai.responses.store import ResponseStore
+from ollapy.server.scheduler import Runtime
 
 log = logging.getLogger("ollapy.server")
 
@@ -134,12 +134,19 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
                   openapi_url=None)
     app.state.ollapy = state
 
-    from . import anthropic_routes, embed_routes, model_routes, ollama_routes, openai_routes, responses_routes
+    from ollapy.server.anthropic import routes as anthropic_routes
+    from ollapy.server.ollama import embed as embed_routes
+    from ollapy.server.ollama import models as model_routes
+    from ollapy.server.ollama import routes as ollama_routes
+    from ollapy.server.openai import embeddings as openai_embeddings
+    from ollapy.server.openai import routes as openai_routes
+    from ollapy.server.openai.responses import routes as responses_routes
 
     app.include_router(ollama_routes.router)
     app.include_router(embed_routes.router)
     app.include_router(model_routes.router)
     app.include_router(openai_routes.router)
+    app.include_router(openai_embeddings.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
 
@@ -147,11 +154,11 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     async def _metrics():
         from fastapi.responses import Response
 
-        from .metrics import CONTENT_TYPE
+        from ollapy.server.metrics import CONTENT_TYPE
 
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    from ..errors import OllapyError
+    from ollapy.errors import OllapyError
 
     for cls in (OllapyError, ValueError, Exception):
         app.add_exception_handler(cls, lambda request, exc: error_response(request, exc))
@@ -169,7 +176,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
         return error_response(request, ValueError(str(exc.errors()[0].get("msg") if exc.errors() else exc)))
 
     if key:  # inside CORS, so a 401 still carries the CORS headers and preflights need no key
-        from .auth import ApiKeyAuth
+        from ollapy.server.auth import ApiKeyAuth
 
         app.add_middleware(ApiKeyAuth, key=key)
     app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(), allow_methods=["*"], allow_headers=["*"],

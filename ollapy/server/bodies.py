@@ -1,4 +1,4 @@
-"""Request bodies of the HTTP API as pydantic models, shared by the routes.
+"""Request-body bases every API's bodies share: parsing, the model field, tools, history and ``think``.
 
 Every body is read as Ollama's server reads JSON: unknown top-level fields are
 ignored and a ``null`` value counts as absent (the field's default). A bad
@@ -7,8 +7,10 @@ value raises one of ollapy's errors with a one-line message naming the field
 :meth:`Body.from_dict` inside their own ``try`` and answer in their API's error
 shape. Fields that need Ollama's or OpenAI's exact semantics stay ``Any`` and
 are read by a validator (``options`` by :func:`ollapy.options.api_options`
-where a generation starts, so that Ollama's leniency holds there). The
-OpenAI bodies are in :mod:`ollapy.server.openai_bodies`.
+where a generation starts, so that Ollama's leniency holds there). Each API's
+own bodies are in its package: :mod:`ollapy.server.ollama.bodies`,
+:mod:`ollapy.server.openai.bodies`, :mod:`ollapy.server.openai.responses.bodies`,
+:mod:`ollapy.server.anthropic.bodies`.
 """
 from __future__ import annotations
 
@@ -20,21 +22,32 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticUndefined
 
-from ..errors import OptionError, UsageError
-from ..thinking import parse_think
-from . import generation
+from ollapy.chat.thinking import parse_think
+from ollapy.errors import OptionError, UsageError
+from ollapy.server import generation
 
 MODEL_HINT = 'send {"model": "NAME", ...}'
 
 
 def check_name(name: str) -> None:
     """Validate a model name (no path traversal; InvalidModelName → 400); ``*.gguf`` paths without ``..`` are allowed."""
-    from ..store import parse_name
-    from ..store.names import looks_like_path
+    from ollapy.store import parse_name
+    from ollapy.store.names import looks_like_path
 
     if looks_like_path(name) and name.lower().endswith(".gguf") and ".." not in Path(name).parts:
         return  # a GGUF file given by path (the CLI's `run ./model.gguf` through a server)
     parse_name(name)
+
+def checked_model(v: Any, *, hint: str = MODEL_HINT, check: bool = True) -> str:
+    """A request's ``model`` field, stripped: the one "model is required" rule of every API's body.
+
+    Raises UsageError("model is required", with ``hint``) for a missing, empty or non-string value, and
+    InvalidModelName (through :func:`check_name`, when ``check``) for a name that is not one."""
+    if not isinstance(v, str) or not v.strip():
+        raise UsageError("model is required", hint=hint)
+    if check:
+        check_name(v.strip())
+    return v.strip()
 
 
 def body_error(exc: ValidationError) -> OptionError:
@@ -222,11 +235,11 @@ def read_tool_choice(v: Any) -> tuple[str, str | None]:
 
 
 def read_think(v: Any) -> bool | str | None:
-    """A request's ``think`` (true/false or a level; :func:`ollapy.thinking.parse_think`)."""
+    """A request's ``think`` (true/false or a level; :func:`ollapy.chat.thinking.parse_think`)."""
     return parse_think(v)
 
 
-# ---- Ollama (/api) --------------------------------------------------------------------------------
+# ---- a body naming a model --------------------------------------------------------------------------------
 class NamedBody(Body):
     """A body naming a model: ``model`` (or the older ``name``); UsageError "model is required" without one.
 
@@ -238,81 +251,7 @@ class NamedBody(Body):
     @field_validator("model", mode="before")
     @classmethod
     def _model_or_name(cls, v: Any, info) -> str:
-        name = v or info.data.get("name") or ""
-        if not isinstance(name, str) or not name.strip():
-            raise UsageError("model is required", hint=MODEL_HINT)
-        return name.strip()
-
-
-class OllamaGenBody(NamedBody, LogprobsBody):
-    """What ``/api/generate`` and ``/api/chat`` share: options, format, keep_alive, cache, logprobs, stream.
-
-    ``model`` must pass :func:`check_name`. ``format``: None, ``"json"`` or a JSON schema object.
-    :attr:`logprob_count` is -1 (no logprobs) or the number of alternatives per token."""
-
-    options: Any = None  # read leniently by api_options where the generation starts
-    format: Any = None
-    keep_alive: Any = None
-    cache: bool = True
-    stream: bool = True
-    think: Any = None  # True/False or "high"/"medium"/"low" (parse_think); None: the model's default
-    truncate: bool | None = None  # Ollama's per-request switches; they override the options of the same names
-    shift: bool | None = None
-
-    _think = field_validator("think")(classmethod(lambda cls, v: read_think(v)))
-
-    def run_options(self) -> Any:
-        """``options`` with the top-level ``truncate`` and ``shift`` (Ollama's per-request switches: false makes a
-        prompt over ``num_ctx`` a 400, or ends generation at the context's end with ``done_reason`` ``length``)
-        applied over it when set."""
-        switches = {k: v for k, v in (("truncate", self.truncate), ("shift", self.shift)) if v is not None}
-        if not switches:
-            return self.options
-        return {**(self.options if isinstance(self.options, dict) else {}), **switches}
-
-    @field_validator("model")
-    @classmethod
-    def _checked_name(cls, v: str) -> str:
-        check_name(v)
-        return v
-
-    @field_validator("format")
-    @classmethod
-    def _format(cls, v: Any) -> Any:
-        if v == "":
-            return None
-        if v == "json" or isinstance(v, dict):
-            return v
-        raise OptionError(f"format must be 'json' or a JSON schema object, got {v!r}")
-
-
-
-class GenerateBody(OllamaGenBody):
-    """``/api/generate``: ``prompt`` (str), ``suffix``, ``raw``, ``system``, ``context`` (token ids or None);
-    ``images`` are refused."""
-
-    images: Any = None
-    prompt: Any = ""
-    suffix: Any = None
-    raw: bool = False
-    system: str | None = None
-    context: Any = None
-
-    _no_images = refusal("images", "images are not supported by ollapy models")
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, v: Any) -> str:
-        if not v:
-            return ""
-        if not isinstance(v, str):
-            raise OptionError("prompt must be a string")
-        return v
-
-    @field_validator("context")
-    @classmethod
-    def _context(cls, v: Any) -> list[int] | None:
-        return generation.context_field(v)
+        return checked_model(v or info.data.get("name") or "", hint=MODEL_HINT, check=False)
 
 
 class ToolsBody(Body):
@@ -345,76 +284,3 @@ class ToolsBody(Body):
         return self.tool_choice or ("auto", None)
 
 
-class ChatBody(OllamaGenBody, ToolsBody):
-    """``/api/chat``: ``messages`` (a list, possibly empty; tool parts read by :func:`read_history`),
-    ``tools`` and, as an ollapy extension, OpenAI's ``tool_choice`` (:class:`ToolsBody`)."""
-
-    messages: Any = []
-
-    @field_validator("messages")
-    @classmethod
-    def _messages(cls, v: Any) -> list:
-        v = v or []
-        if not isinstance(v, list):
-            raise OptionError("messages must be a list")
-        return read_history(v)
-
-
-class CopyBody(Body):
-    """``/api/copy``: ``source`` and ``destination`` model names (both required)."""
-
-    source: Any = None
-    destination: Any = None
-
-    @model_validator(mode="after")
-    def _both(self):
-        src, dst = self.source, self.destination
-        if not isinstance(src, str) or not isinstance(dst, str) or not src or not dst:
-            raise UsageError("source and destination are required")
-        return self
-
-
-class StoreNameBody(NamedBody):
-    """A body naming a model of the store (pull, create, delete): ``model`` must follow the store's name rules
-    (InvalidModelName, 400; no ``.gguf`` paths)."""
-
-    @field_validator("model")
-    @classmethod
-    def _store_name(cls, v: str) -> str:
-        from ..store import parse_name
-
-        parse_name(v)
-        return v
-
-
-class PullBody(StoreNameBody):
-    """``/api/pull``: ``insecure`` (plain-HTTP registries), ``stream`` (default true)."""
-
-    insecure: bool = False
-    stream: bool = True
-
-
-class CreateBody(StoreNameBody):
-    """``/api/create``: ``from`` (or ``from_``), ``files``, the legacy ``modelfile``, and the fields that override
-    it (typed as Ollama's Go struct types them); ``quantize`` and ``adapters`` are refused."""
-
-    quantize: Any = None
-    adapters: Any = None
-    from_: Any = Field(None, alias="from")
-    from_underscore: Any = Field(None, alias="from_")
-    files: Any = None  # {file name: blob digest}, checked where the Modelfile is built
-    modelfile: str | None = None
-    parameters: dict[str, Any] | None = None
-    license: str | list[str] | None = None
-    system: str | None = None
-    template: str | None = None
-    messages: list[dict] | None = None
-    stream: bool = True
-
-    _no_quantize = refusal("quantize", "quantize is not supported by ollapy", UsageError)
-    _no_adapters = refusal("adapters", "adapters are not supported by ollapy", UsageError)
-
-    @property
-    def source(self) -> Any:
-        """The FROM the request names (``from`` or ``from_``), unchecked."""
-        return self.from_ or self.from_underscore

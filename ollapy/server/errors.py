@@ -12,8 +12,8 @@ import json
 import logging
 import re
 
-from .. import config
-from ..errors import Cancelled, ContextOverflow, ModelNotFound, OllapyError, describe
+from ollapy import config
+from ollapy.errors import Cancelled, ContextOverflow, ModelNotFound, OllapyError, describe
 
 log = logging.getLogger("ollapy.server")
 

@@ -2,7 +2,7 @@
 
 :func:`start` resolves and loads the model, builds the prompt and submits it
 with ``loop=`` so chunks arrive on the event loop without blocking. Both run
-on the model's own executor with a timeout (:meth:`ollapy.runtime.Runtime.call`):
+on the model's own executor with a timeout (:meth:`ollapy.server.scheduler.Runtime.call`):
 template rendering, tokenizing and JSON-schema grammar compilation take time on
 long inputs, and a runner child may be stopped. Errors before the first byte (unknown model, bad options, busy)
 propagate as exceptions and become status codes; :class:`Generation` always
@@ -20,12 +20,12 @@ import time
 import weakref
 from typing import Any, AsyncIterator
 
-from .. import generic_tools
-from ..errors import ContextOverflow, OptionError
-from ..options import api_options
-from ..reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
-from ..thinking import prompt_opens_thinking, think_enabled
-from ..toolcalls import detect_family
+from ollapy.chat import generic_tools
+from ollapy.chat.reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
+from ollapy.chat.thinking import prompt_opens_thinking, think_enabled
+from ollapy.chat.toolcalls import detect_family
+from ollapy.errors import ContextOverflow, OptionError
+from ollapy.options import api_options
 
 log = logging.getLogger("ollapy.server")
 
@@ -258,7 +258,7 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
     ``tool_choice`` ``none`` render without tools and parse no calls. On a template that reads ``tools``,
     ``auto`` renders them and parses the template's own call format; ``required`` or a named function forces
     one call with a grammar. On a template without tool support (where Ollama answers 400 "does not support
-    tools"), ollapy uses llama.cpp's generic format (:mod:`ollapy.generic_tools`): the tools in the system
+    tools"), ollapy uses llama.cpp's generic format (:mod:`ollapy.chat.generic_tools`): the tools in the system
     prompt and a grammar for a call or a ``response`` (``fmt``, the request's format, constrains the response;
     ``parallel`` allows several calls); its history is written as text (:attr:`ReplyPlan.plain_history`).
     """
@@ -288,7 +288,7 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
 def chat_messages(ref, messages: list[dict], plan: ReplyPlan) -> list[dict]:
     """The messages to render for a chat: the model's SYSTEM and MESSAGE lines applied (:func:`model_messages`),
     then, on a template without tool support, tool calls and results written as text and the tools described
-    in llama.cpp's generic format (:func:`ollapy.generic_tools.generic_messages`)."""
+    in llama.cpp's generic format (:func:`ollapy.chat.generic_tools.generic_messages`)."""
     msgs = model_messages(ref, messages)
     if plan.generic:
         return generic_tools.generic_messages(msgs, plan.generic)

@@ -19,9 +19,9 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
-from ..errors import UsageError
-from . import generation
-from .errors import error_headers, ollama_error, openai_error, sse_error_event, stream_error_line
+from ollapy.errors import UsageError
+from ollapy.server import generation
+from ollapy.server.errors import error_headers, ollama_error, openai_error, sse_error_event, stream_error_line
 
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"

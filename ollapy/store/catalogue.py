@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import config
-from ..errors import UsageError
-from .names import DEFAULT_HOST, DEFAULT_NAMESPACE, ModelName
+from ollapy import config
+from ollapy.errors import UsageError
+from ollapy.store.names import DEFAULT_HOST, DEFAULT_NAMESPACE, ModelName
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,10 +20,10 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import config
-from ..errors import DiskFullError, DownloadError
-from .layout import Store, digest_hex
-from .progress import QuietProgress
+from ollapy import config
+from ollapy.errors import DiskFullError, DownloadError
+from ollapy.store.layout import Store, digest_hex
+from ollapy.store.progress import QuietProgress
 
 CHUNK = 1 << 20
 BACKOFF_S = 0.5

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DraftMismatch
-from .info import ArraySummary, read_gguf_header
+from ollapy.errors import DraftMismatch
+from ollapy.store.info import ArraySummary, read_gguf_header
 
 #: largest vocabulary-size difference between a draft model and its target (llama.cpp's
 #: SPEC_VOCAB_MAX_SIZE_DIFFERENCE; also used by ollapy.engine.backend.vocab)

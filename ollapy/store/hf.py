@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..errors import DownloadError, ModelNotFound
-from .download import NotAtSource, link_blob
-from .layout import MT_MODEL, Store
-from .names import ModelName
-from .progress import QuietProgress
+from ollapy.errors import DownloadError, ModelNotFound
+from ollapy.store.download import NotAtSource, link_blob
+from ollapy.store.layout import MT_MODEL, Store
+from ollapy.store.names import ModelName
+from ollapy.store.progress import QuietProgress
 
 QUANT_PREFERENCE = ("Q4_K_M", "Q4_K_S", "Q4_0", "Q4_1", "Q5_K_M", "Q5_0", "Q6_K", "Q8_0", "IQ4_XS", "Q3_K_M", "BF16", "F16")
 """Quantizations tried, in order, for the ``latest`` tag."""

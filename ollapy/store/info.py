@@ -11,7 +11,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import ModelLoadError
+from ollapy.errors import ModelLoadError
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptManifest
-from ..fsutil import shared_mode, write_atomically
-from .names import ModelName
+from ollapy.errors import CorruptManifest
+from ollapy.fsutil import shared_mode, write_atomically
+from ollapy.store.names import ModelName
 
 MT_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MT_CONFIG = "application/vnd.docker.container.image.v1+json"

@@ -20,9 +20,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import OptionError, UsageError
-from ..options import coerce_option
-from .info import parameter_text
+from ollapy.errors import OptionError, UsageError
+from ollapy.options import coerce_option
+from ollapy.store.info import parameter_text
 
 ROLES = ("system", "user", "assistant", "tool")
 

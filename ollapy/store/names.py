@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InvalidModelName
+from ollapy.errors import InvalidModelName
 
 DEFAULT_HOST = "registry.ollama.ai"
 DEFAULT_NAMESPACE = "library"

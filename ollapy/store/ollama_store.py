@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .layout import Store
+from ollapy.store.layout import Store
 
 
 def ollama_root() -> Path:

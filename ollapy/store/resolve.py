@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import CorruptManifest, ModelNotFound
-from . import catalogue
-from .layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
-from .names import ModelName, looks_like_path, parse_name
-from .ollama_store import ollama_store
-from .pull import local_store, not_found, pull_model
+from ollapy.errors import CorruptManifest, ModelNotFound
+from ollapy.store import catalogue
+from ollapy.store.layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
+from ollapy.store.names import ModelName, looks_like_path, parse_name
+from ollapy.store.ollama_store import ollama_store
+from ollapy.store.pull import local_store, not_found, pull_model
 
 log = logging.getLogger("ollapy.store")
 
@@ -65,8 +65,8 @@ def _runnable_template(name: str, text: str) -> str | None:
     """A stored TEMPLATE as the engine can use it: Jinja as is; a Go template (a model pulled from an
     Ollama registry, or created before translation existed) translated; None when it cannot be, so the
     GGUF's own chat template applies (logged; ``run --verbose`` and ``show`` name the template used)."""
-    from ..errors import UsageError
-    from .gotemplate import jinja_template
+    from ollapy.chat.gotemplate import jinja_template
+    from ollapy.errors import UsageError
 
     try:
         return jinja_template(text)
@@ -228,10 +228,10 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     The GGUF is hard-linked into the store where possible, otherwise referenced
     by path (``show`` reports it). Raises UsageError, ModelNotFound.
     """
-    from .download import link_blob
-    from .gotemplate import jinja_template
-    from .modelfile import parse_modelfile
-    from .pull import extra_layers
+    from ollapy.chat.gotemplate import jinja_template
+    from ollapy.store.download import link_blob
+    from ollapy.store.modelfile import parse_modelfile
+    from ollapy.store.pull import extra_layers
 
     target = parse_name(name)
     mf = parse_modelfile(modelfile_text)
@@ -276,8 +276,8 @@ def _check_runnable(params: dict[str, Any], base: ModelRef) -> None:
     a ``DRAFT`` that names no file or store model (:func:`resolve_draft`'s ModelNotFound) or one whose GGUF
     header shows another vocabulary than ``base``'s (:func:`~ollapy.store.draft_vocab.check_draft_header`'s
     DraftMismatch)."""
-    from ..options import Options
-    from .draft_vocab import check_draft_header
+    from ollapy.options import Options
+    from ollapy.store.draft_vocab import check_draft_header
 
     Options().merged(params)
     draft = str(params.get("draft", ""))
@@ -291,7 +291,7 @@ def resolve_draft(draft: str) -> Path | None:
     path: a relative one from the working directory), or None when it names none (``""``, ``ngram``). The one
     lookup behind ``create``'s check and every load. Never pulls. Raises ModelNotFound, its message naming the
     draft model (``draft model 'x:latest' not found``) so that it is not taken for the model asked for."""
-    from ..options import draft_model
+    from ollapy.options import draft_model
 
     name = draft_model(draft)
     if not name:

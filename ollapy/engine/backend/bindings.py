@@ -22,8 +22,8 @@ import sys
 import threading
 from pathlib import Path
 
-from ..hardware import cpu_has_amx
-from . import vulkan
+from ollapy.engine.backend import vulkan
+from ollapy.engine.hardware import cpu_has_amx
 
 log = logging.getLogger("ollapy.engine")
 
@@ -152,7 +152,7 @@ def supports_gpu_offload() -> bool:
 
     Not ``llama_supports_gpu_offload``: that is also true for any build with the RPC backend, GPU or not.
     """
-    from .rpc import local_gpus
+    from ollapy.engine.backend.rpc import local_gpus
 
     return bool(local_gpus())
 
@@ -217,7 +217,7 @@ def choose_extra_bufts(setting: str) -> tuple[bool, str]:
 def devices() -> list[dict]:
     """The ggml devices this build found, in ggml's order: ``{"name", "description", "type" ("cpu"|"gpu"|"accel"|
     "igpu"), "backend" (ggml registry: "CPU", "Vulkan", "CUDA"...), "free", "total"}``, memory in bytes."""
-    from . import rpc
+    from ollapy.engine.backend import rpc
 
     init_backend()
     lib = rpc._lib()

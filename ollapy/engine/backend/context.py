@@ -22,13 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ...errors import DecodeError, ModelLoadError
-from .. import seqstate
-from ..cpuload import default_threads
-from ..hardware import choose_flash_attn
-from ..interrupt import deferred_sigint
-from . import bindings
-from .bindings import C, choose_extra_bufts, finish_imports, init_backend, one_row_products_differ, start_imports, tiled_matmul_on
+from ollapy.engine.backend import bindings, seqstate
+from ollapy.engine.backend.bindings import (
+    C,
+    choose_extra_bufts,
+    finish_imports,
+    init_backend,
+    one_row_products_differ,
+    start_imports,
+    tiled_matmul_on,
+)
+from ollapy.engine.cpuload import default_threads
+from ollapy.engine.hardware import choose_flash_attn
+from ollapy.engine.interrupt import deferred_sigint
+from ollapy.errors import DecodeError, ModelLoadError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -82,12 +89,12 @@ class ContextConfig:
 def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
     """Set ``mp``'s devices, ``n_gpu_layers`` and ``tensor_split``; return (offloading, device facts, the ctypes
     arrays ``mp`` points into, which must live until the model is loaded)."""
-    from . import rpc
+    from ollapy.engine.backend import rpc
 
     keep: list = []
     facts: list[dict] = []
     if cfg.rpc:
-        from ...rpc_endpoint import check_endpoints
+        from ollapy.rpc_endpoint import check_endpoints
 
         check_endpoints(cfg.rpc)  # ggml's client aborts the process on a refused or failed connection
         devs = rpc.model_devices(cfg.rpc)
@@ -344,7 +351,7 @@ class Backend:
         """Serialized KV state of ``seq`` as a bytearray (empty when it cannot be saved).
 
         llama.cpp's seq state format, rewritten to the 1-stream layout when
-        ``state_layout`` is portable (:mod:`ollapy.engine.seqstate`), so that a
+        ``state_layout`` is portable (:mod:`ollapy.engine.backend.seqstate`), so that a
         context with another slot count can restore it.
         """
         size = C.llama_state_seq_get_size(self.ctx, seq)

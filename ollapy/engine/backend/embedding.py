@@ -48,16 +48,16 @@ from array import array
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from ...errors import ContextError, DecodeError, OptionError
-from ...store.info import ENCODER_ARCHS  # architectures llama.cpp runs with non-causal attention (encoders)
-from . import bindings
-from .bindings import C
-from .context import _FLASH, _KV_TYPES
+from ollapy.engine.backend import bindings
+from ollapy.engine.backend.bindings import C
+from ollapy.engine.backend.context import _FLASH, _KV_TYPES
+from ollapy.errors import ContextError, DecodeError, OptionError
+from ollapy.store.info import ENCODER_ARCHS  # architectures llama.cpp runs with non-causal attention (encoders)
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .context import Backend
+    from ollapy.engine.backend.context import Backend
 
 log = logging.getLogger("ollapy.engine")
 

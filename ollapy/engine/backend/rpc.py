@@ -21,8 +21,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
-from ...errors import RpcUnavailable
-from .bindings import C, init_backend
+from ollapy.engine.backend.bindings import C, init_backend
+from ollapy.errors import RpcUnavailable
 
 DEVICE_CPU, DEVICE_GPU, DEVICE_ACCEL, DEVICE_IGPU = 0, 1, 2, 3  # enum ggml_backend_dev_type (ggml-backend.h)
 _REBUILD = ("reinstall llama-cpp-python with the RPC backend: bash scripts/install_llama.sh .venv/bin/python "

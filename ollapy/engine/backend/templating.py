@@ -13,7 +13,7 @@ import functools
 import json
 from typing import Any
 
-from .bindings import finish_imports
+from ollapy.engine.backend.bindings import finish_imports
 
 
 class JSONArguments(dict):

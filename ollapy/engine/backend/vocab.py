@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ...errors import DraftMismatch
-from ...store.draft_vocab import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, mapped_vocab_mismatch
-from .bindings import C
+from ollapy.engine.backend.bindings import C
+from ollapy.errors import DraftMismatch
+from ollapy.store.draft_vocab import CHECK_START_TOKEN_ID, MAX_VOCAB_SIZE_DIFFERENCE, mapped_vocab_mismatch
 
 #: largest vocabulary-size difference allowed (llama.cpp's SPEC_VOCAB_MAX_SIZE_DIFFERENCE)
 MAX_SIZE_DIFFERENCE = MAX_VOCAB_SIZE_DIFFERENCE

@@ -1,0 +1,15 @@
+"""Chat: templates, prompt rendering and the meaning of a reply. Knows nothing of llama.cpp or HTTP.
+
+Templates (which Jinja2 template renders a conversation; the renderer itself is llama-cpp-python's, behind
+:mod:`ollapy.engine.backend.templating`):
+
+- :mod:`.templates`: which chat template a model uses (its GGUF's, a Modelfile's, or the catalogue's).
+- :mod:`.gotemplate`: Ollama's Go-template ``TEMPLATE`` translated to Jinja2.
+
+The meaning of a reply (model text in, structured answer out; whole or streamed):
+
+- :mod:`.reply`: an answer split into reasoning, content and tool calls; forced-call schemas.
+- :mod:`.thinking`: the ``<think>…</think>`` section.
+- :mod:`.toolcalls`: tool calls in each model family's format (hermes, llama 3, mistral…).
+- :mod:`.generic_tools`: llama.cpp's generic tool-call format for templates without tool support.
+"""

@@ -1,0 +1,45 @@
+"""Model descriptions as Ollama's API writes them, shared by ``/api/ps``, ``/api/tags`` and ``/api/show``."""
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+
+_GGUF_CACHE: dict[str, dict] = {}
+
+
+def iso_time(ts: float | None) -> str:
+    """A UTC timestamp as Ollama writes it (``Z`` suffix; Go's zero time for None)."""
+    if ts is None:
+        return "0001-01-01T00:00:00Z"
+    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def model_details(info: dict | None) -> dict:
+    """Ollama's ``details`` object from GGUF info."""
+    info = info or {}
+    arch = info.get("architecture") or ""
+    return {"parent_model": "", "format": "gguf", "family": arch, "families": [arch] if arch else None,
+            "parameter_size": str(info.get("parameters") or ""), "quantization_level": str(info.get("quantization") or "")}
+
+
+def manifest_ids() -> dict[str, str]:
+    """name -> the model's ID (manifest digest, :func:`ollapy.store.resolve.manifest_digest`): the same ID
+    `ollapy list`, `ollapy ps` and /api/tags show."""
+    from ollapy.store import list_models
+
+    return {m.name: m.digest for m in list_models() if m.digest}
+
+
+def gguf_info(path) -> dict:
+    """GGUF metadata of ``path``, cached per path (``{}`` for None or an unreadable file)."""
+    if path is None:
+        return {}
+    key = str(path)
+    if key not in _GGUF_CACHE:
+        try:
+            from ollapy.store.info import read_gguf_info
+
+            _GGUF_CACHE[key] = read_gguf_info(Path(path))
+        except Exception:  # noqa: BLE001
+            _GGUF_CACHE[key] = {}
+    return _GGUF_CACHE[key]
