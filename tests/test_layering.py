@@ -1,4 +1,4 @@
-"""Import rules of shared/DESIGN.md, checked by parsing every module with ``ast``."""
+"""Import rules of docs/design/DESIGN.md, checked by parsing every module with ``ast``."""
 from __future__ import annotations
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "ollapy"
-# the llama.cpp boundary: the only package whose modules import llama_cpp (shared/DESIGN.md)
+# the llama.cpp boundary: the only package whose modules import llama_cpp (docs/design/DESIGN.md)
 LLAMA_BOUNDARY = PKG / "engine" / "backend"
 
 
@@ -57,7 +57,7 @@ def test_only_the_llama_boundary_imports_llama_cpp():
     assert "llama_cpp" in _imports(LLAMA_BOUNDARY / "bindings.py")
 
 
-# Layers, top to bottom (shared/DESIGN.md, docs/design/architecture.md). A module may import its own package and
+# Layers, top to bottom (docs/design/DESIGN.md, docs/design/architecture.md). A module may import its own package and
 # packages of a lower rank; engine/ and cache/ share a rank and never import each other (they meet through
 # engine/prefix/source.py's PrefixSource Protocol). The shared modules below rank 0 are open to every layer.
 LAYERS = {"cli": 6, "server": 5, "runner": 4, "engine": 3, "cache": 3, "store": 2, "chat": 1}
@@ -161,7 +161,7 @@ def test_layering_rule_catches_a_core_to_cli_import():
         fake.unlink()
 
 
-# ---- the runner interface (shared/DESIGN.md): callers hold a ModelRunner and never reach inside it ----------
+# ---- the runner interface (docs/design/DESIGN.md): callers hold a ModelRunner and never reach inside it ----------
 RUNNER_INSIDES = ("engine", "cache", "backend")
 # `.cache` of these is not a runner's: a RunnerSnapshot's prompt-cache figures, a request body's or the CLI
 # settings' `cache` flag

@@ -1,4 +1,4 @@
-"""The llama.cpp boundary: the only package that imports ``llama_cpp`` (shared/DESIGN.md).
+"""The llama.cpp boundary: the only package that imports ``llama_cpp`` (docs/design/DESIGN.md).
 
 Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and ``ps`` never load it:
 

@@ -6,5 +6,5 @@
   own KV, another slot's KV copied in-context, or a saved state).
 - :mod:`.assignment`: applying the plan to a slot and starting its prefill.
 - :mod:`.evalorder`: the canonical evaluation order (the same batch shapes cold or from the cache), the
-  exactness rule of shared/DESIGN.md.
+  exactness rule of docs/design/DESIGN.md.
 """

@@ -3,7 +3,7 @@
 The engine (:mod:`ollapy.engine.engine`) sees saved prefix states only
 through these Protocols; :class:`ollapy.cache.manager.BoundCache` satisfies
 them structurally, so the engine imports nothing of ``ollapy.cache`` and the
-cache imports nothing of the engine (shared/DESIGN.md, "Layers"). Tests put
+cache imports nothing of the engine (docs/design/DESIGN.md, "Layers"). Tests put
 fakes behind the same Protocol.
 
 The engine's calls, all from its loop thread, for one request:
