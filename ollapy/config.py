@@ -438,6 +438,12 @@ ORIGINS = _setting(
     "",
     "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.",
 )
+ALLOWED_HOSTS = _setting(
+    "OLLAPY_ALLOWED_HOSTS",
+    "",
+    "Extra names a loopback-bound server answers in the Host header, comma separated (`*.example.com` wildcards, "
+    "`*` = any); loopback names, private addresses and the served address are always allowed (DNS rebinding guard).",
+)
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
 RESPONSES_STORE = _setting(
     "OLLAPY_RESPONSES_STORE",
@@ -461,6 +467,19 @@ def origins() -> list[str]:
     for o in out:
         if not _ORIGIN.match(o):
             raise invalid(ORIGINS, "comma-separated origins such as https://example.com,chrome-extension://*")
+    return out
+
+
+_ALLOWED_HOST = re.compile(r"^(\*|(\*\.)?[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?\.?)$")
+
+
+def allowed_hosts() -> list[str]:
+    """Extra Host names from ``OLLAPY_ALLOWED_HOSTS``, lower-cased (``name``, ``*.domain`` or ``*``); raises
+    SettingError for anything else (a port, a scheme, a path)."""
+    out = [h.strip().lower() for h in ALLOWED_HOSTS.raw().split(",") if h.strip()]
+    for h in out:
+        if not _ALLOWED_HOST.match(h):
+            raise invalid(ALLOWED_HOSTS, "comma-separated host names such as myhost.lan,*.example.com (no port)")
     return out
 
 

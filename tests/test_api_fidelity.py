@@ -64,7 +64,7 @@ def test_list_and_tags_sort_newest_first_with_the_same_id(smollm2_path, tmp_path
     assert [r.split()[0] for r in rows] == ["smol-b:latest", "smol-c:latest", "smol-a:latest"]
     assert {r.split()[1] for r in rows} == {models[0].id}
 
-    tags = TestClient(create_app()).get("/api/tags").json()["models"]  # no lifespan: nothing is loaded
+    tags = TestClient(create_app(), base_url="http://127.0.0.1").get("/api/tags").json()["models"]  # no lifespan: none loaded
     assert [t["name"] for t in tags] == ["smol-b:latest", "smol-c:latest", "smol-a:latest"]
     assert {t["digest"] for t in tags} == {models[0].digest}
 
@@ -74,7 +74,7 @@ def test_unknown_routes_and_methods_answer_in_the_callers_format():
 
     from ollapy.server.app import create_app
 
-    c = TestClient(create_app())
+    c = TestClient(create_app(), base_url="http://127.0.0.1")
     for method, path, status in (("GET", "/api/nosuch", 404), ("GET", "/api/generate", 405),
                                  ("DELETE", "/api/tags", 405), ("POST", "/nosuch", 404)):
         r = c.request(method, path)

@@ -124,7 +124,7 @@ def app_client(smollm2_path, tmp_path_factory):
     modelfile = f"FROM {smollm2_path}\nPARAMETER num_predict 8\nPARAMETER temperature 0\n"
     create_model("smol", modelfile, base)
     try:
-        with TestClient(create_app(), raise_server_exceptions=True) as client:
+        with TestClient(create_app(), base_url="http://127.0.0.1", raise_server_exceptions=True) as client:
             client.modelfile = modelfile
             client.base = base
             yield client

@@ -21,7 +21,7 @@ def client(tmp_path, monkeypatch) -> TestClient:
     monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
     monkeypatch.delenv("OLLAPY_ORIGINS", raising=False)
-    return TestClient(create_app())
+    return TestClient(create_app(), base_url="http://127.0.0.1")
 
 
 def _preflight(c: TestClient, origin: str):
@@ -56,7 +56,7 @@ def test_cors_foreign_origin_gets_no_allow_header(client, origin):
 def test_cors_ollapy_origins_extends_the_list(tmp_path, monkeypatch):
     monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
     monkeypatch.setenv("OLLAPY_ORIGINS", "https://evil.example, chrome-extension://*")
-    c = TestClient(create_app())
+    c = TestClient(create_app(), base_url="http://127.0.0.1")
     for origin in ("https://evil.example", "chrome-extension://abcdef", "http://localhost:3000"):
         assert _preflight(c, origin).headers.get("access-control-allow-origin") == origin
     assert "access-control-allow-origin" not in _preflight(c, "https://other.example").headers
@@ -145,7 +145,7 @@ def test_create_allow_paths_takes_absolute_paths_only(tmp_path, monkeypatch, fil
     from ollapy.store import resolve_model
 
     monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
-    c = TestClient(create_app(allow_paths=True))
+    c = TestClient(create_app(allow_paths=True), base_url="http://127.0.0.1")
     real, _ = files
     r = _create(c, {"from": str(real)})
     assert r.status_code == 200, r.text

@@ -68,9 +68,9 @@ def serve(
             generation.cancel_all()
             super().handle_exit(sig, frame)
 
-    server = Server(uvicorn.Config(create_app(allow_paths=allow_paths, defaults=defaults, api_key=key), host=h, port=port,
-                                           log_level="debug" if config.debug() else "warning",
-                                           timeout_graceful_shutdown=5))
+    app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h)
+    server = Server(uvicorn.Config(app, host=h, port=port, log_level="debug" if config.debug() else "warning",
+                                   timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn already shut down gracefully

@@ -9,7 +9,8 @@ Shared, at this level:
 - :mod:`.embedding`: embedding requests shared by Ollama's and OpenAI's routes.
 - :mod:`.bodies`: the request-body bases every API shares (the ``model`` rule, tools, history, ``think``).
 - :mod:`.http`, :mod:`.errors`: reading a body, error responses, streaming; the one exception→status table.
-- :mod:`.auth`, :mod:`.metrics`: the API key; Prometheus ``/metrics``.
+- :mod:`.auth`, :mod:`.hosts`, :mod:`.metrics`: the API key; the ``Host`` allow-list (DNS rebinding); Prometheus
+  ``/metrics``.
 
 One subpackage per API, each with its bodies (pydantic), routes and stream encoder:
 
@@ -17,6 +18,7 @@ One subpackage per API, each with its bodies (pydantic), routes and stream encod
 - :mod:`.openai`: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``, and
   :mod:`.openai.responses` (``/v1/responses``).
 - :mod:`.anthropic`: ``/v1/messages`` (Anthropic's Messages API).
+- :mod:`.llamacpp`: llama.cpp server's ``/tokenize``, ``/detokenize`` and ``/apply-template``.
 
 fastapi and uvicorn are imported only here (never by ``ollapy --help``, ``list`` or ``ps``).
 """

@@ -108,13 +108,15 @@ async def _too_large(send, limit: int) -> None:
 
 
 def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, defaults: dict | None = None,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, bind: str | None = None) -> FastAPI:
     """Build the app. ``runtime`` defaults to a new :class:`Runtime` from the OLLAPY_* settings.
 
     ``allow_paths`` lets requests name a model by an absolute path to a GGUF
     file on the server (``serve --allow-paths``); by default only store names.
     ``api_key`` (default ``OLLAPY_API_KEY``; ``""`` = none) makes every route but
     ``GET /`` require it (:class:`~ollapy.server.auth.ApiKeyAuth`).
+    ``bind`` (default ``OLLAPY_HOST``'s host) is the address the server listens on: when it is loopback, a
+    request whose ``Host`` is not a local name is a 403 (:class:`~ollapy.server.hosts.HostCheck`, DNS rebinding).
     The lifespan's exit unloads every model through its one ``close()``.
     """
     key = config.api_key() if api_key is None else api_key
@@ -135,6 +137,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.state.ollapy = state
 
     from ollapy.server.anthropic import routes as anthropic_routes
+    from ollapy.server.llamacpp import routes as llamacpp_routes
     from ollapy.server.ollama import embed as embed_routes
     from ollapy.server.ollama import models as model_routes
     from ollapy.server.ollama import routes as ollama_routes
@@ -149,6 +152,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.include_router(openai_embeddings.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(llamacpp_routes.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def _metrics():
@@ -182,6 +186,13 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(), allow_methods=["*"], allow_headers=["*"],
                        allow_credentials=False)
     app.add_middleware(BodyLimit, limit=config.max_body())
+    from urllib.parse import urlsplit
+
+    from ollapy.server.hosts import HostCheck
+
+    # outermost: a rebinding request is refused before CORS, the key or a body is looked at
+    app.add_middleware(HostCheck, bind=bind or urlsplit(config.host()).hostname or "127.0.0.1",
+                       extra=config.allowed_hosts())
     return app
 
 
