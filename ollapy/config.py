@@ -530,7 +530,7 @@ ACCESSORS.update({
     CACHE_DISK.env: cache_disk_bytes, CACHE_ENABLED.env: cache_enabled, KV_CACHE_TYPE.env: kv_cache_type,
     ORIGINS.env: origins, MAX_BODY.env: max_body, RESPONSES_STORE.env: responses_store_bytes, RPC.env: rpc,
     RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
-    API_KEY.env: api_key,
+    API_KEY.env: api_key, ALLOWED_HOSTS.env: allowed_hosts,
 })
 
 
