@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Regenerate the README's command reference and OLLAPY_* settings table from the code.
+"""Regenerate the generated documentation: the command reference and the OLLAPY_* settings table.
 
-The command reference comes from typer/click's own help of every command
-(``ollapy.cli.main.app``); the settings table from ``ollapy.config.SETTINGS``.
-They replace the text between the ``<!-- BEGIN commands -->``/``<!-- END commands -->``
-and ``<!-- BEGIN settings -->``/``<!-- END settings -->`` markers.
+The command reference (docs/cli.md) comes from typer/click's own help of every command
+(``ollapy.cli.main.app``); the settings table (docs/settings.md) from ``ollapy.config.SETTINGS``.
+Each replaces the text between its page's ``<!-- BEGIN commands -->``/``<!-- END commands -->`` or
+``<!-- BEGIN settings -->``/``<!-- END settings -->`` markers.
 
-Usage: python scripts/gen_docs.py [--check]   (--check exits 1 when README.md is stale)
+Usage: python scripts/gen_docs.py [--check]   (--check exits 1 when a page is stale)
 """
 from __future__ import annotations
 
@@ -58,32 +58,37 @@ def settings_markdown() -> str:
     return "\n".join(rows)
 
 
-def render(readme: str) -> str:
-    """Return README text with both generated sections replaced."""
-    for name, body in (("commands", commands_markdown()), ("settings", settings_markdown())):
-        pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
-        if not pat.search(readme):
-            raise SystemExit(f"README.md lacks the <!-- BEGIN {name} --> / <!-- END {name} --> markers")
-        readme = pat.sub(lambda m, body=body: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), readme)
-    return readme
+PAGES = {"commands": ROOT / "docs" / "cli.md", "settings": ROOT / "docs" / "settings.md"}
+
+
+def render(name: str, text: str) -> str:
+    """Return ``text`` with its generated section ``name`` (``commands`` or ``settings``) replaced.
+
+    Raises SystemExit when the page lacks the section's markers."""
+    body = commands_markdown() if name == "commands" else settings_markdown()
+    pat = re.compile(rf"(<!-- BEGIN {name} -->\n).*?(<!-- END {name} -->)", re.S)
+    if not pat.search(text):
+        raise SystemExit(f"{PAGES[name]} lacks the <!-- BEGIN {name} --> / <!-- END {name} --> markers")
+    return pat.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if README.md is not up to date")
+    ap.add_argument("--check", action="store_true", help="exit 1 if a generated page is not up to date")
     args = ap.parse_args()
-    path = ROOT / "README.md"
-    old = path.read_text()
-    new = render(old)
-    if args.check:
-        if new != old:
-            print("README.md is stale: run python scripts/gen_docs.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != old:
-        path.write_text(new)
-        print("README.md updated")
-    return 0
+    stale = 0
+    for name, path in PAGES.items():
+        old = path.read_text()
+        new = render(name, old)
+        if new == old:
+            continue
+        if args.check:
+            print(f"{path.relative_to(ROOT)} is stale: run python scripts/gen_docs.py", file=sys.stderr)
+            stale = 1
+        else:
+            path.write_text(new)
+            print(f"{path.relative_to(ROOT)} updated")
+    return stale
 
 
 if __name__ == "__main__":
