@@ -259,3 +259,57 @@ def test_the_load_estimate_matches_what_the_loaded_model_reports(smollm2_path, g
     assert est.kv == info["kv_bytes_per_slot"] * 2 and est.weights == smollm2_path.stat().st_size
     gem = estimate_load(gemma_path, 1000, 1, "q8_0")
     assert gem.kv == int(18 * 1 * (256 + 256) * 34 / 32) * 1000
+
+
+@pytest.mark.parametrize("limits", [{"max_models": 1}, {"max_models": 8}])
+def test_two_simultaneous_loads_of_two_models_see_each_other(limits, monkeypatch):
+    """Two requests for two models at once, with room for one (one model, or 1000 bytes of memory available
+    for two 600-byte models): one loads, the other is a 503 (was: both decided before either was recorded, and
+    both loaded). The estimates are held until both have started, so both decisions overlap."""
+    import ollapy.server.scheduler as scheduler
+
+    monkeypatch.delenv("OLLAPY_MAX_MEMORY", raising=False)
+    loader = Loader()
+    # 1000 bytes free before any load, 600 less per model loaded (or plenty, where the count is the limit)
+    monkeypatch.setattr(scheduler, "available_memory", lambda: 1000 - 600 * len([m for m in loader.loaded if
+                                                                                    not m.closed])
+                        if limits["max_models"] > 1 else 10**12)
+    both = threading.Barrier(2, timeout=5)
+
+    def estimator(ref, options) -> int:
+        try:
+            both.wait()  # neither estimate returns until both loads have asked for one
+        except threading.BrokenBarrierError:
+            pass  # a runtime that estimates one load at a time: the first waits the barrier's timeout alone
+        return 600
+
+    rt = Runtime(loader=loader, resolver=lambda name: PathRef(name=name, path=f"/nonexistent/{name}.gguf"),
+                 estimator=estimator, **limits)
+
+    async def scenario():
+        results = await asyncio.wait_for(asyncio.gather(rt.acquire("a"), rt.acquire("b"), return_exceptions=True),
+                                         GUARD_S)
+        return results, sorted(rt.models)
+
+    results, loaded = asyncio.run(scenario())
+    busy_errors = [r for r in results if isinstance(r, BusyError)]
+    assert len(busy_errors) == 1 and "no room to load" in str(busy_errors[0]), results
+    assert len(loaded) == 1 and len(loader.loaded) == 1
+
+
+def test_a_just_loaded_model_is_not_evicted_before_its_request_counts_on_it():
+    """The request that loaded a model holds it from the moment it is registered: a load of another model
+    deciding in between sees it busy (was: idle, so evicted under its own request)."""
+    loader = Loader()
+    rt = _runtime(loader, max_models=1, max_memory=10**12)
+
+    async def scenario():
+        a, _, _ = await rt.acquire("a")
+        assert a.active == 1
+        with pytest.raises(BusyError):
+            await rt.acquire("b")
+        rt.release_nowait(a)
+        return a
+
+    a = asyncio.run(scenario())
+    assert a.active == 0 and not a.model.closed

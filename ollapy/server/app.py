@@ -162,7 +162,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    from ollapy.errors import OllapyError
+    from ollapy.errors import OllapyError, UsageError
 
     for cls in (OllapyError, ValueError, Exception):
         app.add_exception_handler(cls, lambda request, exc: error_response(request, exc))
@@ -177,7 +177,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError):
-        return error_response(request, ValueError(str(exc.errors()[0].get("msg") if exc.errors() else exc)))
+        return error_response(request, UsageError(str(exc.errors()[0].get("msg") if exc.errors() else exc)))
 
     if key:  # inside CORS, so a 401 still carries the CORS headers and preflights need no key
         from ollapy.server.auth import ApiKeyAuth

@@ -36,16 +36,27 @@ class RouteError(OllapyError):
         self.public = str(self)  # the client's own URL, not a server path: shown as it is
 
 
+def is_validation_error(exc: BaseException) -> bool:
+    """True for the errors that mean "the request was malformed": pydantic's ValidationError, a JSON document
+    that does not parse, bytes that are not UTF-8. A bare ``ValueError``, ``TypeError`` or ``KeyError`` is not
+    one: raised inside ollapy it is a bug, and must be a 500 that is logged, not a 400 the client is blamed for."""
+    import pydantic
+
+    return isinstance(exc, (pydantic.ValidationError, json.JSONDecodeError, UnicodeDecodeError))
+
+
 def status_for(exc: BaseException) -> int:
-    """HTTP status for an exception: the OllapyError's ``status`` (404 unknown model, 400 bad options,
-    503 busy, 499 client gone, 507 disk full...), 400 for malformed JSON/values, else 500."""
+    """HTTP status for an exception: the OllapyError's ``status`` (400 usage errors such as bad options, 404
+    unknown model, 503 busy, 499 client gone, 507 disk full...), 400 for a validation error
+    (:func:`is_validation_error`), else 500."""
     if isinstance(exc, OllapyError):
         return exc.status
-    if isinstance(exc, (ValueError, TypeError, KeyError)):
+    if is_validation_error(exc):
         return 400
-    if isinstance(exc, FileNotFoundError):
-        return 404
     return 500
+
+
+INTERNAL = "internal error"
 
 
 # an absolute path in a message: after a space, quote, bracket or '=' (so no URL), not an API route in a hint
@@ -66,6 +77,8 @@ def message_for(exc: BaseException) -> str:
     every other message has its absolute paths replaced (:func:`redact_paths`).
     """
     pull = f" (try `ollapy pull {getattr(exc, 'name', None) or 'NAME'}`)"
+    if not isinstance(exc, OllapyError) and not is_validation_error(exc):  # a bug: one line, the log has the rest
+        return redact_paths(f"{INTERNAL}: {describe(exc)} (the server log has the traceback; please report it)")
     if isinstance(exc, OllapyError) and exc.public:
         return exc.public + (pull if isinstance(exc, ModelNotFound) else "")
     if isinstance(exc, ModelNotFound) and not exc.hint:
@@ -74,9 +87,10 @@ def message_for(exc: BaseException) -> str:
 
 
 def log_error(exc: BaseException, status: int) -> None:
-    """Log 5xx errors (with traceback under OLLAPY_DEBUG)."""
+    """Log 5xx errors: an unexpected exception (not an OllapyError) always with its traceback, the others with
+    it under OLLAPY_DEBUG."""
     if status >= 500 and not isinstance(exc, Cancelled):
-        log.error("%s", message_for(exc), exc_info=exc if config.debug() else None)
+        log.error("%s", message_for(exc), exc_info=exc if config.debug() or not isinstance(exc, OllapyError) else None)
     else:
         log.debug("request failed (%d): %s", status, message_for(exc))
 

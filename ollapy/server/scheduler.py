@@ -146,7 +146,8 @@ class Runtime:
         self.models: dict[str, Loaded] = {}
         self.waiting = 0  # requests waiting in acquire() for a model's lock (its load, reload or unload)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._loading: dict[str, int] = {}  # key -> estimated bytes of a load in progress
+        self._loading: dict[str, int] = {}  # key -> estimated bytes of a load in progress (decided, not registered)
+        self._admission = asyncio.Lock()  # one load decides at a time, seeing every load decided before it
         self._closing: dict[str, asyncio.Task] = {}  # key -> unload of its previous instance
         self._loads: dict[str, asyncio.Task] = {}  # key -> its load in progress
         self._reaper: asyncio.Task | None = None
@@ -256,10 +257,12 @@ class Runtime:
                         log.info("reloading %s: load options changed", key)
                     await self._drain_and_unload(entry)
                     entry = None
-                if entry is None:
+                fresh = entry is None
+                if fresh:  # the load counts this request on the model as it registers it (no idle window)
                     entry, load_ns = await self._load(key, ref, options, ka)
                 entry.keep_alive = ka
-                entry.active += 1
+                if not fresh:
+                    entry.active += 1
                 entry.idle.clear()
                 entry.last_used = time.monotonic()
                 entry.expires_at = float("inf")
@@ -276,26 +279,34 @@ class Runtime:
         task = asyncio.get_running_loop().create_task(self._load_task(key, ref, options, ka))
         self._loads[key] = task
         task.add_done_callback(lambda t: self._loads.pop(key, None) if self._loads.get(key) is t else None)
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:  # the request is gone: the request count the load made for it goes too
+            task.add_done_callback(lambda t: self.release_nowait(t.result()[0])
+                                   if not t.cancelled() and t.exception() is None else None)
+            raise
 
     async def _load_task(self, key: str, ref, options: Options, ka: float) -> tuple[Loaded, int]:
-        """Make room for ``key`` (unloading idle models), load it in a thread, register it (its keep_alive
-        clock running until a request counts on it)."""
+        """Make room for ``key`` (unloading idle models), load it in a thread, register it with one request
+        counted on it (the one that asked for the load: :meth:`acquire`).
+
+        Loads decide one at a time (``_admission``): the estimate, the memory measured and the choice of
+        evictions of one load happen after every earlier load was recorded in ``_loading``, so two loads never
+        decide without seeing each other (with room for one, the second is a 503)."""
         previous = self._closing.get(key)
         if previous is not None:
             await asyncio.shield(previous)  # its last instance is still closing: wait for its memory
-        need = await asyncio.to_thread(self.estimator, ref, options)
-        await self._make_room(key, need)
-        self._loading[key] = need
-        t0 = time.perf_counter_ns()
         try:
+            async with self._admission:
+                need = await asyncio.to_thread(self.estimator, ref, options)
+                await self._make_room(key, need)
+            t0 = time.perf_counter_ns()
             model = await asyncio.to_thread(self.loader, ref, options)
         finally:
             self._loading.pop(key, None)
         load_ns = time.perf_counter_ns() - t0
-        entry = Loaded(key=key, ref=ref, model=model, options=options, keep_alive=ka, size=loaded_size(model, need))
-        entry.idle.set()
-        entry.expires_at = time.monotonic() + ka
+        entry = Loaded(key=key, ref=ref, model=model, options=options, keep_alive=ka, size=loaded_size(model, need),
+                       active=1)
         self.models[key] = entry
         return entry, load_ns
 
@@ -350,8 +361,12 @@ class Runtime:
         residents += [Resident(k, n, True, float("inf")) for k, n in self._loading.items() if k != key]
         budget = self.max_memory
         avail = None if budget is not None else await asyncio.to_thread(available_memory)
+        if avail is not None:  # memory measured now does not show what the loads in progress are about to take
+            avail = max(0, avail - sum(n for k, n in self._loading.items() if k != key))
         victims, fits = choose_evictions(need, residents, budget=budget, available=avail, max_models=self.max_models)
-        if not fits:
+        if fits:  # recorded before any await: the next load to decide counts this one
+            self._loading[key] = need
+        else:
             gib = 2 ** 30
             room = (f"{need / gib:.1f} GiB needed, " + (f"OLLAPY_MAX_MEMORY {budget / gib:.1f} GiB" if budget is not None
                     else f"{(avail or 0) / gib:.1f} GiB available")) if need else ""
