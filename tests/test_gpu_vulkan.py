@@ -3,7 +3,10 @@ embeddings and device errors, through `ollapy` processes as users run them.
 
 Marked ``gpu``: the default suite skips them (conftest: no GPU device in this build). ``scripts/test_gpu.sh``
 runs them on Mesa's software Vulkan device (lavapipe), where decoding takes about 2 s a token: every run is a
-short prompt and a few tokens. The CPU reference is the same build with its GPUs hidden
+short prompt and a few tokens. ollapy keeps every layer off a software device unless asked
+(:mod:`ollapy.engine.backend.vulkan`), so the script opts in as a user would, with ``GGML_VK_VISIBLE_DEVICES``
+set to the device's index; the tests of that default remove the variable from their children's environment.
+The CPU reference is the same build with its GPUs hidden
 (``GGML_VK_VISIBLE_DEVICES=`` and ``CUDA_VISIBLE_DEVICES=`` empty: ggml then finds no GPU and the process is
 CPU-only, the code path of a CPU build), with the same attention path (``flash_attn=off``) unless a test says otherwise.
 """
@@ -84,24 +87,63 @@ def test_info_lists_the_gpu_device_and_gpu_offload_yes():
     assert hidden["vulkan_visible_devices"] is None
 
 
-def test_a_software_vulkan_device_alone_is_made_visible_and_info_says_so(smollm2_path, monkeypatch):
-    from ollapy.engine.backend.vulkan import ENV, build_has_vulkan, physical_devices
+def _software_only(monkeypatch) -> str:
+    """The software device's name, with this test's children started as a user's would be, without
+    ``GGML_VK_VISIBLE_DEVICES`` (the suite's opt-in) or ollapy's own mark of it. Skips unless this is a Vulkan build
+    whose only Vulkan devices are CPU-type (lavapipe)."""
+    from ollapy.engine.backend.vulkan import ENV, MARK, build_has_vulkan, software_device
 
-    monkeypatch.delenv(ENV, raising=False)  # set in this process if a test module loaded llama.cpp here
-
-    devs = physical_devices()
-    if not (build_has_vulkan() and devs and all(kind == "cpu" for _, kind in devs)):
+    found = software_device() if build_has_vulkan() else None
+    if found is None:
         pytest.skip("not a Vulkan build whose only Vulkan devices are CPU-type (lavapipe)")
+    monkeypatch.delenv(ENV, raising=False)
+    monkeypatch.delenv(MARK, raising=False)
+    return found[1]
+
+
+def test_a_software_vulkan_device_alone_is_listed_but_opt_in_and_info_says_why(monkeypatch):
+    name = _software_only(monkeypatch)
     data = _info()
     (gpu,) = [d for d in data["devices"] if d["backend"] == "Vulkan"]
-    assert gpu["name"] == "Vulkan0" and gpu["description"] == devs[0][0]
+    assert gpu["name"] == "Vulkan0" and gpu["description"] == name
+    assert data["gpu_offload"] is False  # listed (num_gpu can ask for it), not used by default
     assert data["vulkan_visible_devices"].startswith("GGML_VK_VISIBLE_DEVICES=0 set by ollapy")
     text = run_cli("info", timeout=HANG_GUARD_S).stdout.decode()
+    assert "gpu offload:       no by default: the only GPU is a software Vulkan device" in text, text
     (line,) = [ln for ln in text.splitlines() if ln.startswith("vulkan:")]
-    assert devs[0][0] in line and "GGML_VK_VISIBLE_DEVICES= (empty)" in line
-    # the loader says so in its debug log
-    run = run_cli("run", str(smollm2_path), "-o", "num_predict=1", "Hi", env={"OLLAPY_DEBUG": "1"}, timeout=HANG_GUARD_S)
-    assert run.returncode == 0 and b"GGML_VK_VISIBLE_DEVICES=0 set by ollapy" in run.stderr
+    assert name in line and "-o num_gpu=N" in line and "GGML_VK_VISIBLE_DEVICES= (empty)" in line, line
+    # the user's own variable chooses the device: then it is offloaded to by default, and ollapy says nothing
+    chosen = _info(env={"GGML_VK_VISIBLE_DEVICES": "0"})
+    assert chosen["gpu_offload"] is True and chosen["vulkan_visible_devices"] is None
+
+
+def test_a_default_run_with_only_a_software_device_keeps_every_layer_on_the_cpu(smollm2_path, cpu_text, tmp_path,
+                                                                                 monkeypatch):
+    """Issue 38 (4): lavapipe decodes far slower than the CPU backend. By default the model gets no device at all:
+    0 of 31 layers offloaded and no Vulkan buffer (not the weights' host buffer, not the KV, not a compute buffer for
+    a prompt's products), the CPU build's greedy text. ``-o num_gpu=4`` asks for the device and gets 4 layers on it;
+    a server (whose runner children inherit ollapy's own ``GGML_VK_VISIBLE_DEVICES``) does the same."""
+    _software_only(monkeypatch)
+    expected = cpu_text("smollm2_path")
+    vulkan_buffer = re.compile(rb"^.*Vulkan\w*.*buffer size.*$", re.M)
+    default = _run(smollm2_path, "--no-cache", env={"OLLAPY_DEBUG": "1"})
+    assert b"GGML_VK_VISIBLE_DEVICES=0 set by ollapy" in default.stderr
+    assert _offloaded(default.stderr) == (0, 31)
+    assert not vulkan_buffer.findall(default.stderr), vulkan_buffer.findall(default.stderr)
+    assert default.stdout == expected  # flash attention stays off, as on the CPU build
+    asked = _run(smollm2_path, "--no-cache", *FA_OFF, "-o", "num_gpu=4", env={"OLLAPY_DEBUG": "1"})
+    assert _offloaded(asked.stderr) == (4, 31)
+    assert any(b"Vulkan0" in ln for ln in vulkan_buffer.findall(asked.stderr)), asked.stderr.decode(errors="replace")[-3000:]
+    assert asked.stdout == expected
+    with live_server(tmp_path, "--allow-paths") as url:
+        for options, processor in (({}, "100% CPU"), ({"num_gpu": 4}, "87%/13% CPU/GPU")):
+            body = {"model": str(smollm2_path), "options": options}  # no prompt: load only
+            r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
+            assert r.status_code == 200, r.text
+            (m,) = httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]
+            assert m["size_vram"] == (0 if not options else m["size"] * 4 // 31), m
+            table = run_cli("ps", env={"OLLAPY_HOST": url}, timeout=HANG_GUARD_S).stdout.decode().splitlines()
+            assert processor in table[1], table
 
 
 @pytest.mark.parametrize("model", ["smollm2_path", "gemma_path"])
@@ -192,12 +234,44 @@ def test_embeddings_on_the_device_match_the_cpu(smollm2_path):
     assert cos.min() > 0.999, cos  # float kernels differ between the backends; the vectors agree
 
 
-def test_a_context_the_device_cannot_hold_is_one_line_and_exit_1(smollm2_path):
-    out = run_cli("run", str(smollm2_path), "-o", "num_ctx=16000000", "-o", "num_predict=1", "Hi",
+def _kv_bytes_per_token(path) -> int:
+    """f16 K and V bytes per token of a llama-architecture GGUF (SmolLM2), from its header."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+
+    def value(key: str) -> int:
+        return int(fields[key].parts[fields[key].data[0]][0])
+
+    head_dim = value("llama.embedding_length") // value("llama.attention.head_count")
+    return value("llama.block_count") * 2 * value("llama.attention.head_count_kv") * head_dim * 2
+
+
+def test_a_context_the_device_cannot_hold_is_one_line_and_exit_1(smollm2_path, tmp_path):
+    """A context option validation accepts (the largest, options.py's bound) whose KV cache alone is larger than
+    the device's memory, with every layer on the device: llama.cpp fails to allocate it. The CLI prints one line
+    naming num_ctx and exits 1. A server answers the same load with a one-line 400, keeps nothing of it (``ps`` is
+    empty: the device released) and then loads the model with a context that fits, every layer on the device."""
+    from ollapy.options import coerce_option
+
+    num_ctx = 2**23
+    assert coerce_option("num_ctx", num_ctx) == num_ctx  # passes validation: the failure is the device's
+    (gpu,) = [d for d in _info()["devices"] if d["type"] in ("gpu", "igpu")][:1]
+    assert num_ctx * _kv_bytes_per_token(smollm2_path) > gpu["total"], gpu
+    out = run_cli("run", str(smollm2_path), "-o", f"num_ctx={num_ctx}", "-o", "num_predict=1", "Hi",
                   timeout=HANG_GUARD_S)
     assert out.returncode == 1, out.stderr.decode(errors="replace")[-2000:]
     lines = out.stderr.decode().splitlines()
     assert lines[-1].startswith("Error:") and "num_ctx" in lines[-1], lines
-    # before it only ggml-vulkan's own std::cerr lines, which bypass llama.cpp's log callback (README, GPU)
+    # before it only ggml-vulkan's own std::cerr lines, which bypass llama.cpp's log callback (docs/gpu.md)
     assert all(ln.startswith("ggml_vulkan: ") for ln in lines[:-1]), lines
     assert out.stdout == b""
+    with live_server(tmp_path, "--allow-paths") as url:
+        body = {"model": str(smollm2_path), "options": {"num_ctx": num_ctx}}
+        r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
+        assert r.status_code == 400 and "num_ctx" in r.json()["error"] and "\n" not in r.json()["error"], r.text
+        assert httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"] == []
+        r = httpx.post(f"{url}/api/generate", json={"model": str(smollm2_path)}, timeout=HANG_GUARD_S)
+        assert r.status_code == 200, r.text
+        (m,) = httpx.get(f"{url}/api/ps", timeout=HANG_GUARD_S).json()["models"]
+        assert m["size_vram"] == m["size"], m

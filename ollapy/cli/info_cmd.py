@@ -55,6 +55,14 @@ def _fmt_mem(d: dict) -> str:
     return f"{d['free'] / 2**30:.1f}/{d['total'] / 2**30:.1f} GiB free" if d["total"] else ""
 
 
+def _offload_line(data: dict) -> str:
+    if data["gpu_offload"]:
+        return "yes"
+    if data["vulkan_visible_devices"]:
+        return "no by default: the only GPU is a software Vulkan device (see vulkan:), used with -o num_gpu=N"
+    return "no (no GPU device in this build)"
+
+
 def info(
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     rpc: str = typer.Option("", "--rpc", metavar="HOST:PORT[,HOST:PORT...]",
@@ -71,7 +79,7 @@ def info(
         f"ollapy:            {data['ollapy']}",
         f"llama-cpp-python:  {data['llama_cpp_python']}",
         f"python:            {data['python']} ({data['platform']})",
-        f"gpu offload:       {'yes' if data['gpu_offload'] else 'no (no GPU device in this build)'}",
+        f"gpu offload:       {_offload_line(data)}",
         f"extra buffers:     {data['extra_bufts']}",
         f"row-invariant:     {data['row_invariant']}",
         f"cpu amx / build:   {data['cpu_amx']} / {data['build_amx']}",

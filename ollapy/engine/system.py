@@ -12,9 +12,10 @@ def system_report(extra_bufts_setting: str) -> dict:
 
     Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "type",
     "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts", "row_invariant"}``
-    where ``row_invariant`` says whether the CPU computes every row of a batch alike (and if not, why), and
-    ``vulkan_visible_devices`` is the line saying ollapy made a software Vulkan device visible (None when it did
-    not; :mod:`ollapy.engine.backend.vulkan`) and ``extra_bufts`` is the reason for the choice
+    where ``row_invariant`` says whether the CPU computes every row of a batch alike (and if not, why),
+    ``gpu_offload`` whether a model offloads layers by default (not to a software Vulkan device alone, which is
+    opt-in), ``vulkan_visible_devices`` is the line saying ollapy made a software Vulkan device visible and why it
+    is opt-in (None when it did not; :mod:`ollapy.engine.backend.vulkan`) and ``extra_bufts`` is the reason for the choice
     :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
     (``auto``/``on``/``off``).
     """

@@ -148,13 +148,14 @@ def system_info() -> str:
 
 
 def supports_gpu_offload() -> bool:
-    """True when this machine has a GPU this build of llama.cpp can offload layers to.
+    """True when this machine has a GPU this build of llama.cpp offloads layers to by default: not a software
+    Vulkan device alone, which is opt-in (:mod:`.vulkan`).
 
     Not ``llama_supports_gpu_offload``: that is also true for any build with the RPC backend, GPU or not.
     """
     from ollapy.engine.backend.rpc import local_gpus
 
-    return bool(local_gpus())
+    return bool(local_gpus()) and not vulkan.software_only()
 
 
 def tiled_matmul_on() -> bool:

@@ -89,22 +89,28 @@ class ContextConfig:
 def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
     """Set ``mp``'s devices, ``n_gpu_layers`` and ``tensor_split``; return (offloading, device facts, the ctypes
     arrays ``mp`` points into, which must live until the model is loaded)."""
-    from ollapy.engine.backend import rpc
+    from ollapy.engine.backend import rpc, vulkan
 
     keep: list = []
     facts: list[dict] = []
-    if cfg.rpc:
-        from ollapy.rpc_endpoint import check_endpoints
+    local = rpc.local_gpus()
+    # a software Vulkan device ollapy made visible is opt-in (num_gpu > 0): otherwise the model gets no local
+    # device at all, so llama.cpp neither offloads a prompt's large products to it nor uses its host buffers
+    declined = bool(local) and cfg.num_gpu <= 0 and vulkan.software_only()
+    if declined:
+        local = []
+    if cfg.rpc or declined:
+        devs: list = []
+        if cfg.rpc:
+            from ollapy.rpc_endpoint import check_endpoints
 
-        check_endpoints(cfg.rpc)  # ggml's client aborts the process on a refused or failed connection
-        devs = rpc.model_devices(cfg.rpc)
+            check_endpoints(cfg.rpc)  # ggml's client aborts the process on a refused or failed connection
+            devs = rpc.model_devices(cfg.rpc, local)
+            facts = [rpc.describe_device(d) for d in devs]
         arr = (ctypes.c_void_p * (len(devs) + 1))(*devs, None)
         mp.devices = ctypes.cast(arr, ctypes.c_void_p).value
         keep.append(arr)
-        facts = [rpc.describe_device(d) for d in devs]
-        offload = True
-    else:
-        offload = bool(rpc.local_gpus())
+    offload = bool(cfg.rpc) or bool(local)
     mp.n_gpu_layers = (999 if cfg.num_gpu < 0 else cfg.num_gpu) if offload else 0
     if cfg.tensor_split:
         n = C.llama_max_devices()

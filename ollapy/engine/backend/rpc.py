@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import threading
 
+from ollapy.engine.backend import vulkan
 from ollapy.engine.backend.bindings import C, init_backend
 from ollapy.errors import RpcUnavailable
 
@@ -120,14 +121,16 @@ def local_gpus() -> list[int]:
     return gpus or igpus
 
 
-def model_devices(endpoints: tuple[str, ...] | list[str]) -> list[int]:
-    """Devices for ``llama_model_params.devices`` of a model using ``endpoints``: remote ones, then local GPUs."""
-    return remote_devices(endpoints) + local_gpus()
+def model_devices(endpoints: tuple[str, ...] | list[str], local: list[int] | None = None) -> list[int]:
+    """Devices for ``llama_model_params.devices`` of a model using ``endpoints``: remote ones, then ``local``
+    (default: :func:`local_gpus`)."""
+    return remote_devices(endpoints) + (local_gpus() if local is None else local)
 
 
 def serving_devices(names: list[str] | None = None) -> list[int]:
-    """Devices an RPC server offers: those named (``CUDA0``, ``CPU``…), else every non-CPU device, else the CPU
-    (llama.cpp's ``rpc-server`` rule). Raises RpcUnavailable naming the devices there are for an unknown name."""
+    """Devices an RPC server offers: those named (``CUDA0``, ``CPU``…), else every non-CPU device but a software
+    Vulkan device (opt-in: :mod:`.vulkan`), else the CPU (llama.cpp's ``rpc-server`` rule). Raises RpcUnavailable
+    naming the devices there are for an unknown name."""
     init_backend()
     lib = _lib()
     if names:
@@ -142,6 +145,8 @@ def serving_devices(names: list[str] | None = None) -> list[int]:
         return out
     out = [lib.ggml_backend_dev_get(i) for i in range(lib.ggml_backend_dev_count())]
     out = [d for d in out if lib.ggml_backend_dev_type(d) not in (DEVICE_CPU, DEVICE_ACCEL)]
+    if vulkan.software_only():  # a software Vulkan device serves only when named (--device Vulkan0)
+        out = [d for d in out if d not in local_gpus()]
     return out or [lib.ggml_backend_dev_by_type(DEVICE_CPU)]
 
 

@@ -1,9 +1,9 @@
-"""Make a software Vulkan device (Mesa's lavapipe) visible to ggml when it is the only Vulkan device.
+"""Mesa's software Vulkan device (lavapipe): visible to ggml, but used only when asked for.
 
 ggml's Vulkan backend (``ggml-vulkan.cpp``, ``ggml_vk_instance_init``) takes discrete and integrated GPUs, else
 the first device that is not of type CPU, and skips CPU-type devices altogether: on a machine whose only Vulkan
-device is lavapipe it finds none ("No devices found") and the build offloads nothing. Unless
-``GGML_VK_VISIBLE_DEVICES`` is set, which it reads once, at its first device enumeration.
+device is lavapipe it finds none ("No devices found"). Unless ``GGML_VK_VISIBLE_DEVICES`` is set, which it reads
+once, at its first device enumeration.
 
 :func:`expose_software_device` runs before llama.cpp's library is loaded (:mod:`.bindings` calls it first). Only
 for a build with the Vulkan backend (a ``ggml-vulkan`` library next to llama-cpp-python's) and only when the
@@ -11,7 +11,14 @@ variable is unset, it lists the Vulkan physical devices itself through the loade
 ``vkCreateInstance``, ``vkEnumeratePhysicalDevices``, ``vkGetPhysicalDeviceProperties``; no ``vulkaninfo``, a few
 ms) and applies ggml's rule: when every device is of type CPU, it sets ``GGML_VK_VISIBLE_DEVICES`` to the first
 one's index and records why (:data:`NOTE`, shown by ``ollapy info`` and logged at debug level). A set variable,
-even an empty one (``GGML_VK_VISIBLE_DEVICES=`` hides every Vulkan device), is left as it is.
+even an empty one (``GGML_VK_VISIBLE_DEVICES=`` hides every Vulkan device), is left as it is, unless the ollapy
+process that started this one set it (a runner child inherits it with ``OLLAPY_VK_SOFTWARE_DEVICE`` beside it).
+
+The device made visible that way is opt-in (:func:`software_only`): lavapipe decodes far slower than
+llama.cpp's CPU backend, so a model gets no device at all (every layer on the CPU, no prompt products offloaded)
+unless ``num_gpu`` asks for layers (``-o num_gpu=N``, N > 0), and ``ollapy info`` says ``gpu offload: no`` and
+why. A user who sets ``GGML_VK_VISIBLE_DEVICES`` (e.g. ``=0``) chooses the device: it is then a GPU like any
+other, offloaded by default.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ log = logging.getLogger("ollapy.engine")
 ENV = "GGML_VK_VISIBLE_DEVICES"
 DEVICE_TYPES = {0: "other", 1: "integrated gpu", 2: "discrete gpu", 3: "virtual gpu", 4: "cpu"}  # VkPhysicalDeviceType
 _PROPS_BYTES = 4096  # VkPhysicalDeviceProperties is 824 bytes in Vulkan 1.x; deviceType at 16, deviceName at 20
+
+MARK = "OLLAPY_VK_SOFTWARE_DEVICE"  # ollapy's own value of ENV, so that a child process tells it from a user's
 
 NOTE: str | None = None
 """One line saying that this process made a software Vulkan device visible, or None when it did not."""
@@ -88,18 +97,40 @@ def physical_devices() -> list[tuple[str, str]]:
         vk.vkDestroyInstance(instance, None)
 
 
+def software_device() -> tuple[int, str] | None:
+    """``(index, name)`` of the Vulkan device ggml would need ``GGML_VK_VISIBLE_DEVICES`` for: the first one,
+    when every Vulkan device the loader finds is of type CPU (lavapipe); None when there is none or a real GPU."""
+    devs = physical_devices()
+    if not devs or any(kind != "cpu" for _, kind in devs):
+        return None
+    return 0, devs[0][0]
+
+
 def expose_software_device() -> str | None:
     """Set ``GGML_VK_VISIBLE_DEVICES`` when this is a Vulkan build, the variable is unset, and every Vulkan
     device is CPU-type (see the module docstring). Returns (and keeps in :data:`NOTE`) the line saying so, or
     None. Call it before llama.cpp's library is loaded; idempotent."""
     global NOTE
-    if NOTE is not None or ENV in os.environ or not build_has_vulkan():
+    if NOTE is not None:
         return NOTE
-    devs = physical_devices()
-    if not devs or any(kind != "cpu" for _, kind in devs):
+    if ENV in os.environ and os.environ.get(MARK) == os.environ[ENV]:
+        del os.environ[ENV]  # set by the ollapy process that started this one (a runner child), not by the user
+    os.environ.pop(MARK, None)
+    if ENV in os.environ or not build_has_vulkan():
         return None
-    os.environ[ENV] = "0"
-    NOTE = (f"{ENV}=0 set by ollapy: the only Vulkan device is the software device {devs[0][0]!r} (type CPU), which "
-            f"ggml skips by default; set {ENV}= (empty) to keep layers off it")
+    found = software_device()
+    if found is None:
+        return None
+    os.environ[ENV] = os.environ[MARK] = str(found[0])
+    NOTE = (f"{ENV}={found[0]} set by ollapy: the only Vulkan device is the software device {found[1]!r} (type CPU), slower "
+            f"than the CPU backend, so models keep every layer on the CPU unless -o num_gpu=N (N > 0) asks for it; "
+            f"{ENV}={found[0]} in the environment makes it the default device, {ENV}= (empty) hides it")
     log.debug("%s", NOTE)
     return NOTE
+
+
+def software_only() -> bool:
+    """True when this process made a software Vulkan device visible (:func:`expose_software_device`): the only
+    GPUs ggml lists are CPU-type Vulkan devices the user did not ask for, which a model uses only when its
+    ``num_gpu`` asks for layers (> 0)."""
+    return NOTE is not None
