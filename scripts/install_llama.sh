@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install llama-cpp-python into a virtual environment, built with llama.cpp's RPC backend on.
 # Usage: bash scripts/install_llama.sh VENV_PYTHON
+#        bash scripts/install_llama.sh --wheel-dir     (prints the folder the wheel for these flags is cached in)
 # Env:
 #   OLLAPY_LLAMA_VERSION  llama-cpp-python version to build (default 0.3.36)
 #   OLLAPY_CMAKE_ARGS     extra CMake flags, e.g. "-DGGML_CUDA=ON", "-DGGML_METAL=ON", "-DGGML_VULKAN=ON"
@@ -42,11 +43,12 @@ PYEOF
 }
 PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot"
 KEY=$(printf '%s %s %s' "$VERSION" "$ARGS" "$PATCHES" | sha1sum | cut -c1-12)
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/wheels/llama-cpp-python-$VERSION-$KEY"
+if [ "$PY" = "--wheel-dir" ]; then echo "$CACHE"; exit 0; fi
 MARK="$(dirname "$PY")/../.ollapy-llama-build"  # which build this venv has: version + flags hash
 if [ "$(cat "$MARK" 2>/dev/null || true)" = "$KEY" ] && has_rpc; then
   exit 0
 fi
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/wheels/llama-cpp-python-$VERSION-$KEY"
 WHEEL=$(ls "$CACHE"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$WHEEL" ]; then
   echo "building llama-cpp-python $VERSION with CMAKE_ARGS='$ARGS' (on 2 cores about 6 min for a CPU build, 20+ for Vulkan; once per machine)" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what a Vulkan build of llama.cpp and Mesa's software Vulkan device (lavapipe) need, on Debian 12.
 # Usage: bash scripts/install_vulkan_deps.sh        (as root; prints the OLLAPY_CMAKE_ARGS to build with)
+#        bash scripts/install_vulkan_deps.sh --print-flags    (only prints them: installs and fetches nothing)
 #
 # Debian 12's libvulkan-dev (1.3.239) is too old for the llama.cpp that llama-cpp-python 0.3.36 vendors
 # (ggml-vulkan.cpp fails on vk::LayerSettingEXT). Debian 13's libvulkan-dev (1.4.309) and spirv-headers work
@@ -13,6 +14,10 @@ set -euo pipefail
 SDK="${OLLAPY_VULKAN_SDK:-${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/vulkan-sdk}"
 APT_PKGS=(glslc mesa-vulkan-drivers libvulkan1 libvulkan-dev)
 TRIXIE_PKGS=(libvulkan-dev spirv-headers)
+print_flags() {
+  echo "OLLAPY_CMAKE_ARGS=\"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$SDK/usr/include -DCMAKE_CXX_FLAGS=-I$SDK/usr/include -DSPIRV-Headers_DIR=$SDK/usr/share/cmake/SPIRV-Headers\""
+}
+if [ "${1:-}" = "--print-flags" ]; then print_flags; exit 0; fi
 
 missing=()
 for p in "${APT_PKGS[@]}"; do
@@ -44,4 +49,4 @@ if [ ! -f "$SDK/.done" ]; then
   (cd "$SDK" && ls usr/include) > "$SDK/.done"
 fi
 
-echo "OLLAPY_CMAKE_ARGS=\"-DGGML_VULKAN=on -DVulkan_INCLUDE_DIR=$SDK/usr/include -DCMAKE_CXX_FLAGS=-I$SDK/usr/include -DSPIRV-Headers_DIR=$SDK/usr/share/cmake/SPIRV-Headers\""
+print_flags
