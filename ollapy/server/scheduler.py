@@ -45,6 +45,7 @@ from ollapy.server.admission import Resident, available_memory, choose_evictions
 
 log = logging.getLogger("ollapy.server.scheduler")
 
+DRAFT_PATHS_REFUSED = "a draft model given as a file path on the server is not accepted here"
 RUNNER_THREADS = 8  # threads per model for round trips to it (a stopped runner ties up only these)
 
 
@@ -120,6 +121,17 @@ def _default_estimator(ref, options: Options) -> int:
         return 0
 
 
+def check_server_path(text: str, allow_paths: bool, message: str, hint: str) -> None:
+    """Refuse a model or draft model that a client names by a file path on the server: PathNotAllowed (400) with
+    ``message`` and ``hint``, the same words whether or not the file exists (its text alone decides: nothing on
+    disk is looked at). With ``allow_paths`` (``serve --allow-paths``) an absolute path passes; a relative one
+    never does (it would resolve against the server's working directory)."""
+    from ollapy.runner.loader import is_path_like, is_path_name
+
+    if is_path_like(text) and not (allow_paths and is_path_name(text)):
+        raise PathNotAllowed(message, hint=hint)
+
+
 def busy(message: str, hint: str) -> BusyError:
     """A BusyError: the server answers 503 with ``Retry-After`` (``ollapy.server.errors.error_headers``)."""
     return BusyError(message, hint=hint)
@@ -190,17 +202,18 @@ class Runtime:
         return await asyncio.to_thread(self.resolver, name)
 
     def _resolve_name(self, name: str):
-        from ollapy.runner.loader import resolve
+        from ollapy.runner.loader import PATHS_REFUSED, PATHS_REFUSED_HINT, resolve
 
+        check_server_path(name, self.allow_paths, PATHS_REFUSED, PATHS_REFUSED_HINT)
         return resolve(name, pull=False, allow_paths=self.allow_paths)
 
     def request_options(self, ref, values: dict | None) -> Options:
         """Defaults (``OLLAPY_*``, then ``serve -o``) < model parameters < request ``options``; raises OptionError."""
-        from ollapy.runner.loader import PATHS_REFUSED_HINT, base_options, is_path_like
+        from ollapy.runner.loader import PATHS_REFUSED_HINT, base_options
 
         draft = (values or {}).get("draft")
-        if isinstance(draft, str) and not self.allow_paths and is_path_like(draft):  # the model's own DRAFT may be one
-            raise PathNotAllowed("a draft model given as a path is not accepted here", hint=PATHS_REFUSED_HINT)
+        if isinstance(draft, str):  # a request's; the model's own DRAFT may be a path (create checked it)
+            check_server_path(draft_model(draft) or "", self.allow_paths, DRAFT_PATHS_REFUSED, PATHS_REFUSED_HINT)
         return base_options(ref, values or {}, defaults=self.defaults)
 
     def _lock(self, key: str) -> asyncio.Lock:

@@ -331,6 +331,13 @@ def _create_modelfile(body: CreateBody, parse_modelfile, format_modelfile, allow
 
         for k, v in body.parameters.items():
             params[k] = list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v)
+    if isinstance(params.get("draft"), str):  # DRAFT lines and parameters.draft: no server paths either
+        from ollapy.options import draft_model
+        from ollapy.server.scheduler import DRAFT_PATHS_REFUSED, check_server_path
+
+        check_server_path(draft_model(params["draft"]) or "", allow_paths, DRAFT_PATHS_REFUSED,
+                          "name a draft model from `ollapy list`, or start the server with `ollapy serve "
+                          "--allow-paths` for absolute paths")
     lic = body.license
     if isinstance(lic, list):
         lic = "\n".join(lic)
