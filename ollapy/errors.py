@@ -97,6 +97,11 @@ class ContextOverflow(ContextError):
         self.num_ctx = num_ctx
 
 
+class ImageError(UsageError):
+    """An image a request sent cannot be used (bad base64, corrupt, unsupported format, too many or too large,
+    a remote URL, a model without vision). Exit 2 / HTTP 400."""
+
+
 class DecodeError(OllapyError):
     """``llama_decode`` failed for the batch this request was in."""
 

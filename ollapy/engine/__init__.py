@@ -7,6 +7,7 @@
 - :mod:`.slot`, :mod:`.request`: a slot's state machine; a request and the chunks it streams back.
 - :mod:`.sampler`, :mod:`.text`: sampling (llama.cpp's sampler chain); UTF-8 detokenizing and stop strings.
 - :mod:`.context_shift`: context shift on overflow and prompt truncation.
+- :mod:`.media`: images in prompts (decoding, limits, placeholder ids in the prefix identity, lazy encoding).
 - :mod:`.prefix`: prefix reuse (planning, the PrefixSource Protocol, the canonical evaluation order).
 - :mod:`.spec`: speculative decoding (n-gram and draft-model drafting, the policy, acceptance).
 - :mod:`.cpuload`, :mod:`.hardware`, :mod:`.interrupt`: threads under load, AMX and flash-attention choices,

@@ -30,6 +30,14 @@ def make_room(engine: Engine, s: Slot) -> bool:
         return False
     n_keep = min(s.keep, len(s.tokens) - 2)
     n_discard = (len(s.tokens) - n_keep) // 2
+    if req.media:  # never cut inside an image: keep all of one the kept prefix cuts, discard all of one the cut ends in
+        n_keep = max(n_keep, next((sp.end for sp in req.media if sp.start < n_keep < sp.end), n_keep))
+        n_discard = (len(s.tokens) - n_keep) // 2
+        end = next((sp.end for sp in req.media if sp.start < n_keep + n_discard < sp.end), n_keep + n_discard)
+        n_discard = min(end - n_keep, len(s.tokens) - n_keep - 1)
+        if not b_can_shift(engine):  # re-prefilling would need the images again: end the answer instead
+            engine._finish(s, "length")
+            return False
     if n_discard <= 0:
         engine._finish(s, "length")
         return False
@@ -41,6 +49,11 @@ def make_room(engine: Engine, s: Slot) -> bool:
         del s.tokens[n_keep:n_keep + n_discard]
         s.exact = min(s.exact, n_keep)
         engine.spec.shift(s.id, n_keep, n_discard)
+        if req.media:  # the images after the cut moved down; those inside it are gone
+            from dataclasses import replace
+
+            req.media = tuple(sp if sp.end <= n_keep else replace(sp, start=sp.start - n_discard)
+                              for sp in req.media if sp.end <= n_keep or sp.start >= n_keep + n_discard)
         log.debug("slot %d: context shift, kept %d, discarded %d", s.id, n_keep, n_discard)
         return True
     # cannot shift positions: re-prefill the kept tokens plus the recent tail
@@ -52,6 +65,11 @@ def make_room(engine: Engine, s: Slot) -> bool:
     s.state = SlotState.PREFILL
     log.debug("slot %d: model cannot shift; re-prefilling %d tokens", s.id, len(kept))
     return True
+
+
+def b_can_shift(engine: Engine) -> bool:
+    """Whether ``engine``'s model shifts positions in place (``llama_memory_can_shift``)."""
+    return bool(engine.backend.can_shift)
 
 
 def truncate_prompt(tokens: list[int], keep: int, n_ctx: int) -> tuple[list[int], int]:

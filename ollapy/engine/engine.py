@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from ollapy.engine.backend.context import Backend
 from ollapy.engine.context_shift import make_room, truncate_prompt
 from ollapy.engine.cpuload import ThreadBudget
+from ollapy.engine.media import clip_chunk_end, points_outside, span_at
 from ollapy.engine.prefix.assignment import SlotAssigner
 from ollapy.engine.prefix.evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
 from ollapy.engine.prefix.source import PrefixSource
@@ -64,8 +65,9 @@ class Engine:
     """
 
     def __init__(self, backend: Backend, *, max_queue: int = 512, cache: PrefixSource | None = None,
-                 load_duration_ns: int = 0, speculator: Speculator | None = None) -> None:
+                 load_duration_ns: int = 0, speculator: Speculator | None = None, media=None) -> None:
         self.backend = backend
+        self.media = media  # ollapy.engine.media.MediaPrompter of a vision model, else None
         self.cache = cache
         self.max_queue = max_queue
         self.load_duration_ns = load_duration_ns
@@ -103,18 +105,28 @@ class Engine:
 
     def submit(self, tokens: list[int], options: Options, *, grammar: str | None = None, keep: int = -1,
                cache: bool = True, save_points: tuple[int, ...] = (), loop: asyncio.AbstractEventLoop | None = None,
-               first: bool = False, pin: bool = False, truncated: bool = False, logprobs: int = -1) -> Request:
+               first: bool = False, pin: bool = False, truncated: bool = False, logprobs: int = -1,
+               media: tuple = ()) -> Request:
         """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
 
         An unset ``options.num_predict`` (negative) becomes the model's
         ``n_ctx_train`` (:func:`~ollapy.options.predict_limit`). Raises
         ContextError when the prompt does not fit ``num_ctx`` and
-        ``options.truncate`` is false, BusyError when the queue is full.
+        ``options.truncate`` is false, BusyError when the queue is full. ``media``: the prompt's image spans
+        (:mod:`ollapy.engine.media`); a prompt with images that does not fit is a ContextError, never truncated.
         """
         if not tokens:
             raise ContextError("empty prompt", hint="give the model some text")
         tokens = list(tokens)
         n_ctx = self.num_ctx
+        if media:
+            n_img = sum(sp.n_tokens for sp in media)
+            if self.media is None:
+                raise ContextError("this model has no vision projector", hint="send images to a vision model")
+            if len(tokens) >= n_ctx:
+                raise ContextError(f"the prompt with its images is {len(tokens)} tokens ({n_img} of them image "
+                                   f"embeddings) but the context holds {n_ctx}",
+                                   hint="raise num_ctx or send fewer or smaller images")
         if len(tokens) >= n_ctx:
             if not options.truncate:
                 raise ContextError(f"prompt is {len(tokens)} tokens but the context holds {n_ctx}",
@@ -127,8 +139,10 @@ class Engine:
         save_points = grid_points(save_points, self.align)  # every chunk starts on the grid (evalorder)
         if cache and self.cache is not None and self.backend.n_swa:  # context checkpoints (evalorder)
             save_points = tuple(sorted(set(save_points) | set(swa_checkpoints(len(tokens)))))
+        if media:  # a saved state never ends inside an image
+            save_points = points_outside(save_points, media)
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
-                      save_points=save_points, loop=loop, pin=pin, logprobs=logprobs)
+                      save_points=save_points, loop=loop, pin=pin, logprobs=logprobs, media=tuple(media))
         req.metrics.truncated = truncated
         # like Ollama, only the request that caused the load reports it
         req.metrics.load_duration, self.load_duration_ns = self.load_duration_ns, 0
@@ -253,10 +267,20 @@ class Engine:
             start, stop = len(s.tokens), len(s.prompt) - 1
             if start >= stop:
                 continue  # only the last prompt token is left: it goes with the single rows
+            media = s.request.media
+            span = span_at(media, start) if media else None
+            if span is not None:  # an image chunk: its embeddings in one piece (engine/media.py)
+                if self._decode_image(s, span):
+                    budget -= span.n_tokens
+                    if span.end in s.request.save_points:
+                        self._save(s, pinned=s.request.pin, persist=True)
+                continue
             # chunks end at save points with the cache off too: every run of this prompt has the same chunks
             end = next_chunk_end(start, stop, min(budget, n_ubatch), s.request.save_points, self.align)
             if end is None:
                 continue
+            if media:  # a text chunk ends where an image starts
+                end = clip_chunk_end(start, end, media)
             if not self._decode_chunk(s, start, end):
                 continue
             budget -= end - start
@@ -285,6 +309,24 @@ class Engine:
         if exact:  # chunk-shaped cells: what a cold prefill of a longer prompt computes too
             s.exact = len(s.tokens)
         assert b.seq_pos_max(s.id) + 1 == len(s.tokens), (s.id, len(s.tokens))
+        return True
+
+    def _decode_image(self, s: Slot, span) -> bool:
+        """Encode the image chunk of ``span`` and decode its embeddings into ``s``; False if it failed."""
+        try:
+            embd, ns = self.media.embed(span)
+            s.request.metrics.image_encode_duration += ns
+            self._set_threads(span.n_tokens)
+            self.media.decode(embd, span.start, s.id, span)
+        except OllapyError as exc:
+            self.backend.seq_rm(s.id, len(s.tokens), -1)
+            self._fail(s, exc)
+            return False
+        self.steps += 1
+        exact = s.exact == len(s.tokens)
+        s.tokens.extend(s.prompt[span.start:span.end])
+        if exact:  # the same embeddings in one decode in every run: exact like a prompt chunk
+            s.exact = len(s.tokens)
         return True
 
     def _decode_rows(self, active: list[Slot]) -> None:

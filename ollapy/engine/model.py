@@ -85,7 +85,7 @@ class LoadedModel:
 
     def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
                  template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None,
-                 draft_path: str | Path | None = None) -> None:
+                 draft_path: str | Path | None = None, projector_path: str | Path | None = None) -> None:
         options = options or Options()
         t0 = time.perf_counter_ns()
         self.options = options
@@ -120,9 +120,10 @@ class LoadedModel:
             key = step_cost_key(self.path, self._step_cost_facts(draft_path))
             speculator.seed_steps(store.load(key))
             self._step_costs = (store, key)
+        self.media = self._load_projector(projector_path)
         self.load_duration_ns = time.perf_counter_ns() - t0 - self.backend.imports_wait_ns
         self.engine = Engine(self.backend, max_queue=max_queue, cache=cache, load_duration_ns=self.load_duration_ns,
-                             speculator=speculator)
+                             speculator=speculator, media=self.media)
         self.unsaved_states = 0
         self._closed = False
         self._prefix_tokens: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
@@ -161,6 +162,52 @@ class LoadedModel:
             raise
         log.debug("draft model %s loaded for %s", options.draft, self.name)
         return Speculator(b.n_parallel, draft_model=dm, draft_name=options.draft, row_invariant=b.row_invariant)
+
+    def _load_projector(self, projector_path: str | Path | None):
+        """The :class:`~ollapy.engine.media.MediaPrompter` of a vision model's projector (None without one).
+        Raises ModelLoadError (the model is freed then)."""
+        self.projector_path = Path(projector_path) if projector_path else None
+        if projector_path is None:
+            return None
+        from ollapy.engine.backend.media import Projector
+        from ollapy.engine.media import MediaPrompter
+
+        try:
+            return MediaPrompter(Projector(projector_path, self.backend))
+        except BaseException:
+            if self.draft_backend is not None:
+                self.draft_backend.close()
+            self.backend.close()
+            raise
+
+    @property
+    def supports_vision(self) -> bool:
+        """Whether a vision projector is loaded (Ollama's ``vision`` capability)."""
+        return self.media is not None
+
+    def _message_images(self, messages: list[dict]) -> tuple[list[dict], list]:
+        """``messages`` with a media marker per image in front of its message's content, and the images decoded
+        (:func:`ollapy.engine.media.decode_image`), in prompt order. Raises ImageError."""
+        from ollapy.engine.media import check_count, decode_image
+        from ollapy.errors import ImageError
+
+        if not any(m.get("images") for m in messages):
+            return messages, []
+        if self.media is None:
+            raise ImageError(f'"{self.name}" does not support vision',
+                             hint="send images to a vision model (a GGUF with its mmproj projector)")
+        check_count(sum(len(m.get("images") or ()) for m in messages))
+        out, images = [], []
+        for m in messages:
+            imgs = m.get("images") or ()
+            if not imgs:
+                out.append(m)
+                continue
+            for raw in imgs:
+                images.append(decode_image(raw, f"image {len(images) + 1}"))
+            marks = "".join(self.media.marker for _ in imgs)
+            out.append({**{k: v for k, v in m.items() if k != "images"}, "content": marks + "\n" + str(m.get("content") or "")})
+        return out, images
 
     # ---- prompts ------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -251,7 +298,7 @@ class LoadedModel:
         """
         extra = {"tools": tools, "think": think}
         prompt = self._chat_prompt(messages, **extra)
-        if options is None or not options.truncate or len(prompt.tokens) < self.backend.num_ctx:
+        if options is None or not options.truncate or len(prompt.tokens) < self.backend.num_ctx or prompt.media:
             return prompt
         return self._fit_chat(list(messages), prompt, **extra)
 
@@ -275,8 +322,19 @@ class LoadedModel:
         return Prompt(prompt.tokens, prompt.keep, prompt.save_points, prompt.text, truncated=True)
 
     def _chat_prompt(self, messages: list[dict], **extra) -> Prompt:
+        messages, images = self._message_images(messages)
         text = self.render(messages, **extra)
-        tokens = self.tokenize(text)
+        media = ()
+        if images:  # text and image chunks; placeholder ids stand for each image's embeddings (engine/media.py)
+            tokens, media = self.media.build(text, images)
+            bos = self.backend.bos
+            if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
+                tokens.pop(0)
+                from dataclasses import replace
+
+                media = tuple(replace(sp, start=sp.start - 1) for sp in media)
+        else:
+            tokens = self.tokenize(text)
         log.debug("chat prompt (%d messages, %d tokens): %r", len(messages), len(tokens), text)
         points: list[int] = []
         keep = 1 if tokens and tokens[0] == self.backend.bos else 0
@@ -305,7 +363,7 @@ class LoadedModel:
         # system point just after it: one state, not two of nearly the same length
         pts = tuple(sorted({p for p in points if 0 < p < len(tokens) and not (p < keep and all(m.get("role") ==
                                                                                   "system" for m in messages[:-1]))}))
-        return Prompt(tokens, keep, pts, text)
+        return Prompt(tokens, keep, pts, text, media=media)
 
     def raw_prompt(self, text: str) -> Prompt:
         """A prompt used verbatim (Ollama's ``raw``): tokenized, BOS added when the model wants it."""
@@ -341,7 +399,7 @@ class LoadedModel:
         """
         return self.engine.submit(prompt.tokens, options, grammar=self.grammar_for(fmt), keep=prompt.keep,
                                   cache=cache, save_points=prompt.save_points, loop=loop, pin=pin,
-                                  truncated=prompt.truncated, logprobs=logprobs)
+                                  truncated=prompt.truncated, logprobs=logprobs, media=getattr(prompt, "media", ()))
 
     def chat(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
              think: bool | str | None = None, **kw) -> Request:
@@ -428,6 +486,8 @@ class LoadedModel:
             "draft": self.engine.spec.draft_name,  # the draft model's name, "ngram" by default, or ""
             "draft_size": self._draft_bytes(),  # a draft model's weights plus its KV cache (bytes), else 0
             "row_invariant": b.row_invariant,  # drafting's output is bit-identical to plain decoding's
+            "vision": self.media is not None,  # a vision projector is loaded (Ollama's "vision" capability)
+            "projector": str(self.projector_path) if self.projector_path else "",
         }
 
     def _draft_bytes(self) -> int:
@@ -472,6 +532,8 @@ class LoadedModel:
             if embedder is not None:
                 embedder.close()  # waits for an embedding decode in flight; before the model is freed
             if joined:
+                if self.media is not None:
+                    self.media.close()  # the projector holds the text model: freed first
                 self.backend.close()
                 if self.draft_backend is not None:
                     self.draft_backend.close()

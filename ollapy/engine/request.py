@@ -38,6 +38,7 @@ class Metrics:
     draft: str = ""  # how the request drafted: "" (not), "ngram", "model" (ollapy.engine.spec.speculator)
     draft_tokens: int = 0  # drafted tokens verified
     draft_accepted: int = 0  # of them, accepted
+    image_encode_duration: int = 0  # ns the projector spent encoding this request's images (not cached ones)
 
     def as_dict(self) -> dict[str, Any]:
         """The metrics as a dict of Ollama field names (plus ollapy's extras; the draft fields only when the
@@ -46,6 +47,8 @@ class Metrics:
         if not self.draft:
             for k in ("draft", "draft_tokens", "draft_accepted"):
                 del d[k]
+        if not self.image_encode_duration:
+            del d["image_encode_duration"]
         return d
 
 
@@ -90,6 +93,7 @@ class Prompt:
     save_points: tuple[int, ...]
     text: str
     truncated: bool = False
+    media: tuple = ()  # ollapy.engine.media.MediaSpan per image chunk, in position order
 
 
 @dataclass
@@ -111,6 +115,7 @@ class Request:
     pin: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     logprobs: int = -1  # -1: none; n >= 0: each token's logprob and its n most likely alternatives
+    media: tuple = ()  # ollapy.engine.media.MediaSpan per image chunk of ``tokens`` (placeholder ids there)
     id: int = 0
     created_ns: int = field(default_factory=time.perf_counter_ns)
     metrics: Metrics = field(default_factory=Metrics)

@@ -9,6 +9,7 @@ Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and
   ``llama_state_seq_*`` saves/restores.
 - :mod:`.templating`: chat templates through llama-cpp-python's Jinja2 formatter, JSON-schema grammars.
 - :mod:`.embedding`: pooled embeddings on a context of their own.
+- :mod:`.media`: libmtmd: a vision projector, image chunks, their encoding and decoding into a sequence.
 - :mod:`.rpc`: ggml's RPC backend (servers, remote devices, model placement).
 - :mod:`.seqstate`: the ``llama_state_seq_*`` header, rewritten so a state restores into any ``seq_id``.
 - :mod:`.vocab`: a draft model's vocabulary checked against its target's at load time.

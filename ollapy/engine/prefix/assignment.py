@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ollapy.engine.media import floor_outside
 from ollapy.engine.prefix.evalorder import canonical_reuse
 from ollapy.engine.prefix.planner import MIN_GAIN, CacheOffer, Plan, SlotView, plan_prefix
 from ollapy.engine.prefix.source import PrefixCandidate
@@ -86,6 +87,8 @@ class SlotAssigner:
             self.engine.cache.record_miss()
         slot = self.engine.slots[plan.slot]
         reuse = canonical_reuse(plan.reuse, len(prompt), self.engine.align)
+        if req.media:  # a reused prefix never ends inside an image (engine/media.py)
+            reuse = floor_outside(reuse, req.media)
         assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)
         if not b.seq_rm(slot.id, reuse, -1):
             b.seq_clear(slot.id)
@@ -101,10 +104,12 @@ class SlotAssigner:
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
-        slot.sampler = Sampler(b, req.options, req.grammar, prompt)
+        text_only = [t for t in prompt if t >= 0] if req.media else prompt  # no image placeholder ids
+        slot.sampler = Sampler(b, req.options, req.grammar, text_only)
         slot.begin(req, self.engine.resolve_keep(req.keep, req.options))
         o = req.options
-        req.metrics.draft = self.engine.spec.begin(slot.id, prompt, o.draft, o.draft_num_predict, o.draft_min)
+        draft = "" if req.media else o.draft  # a drafter never proposes an image's placeholder ids
+        req.metrics.draft = self.engine.spec.begin(slot.id, prompt, draft, o.draft_num_predict, o.draft_min)
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)
 

@@ -1,0 +1,163 @@
+"""Vision prompts through the engine on SmolLM2-135M with a synthetic projector (scripts/make_test_vlm.py).
+
+The projector's weights are random: these tests check the pipeline (image tokens, encoding, decoding into a
+slot's sequence, the prefix identity, limits and errors), never the answer's quality.
+"""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ollapy.engine import media
+from ollapy.errors import ContextError, ImageError
+from ollapy.options import Options
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGE_TOKENS = 16  # the synthetic gemma3-type projector: 32x32 pixels, 4x4 patches, 2x2 pooling
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_test_vlm", ROOT / "scripts" / "make_test_vlm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def projector(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("vlm") / "mmproj-test.gguf"
+    return _script().write_projector(out, "gemma3", 0, 576)
+
+
+def picture(seed: int, fmt: str = "PNG", size=(50, 40)) -> bytes:
+    rng = np.random.default_rng(seed)
+    im = Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    im.save(buf, fmt)
+    return buf.getvalue()
+
+
+OPTS = Options(num_ctx=512, num_parallel=2, temperature=0, num_predict=8)
+
+
+@pytest.fixture(scope="module")
+def vlm(smollm2_path, projector):
+    from ollapy.engine.model import LoadedModel
+
+    with LoadedModel(smollm2_path, OPTS, projector_path=projector, name="smol-vision") as m:
+        yield m
+
+
+def ask(m, images, text="Describe the picture.", **kw):
+    return m.chat([{"role": "user", "content": text, "images": images}], OPTS, **kw).result()
+
+
+def test_projector_script_is_deterministic(tmp_path):
+    mod = _script()
+    a = mod.write_projector(tmp_path / "a.gguf", "gemma3", 3, 576).read_bytes()
+    b = mod.write_projector(tmp_path / "b.gguf", "gemma3", 3, 576).read_bytes()
+    c = mod.write_projector(tmp_path / "c.gguf", "gemma3", 4, 576).read_bytes()
+    assert a == b and a != c
+
+
+def test_image_tokens_counted_and_images_differ(vlm):
+    text_only = vlm.chat_prompt([{"role": "user", "content": "\nDescribe the picture."}])
+    p = vlm.chat_prompt([{"role": "user", "content": "Describe the picture.", "images": [picture(1)]}])
+    assert len(p.media) == 1 and p.media[0].n_tokens == IMAGE_TOKENS
+    assert all(t < 0 for t in p.tokens[p.media[0].start:p.media[0].end])
+    t1, c1 = ask(vlm, [picture(1)], cache=False)
+    assert c1.metrics.prompt_eval_count == len(p.tokens) > len(text_only.tokens) + IMAGE_TOKENS - 4
+    assert c1.metrics.image_encode_duration > 0
+    t2, _ = ask(vlm, [picture(2)], cache=False)
+    assert t1 != t2  # another picture, another answer
+
+
+def test_same_pixels_same_identity_any_encoding(vlm):
+    a = vlm.chat_prompt([{"role": "user", "content": "x", "images": [picture(7, "PNG")]}])
+    b = vlm.chat_prompt([{"role": "user", "content": "x", "images": [picture(7, "BMP")]}])
+    c = vlm.chat_prompt([{"role": "user", "content": "x", "images": [picture(8, "PNG")]}])
+    assert a.tokens == b.tokens  # PNG and BMP of equal pixels: the same prefix identity
+    assert a.tokens[:a.media[0].start] == c.tokens[:c.media[0].start]
+    assert a.tokens[a.media[0].start] != c.tokens[c.media[0].start]  # another image differs from its first position
+
+
+def test_resent_image_reuses_its_prefix_and_equals_cold(vlm):
+    cold, _ = ask(vlm, [picture(3)], cache=False)
+    first, _ = ask(vlm, [picture(3, "BMP")])
+    again, c = ask(vlm, [picture(3)])
+    assert c.metrics.prompt_cache_tokens > vlm.chat_prompt(
+        [{"role": "user", "content": "Describe the picture.", "images": [picture(3)]}]).media[0].end - 1
+    assert cold == first == again
+
+
+def test_text_and_image_prompts_mix_across_slots(vlm):
+    alone_img, _ = ask(vlm, [picture(4)], cache=False)
+    alone_txt, _ = vlm.chat([{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+                            OPTS, cache=False).result()
+    r1 = vlm.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(4)]}], OPTS, cache=False)
+    r2 = vlm.chat([{"role": "user", "content": "What is the capital of France? Answer in one word."}], OPTS, cache=False)
+    assert r1.result()[0] == alone_img and r2.result()[0] == alone_txt
+
+
+def test_num_ctx_too_small_for_images(smollm2_path, projector):
+    from ollapy.engine.model import LoadedModel
+
+    small = Options(num_ctx=64, num_parallel=1, temperature=0, num_predict=4)
+    with LoadedModel(smollm2_path, small, projector_path=projector) as m:
+        imgs = [picture(i) for i in range(4)]
+        with pytest.raises(ContextError, match=r"image embeddings\) but the context holds 64"):
+            m.chat([{"role": "user", "content": "hi", "images": imgs}], small)
+
+
+@pytest.mark.parametrize("raw, words", [
+    (b"", "empty"),
+    (b"not an image at all", "not an image"),
+    (picture(5)[:60], "could not be decoded"),
+])
+def test_bad_images_are_refused(vlm, raw, words):
+    with pytest.raises(ImageError, match=words):
+        vlm.chat_prompt([{"role": "user", "content": "x", "images": [raw]}])
+
+
+def test_bad_base64_and_limits():
+    with pytest.raises(ImageError, match="not valid base64"):
+        media.decode_base64_image("@@@not base64@@@")
+    assert media.decode_base64_image("data:image/png;base64," + base64.b64encode(b"abc").decode()) == b"abc"
+    with pytest.raises(ImageError, match=f"over the limit of {media.MAX_IMAGES}"):
+        media.check_count(media.MAX_IMAGES + 1)
+    with pytest.raises(ImageError, match="pixels, over the limit"):
+        old = media.MAX_PIXELS
+        media.MAX_PIXELS = 100
+        try:
+            media.decode_image(picture(1))
+        finally:
+            media.MAX_PIXELS = old
+
+
+def test_webp_decodes_like_png():
+    rgb = Image.fromarray(np.full((20, 30, 3), 120, np.uint8))
+    webp, png = io.BytesIO(), io.BytesIO()
+    rgb.save(webp, "WEBP", lossless=True)
+    rgb.save(png, "PNG")
+    assert media.decode_image(webp.getvalue()).digest == media.decode_image(png.getvalue()).digest
+
+
+def test_model_without_projector_says_so(smollm2_path):
+    from ollapy.engine.model import LoadedModel
+
+    with LoadedModel(smollm2_path, Options(num_ctx=256, num_parallel=1), name="smollm2") as m:
+        with pytest.raises(ImageError, match='"smollm2" does not support vision'):
+            m.chat_prompt([{"role": "user", "content": "x", "images": [picture(1)]}])
+
+
+def test_span_helpers_never_cut_an_image():
+    sp = (media.MediaSpan(10, 16, "k"),)
+    assert media.floor_outside(12, sp) == 10 and media.floor_outside(26, sp) == 26 and media.floor_outside(5, sp) == 5
+    assert media.clip_chunk_end(0, 40, sp) == 10 and media.clip_chunk_end(26, 40, sp) == 40
+    assert media.points_outside((4, 10, 20, 26, 30), sp) == (4, 10, 26, 30)
