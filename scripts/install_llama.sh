@@ -23,7 +23,9 @@
 #   one row goes to tinyBLAS too (guard n < 1).
 # So a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on it:
 # ollapy/engine/spec/speculator.py), and multi-row batches keep tinyBLAS's speed. The patch is recorded in
-# VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, one_row_products_differ).
+# VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, one_row_products_differ), keyed to
+# the llama-cpp-python version and the sha256 of the libggml-cpu.so installed here: after a `pip install -U
+# llama-cpp-python` the key no longer matches and ollapy treats the build as a stock one.
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"
 VERSION="${OLLAPY_LLAMA_VERSION:-0.3.36}"
@@ -42,11 +44,22 @@ sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
 PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot"
+write_marker() {  # write_marker VENV_PYTHON FILE: $PATCHES with the installed version and libggml-cpu.so's sha256
+  "$1" - "$2" "$PATCHES" <<'PYEOF'
+import hashlib, importlib.metadata as md, json, pathlib, sys
+dist = md.distribution("llama-cpp-python")
+lib = next(f for f in dist.files or [] if f.name == "libggml-cpu.so")
+data = pathlib.Path(dist.locate_file(lib)).read_bytes()
+pathlib.Path(sys.argv[1]).write_text(json.dumps({"patches": sys.argv[2].split(), "llama_cpp_python": dist.version,
+                                                 "library": lib.name, "sha256": hashlib.sha256(data).hexdigest()}) + "\n")
+PYEOF
+}
 KEY=$(printf '%s %s %s' "$VERSION" "$ARGS" "$PATCHES" | sha1sum | cut -c1-12)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/wheels/llama-cpp-python-$VERSION-$KEY"
 if [ "$PY" = "--wheel-dir" ]; then echo "$CACHE"; exit 0; fi
 MARK="$(dirname "$PY")/../.ollapy-llama-build"  # which build this venv has: version + flags hash
 if [ "$(cat "$MARK" 2>/dev/null || true)" = "$KEY" ] && has_rpc; then
+  write_marker "$PY" "$(dirname "$PY")/../.ollapy-llama-patches"  # this build: (re)key the marker to it
   exit 0
 fi
 WHEEL=$(ls "$CACHE"/llama_cpp_python-*.whl 2>/dev/null | head -n1 || true)
@@ -89,4 +102,4 @@ if ! has_rpc; then
   exit 1
 fi
 echo "$KEY" > "$MARK"
-echo "$PATCHES" > "$(dirname "$PY")/../.ollapy-llama-patches"
+write_marker "$PY" "$(dirname "$PY")/../.ollapy-llama-patches"

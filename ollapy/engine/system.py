@@ -23,7 +23,9 @@ def system_report(extra_bufts_setting: str) -> dict:
 
     use, reason = bindings.choose_extra_bufts(extra_bufts_setting)
     bindings.init_backend()  # sets ggml-cpu's tiled-matmul switch unless the environment did
-    why = [w for w, on in (("tinyBLAS declines one-row products (a stock build)", bindings.one_row_products_differ()),
+    stock = bindings.patch_marker()[1]  # why the build counts as a stock one ("" when its patch marker matches)
+    why = [w for w, on in ((f"tinyBLAS declines one-row products (a stock build{': ' + stock if stock else ''})",
+                            bindings.one_row_products_differ()),
                            ("tiled K-quant matmul (GGML_CPU_TILED_MM)", bindings.tiled_matmul_on()),
                            ("weight repacking (extra_bufts)", use)) if on]
     return {

@@ -15,6 +15,7 @@ option override it.
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -172,13 +173,58 @@ def build_has_llamafile() -> bool:
     return "LLAMAFILE = 1" in system_info()
 
 
-def build_patches() -> frozenset[str]:
-    """The patches scripts/install_llama.sh applied to the vendored llama.cpp of this environment (it records
-    them in ``sys.prefix/.ollapy-llama-patches``); empty for any other install."""
+MARKER = ".ollapy-llama-patches"
+"""The file in ``sys.prefix`` where scripts/install_llama.sh records its patches, keyed to what it installed."""
+PATCHED_LIBRARY = "libggml-cpu.so"
+"""The library the patches change (ggml-cpu's llamafile sgemm)."""
+
+
+def patched_library() -> Path | None:
+    """The installed ``llama_cpp/lib/libggml-cpu.so`` (found without importing llama_cpp), None without one."""
+    spec = importlib.util.find_spec("llama_cpp")
+    if spec is None or not spec.origin:
+        return None
+    path = Path(spec.origin).parent / "lib" / PATCHED_LIBRARY
+    return path if path.is_file() else None
+
+
+@functools.lru_cache(maxsize=1)
+def patch_marker() -> tuple[frozenset[str], str]:
+    """``(patches, note)``: the patches scripts/install_llama.sh recorded in ``sys.prefix/`` :data:`MARKER`
+    when the marker names the installed llama-cpp-python version and the sha256 of the installed
+    :data:`PATCHED_LIBRARY`, else no patches and a note saying why (a stock build: another version or library
+    file, e.g. after ``pip install -U llama-cpp-python``; an old marker without a key; no marker). The note is
+    ``""`` when the patches count. Hashes the library once per process (about a megabyte)."""
+    import hashlib
+    import importlib.metadata
+    import json
+
+    fix = "re-run scripts/install_llama.sh for the patched build"
     try:
-        return frozenset((Path(sys.prefix) / ".ollapy-llama-patches").read_text().split())
+        text = (Path(sys.prefix) / MARKER).read_text()
     except OSError:
-        return frozenset()
+        return frozenset(), "no patch marker (llama-cpp-python was not installed by scripts/install_llama.sh)"
+    try:
+        marker = json.loads(text)
+        patches, version, digest = marker["patches"], marker["llama_cpp_python"], marker["sha256"]
+    except (ValueError, KeyError, TypeError):
+        return frozenset(), f"the patch marker names no library version or hash ({fix})"
+    try:
+        installed = importlib.metadata.version("llama-cpp-python")
+    except importlib.metadata.PackageNotFoundError:
+        installed = "none"
+    if version != installed:
+        return frozenset(), f"the patch marker is for llama-cpp-python {version}, {installed} is installed ({fix})"
+    lib = patched_library()
+    if lib is None or hashlib.sha256(lib.read_bytes()).hexdigest() != digest:
+        return frozenset(), f"the installed {PATCHED_LIBRARY} differs from the one the patch marker records ({fix})"
+    return frozenset(str(p) for p in patches), ""
+
+
+def build_patches() -> frozenset[str]:
+    """The patches scripts/install_llama.sh applied to the vendored llama.cpp of this environment, when its
+    marker is keyed to the library installed now (:func:`patch_marker`); empty for any other install."""
+    return patch_marker()[0]
 
 
 def one_row_products_differ() -> bool:
