@@ -1,4 +1,4 @@
-"""``ollapy launch claude|codex`` against a live ``ollapy serve``, with fake agent executables on PATH that record
+"""``ollapy launch claude|codex|opencode`` against a live ``ollapy serve``, with fake agent executables on PATH that record
 the arguments and environment they are started with (a new CLI process each time, as a user runs it)."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def agents(tmp_path):
     """A bin directory holding fake ``claude`` and ``codex``; returns (bin dir, record file)."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    for name in ("claude", "codex"):
+    for name in ("claude", "codex", "opencode"):
         p = bindir / name
         p.write_text(FAKE_AGENT)
         p.chmod(0o755)
@@ -55,22 +55,28 @@ def test_claude_gets_the_server_and_model(api, agents):
     assert env["ANTHROPIC_BASE_URL"] == api.url and env["ANTHROPIC_MODEL"] == "big:latest"
     assert env["ANTHROPIC_AUTH_TOKEN"] == "ollapy" and "ANTHROPIC_API_KEY" not in env
     assert env["ANTHROPIC_SMALL_FAST_MODEL"] == env["ANTHROPIC_DEFAULT_HAIKU_MODEL"] == "big:latest"
-    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
-    assert p.stderr.decode().strip() == f"launching claude with big:latest at {api.url}"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1" and env["CLAUDE_CODE_SUBAGENT_MODEL"] == "big:latest"
+    # the prompt stays the same from request to request (a cache hit from its top)
+    assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["CLAUDE_CODE_TOTAL_TOKENS_REMINDER"] == "off"
+    # the model's real context (32768 in its Modelfile), and a quarter of it for the output
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
+    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    assert p.stderr.decode().strip() == f"launching claude with big:latest (context 32768, output up to 8192) at {api.url}"
 
 
 def test_codex_gets_oss_flags_after_exec(api, agents, tmp_path):
     p, rec = _launch(api, agents, "codex", "--model", "big", "--", "exec", "--skip-git-repo-check", "hi",
                      extra_env={"OLLAPY_API_KEY": "sekrit", "CODEX_HOME": str(tmp_path / "codex-home")})
     assert p.returncode == 0, p.stderr
-    assert rec["args"] == ["exec", "--oss", "--local-provider=ollama", "-m", "big:latest", "--skip-git-repo-check", "hi"]
+    assert rec["args"] == ["exec", "--oss", "--local-provider=ollama", "-m", "big:latest", "-c", "model_context_window=32768",
+                           "-c", "model_auto_compact_token_limit=24576", "--skip-git-repo-check", "hi"]
     env = rec["env"]
     assert env["OLLAMA_HOST"] == api.url and env["CODEX_OSS_BASE_URL"] == api.url + "/v1"
     assert env["OLLAMA_API_KEY"] == "sekrit"
     home = Path(env["CODEX_HOME"])  # Codex refuses a home in the temporary directory: one outside it is used
     assert home != tmp_path / "codex-home" and not str(home.resolve()).startswith("/tmp/") and home.is_dir()
     p, rec = _launch(api, agents, "codex", "--model", "big:latest")  # interactive: the flags alone
-    assert rec["args"] == ["--oss", "--local-provider=ollama", "-m", "big:latest"]
+    assert rec["args"][:4] == ["--oss", "--local-provider=ollama", "-m", "big:latest"] and len(rec["args"]) == 8
 
 
 def test_default_model_is_one_with_a_large_context(api, agents):
@@ -91,7 +97,7 @@ def test_small_context_and_missing_agent_are_one_line(api, agents, tmp_path):
     assert p.returncode == 1
     assert p.stderr.decode() == "Error: codex is not on PATH (install it: npm install -g @openai/codex)\n"
     p = run_cli("launch", "cursor")
-    assert p.returncode == 2 and p.stderr.decode() == "Error: unknown agent 'cursor' (use claude or codex)\n"
+    assert p.returncode == 2 and p.stderr.decode() == "Error: unknown agent 'cursor' (use claude, codex or opencode)\n"
 
 
 def test_starts_a_server_when_none_answers(agents, tmp_path, smollm2_path):
@@ -117,3 +123,65 @@ def test_starts_a_server_when_none_answers(agents, tmp_path, smollm2_path):
         assert httpx.get(f"http://127.0.0.1:{port}/api/version", timeout=10).status_code == 200  # still serving
     finally:
         os.kill(pid, signal.SIGTERM)
+
+
+def test_an_output_limit_of_the_user_is_kept_when_smaller(api, agents):
+    p, rec = _launch(api, agents, "claude", "--model", "big", extra_env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "128"})
+    assert p.returncode == 0, p.stderr
+    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "128"
+    p, rec = _launch(api, agents, "claude", "--model", "big", extra_env={"CLAUDE_CODE_MAX_OUTPUT_TOKENS": "64000"})
+    assert rec["env"]["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+
+
+def test_codex_home_never_in_the_temporary_directory(api, agents, tmp_path):
+    """A HOME (and XDG data directory) under /tmp: Codex's home goes elsewhere, and exists."""
+    env = {"HOME": str(tmp_path / "home"), "XDG_DATA_HOME": str(tmp_path / "xdg")}
+    p, rec = _launch(api, agents, "codex", "--model", "big", "--", "exec", "hi", extra_env=env)
+    assert p.returncode == 0, p.stderr
+    home = Path(rec["env"]["CODEX_HOME"])
+    assert home.is_dir() and not str(home.resolve()).startswith(("/tmp/", str(Path(tmp_path).resolve())))
+
+
+def test_opencode_gets_a_provider_on_v1(api, agents):
+    p, rec = _launch(api, agents, "opencode", "--model", "big", "--", "run", "Reply with: ready",
+                     extra_env={"OLLAPY_API_KEY": "k2"})
+    assert p.returncode == 0, p.stderr
+    assert rec["args"] == ["run", "--model", "ollapy/big:latest", "Reply with: ready"]
+    cfg = json.loads(rec["env"]["OPENCODE_CONFIG_CONTENT"])
+    provider = cfg["provider"]["ollapy"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": api.url + "/v1", "apiKey": "k2"}
+    assert provider["models"] == {"big:latest": {"name": "big:latest", "limit": {"context": 32768, "output": 8192}}}
+    assert cfg["model"] == "ollapy/big:latest"
+    p, rec = _launch(api, agents, "opencode", "--model", "big")  # the TUI: no arguments added
+    assert rec["args"] == [] and "OPENCODE_CONFIG_CONTENT" in rec["env"]
+
+
+def test_config_prints_what_it_would_set_and_runs_nothing(api, agents, tmp_path):
+    import shlex
+
+    bindir, out = agents
+    p, rec = _launch(api, agents, "claude", "--model", "big", "--config", "--", "-p", "hi there")
+    assert p.returncode == 0, p.stderr
+    assert rec is None  # the agent did not run
+    lines = p.stdout.decode().splitlines()
+    assert lines[0] == "unset ANTHROPIC_API_KEY"
+    exports = dict(shlex.split(line.removeprefix("export "))[0].split("=", 1) for line in lines if line.startswith("export "))
+    assert exports["ANTHROPIC_BASE_URL"] == api.url and exports["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
+    assert exports["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0"
+    assert shlex.split(lines[-1]) == [str(bindir / "claude"), "--model", "big:latest", "-p", "hi there"]
+    # without the agent installed, and the opencode config as one quoted JSON value
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    p = run_cli("launch", "opencode", "-m", "big", "--config", "--", "run", "x",
+                env={"PATH": str(empty), "OLLAPY_HOST": api.url.removeprefix("http://")})
+    assert p.returncode == 0, p.stderr
+    first, cmd = p.stdout.decode().splitlines()
+    value = shlex.split(first.removeprefix("export "))[0].split("=", 1)[1]
+    assert json.loads(value)["provider"]["ollapy"]["options"]["baseURL"] == api.url + "/v1"
+    assert shlex.split(cmd) == ["opencode", "run", "--model", "ollapy/big:latest", "x"]
+    # --config starts no server: one that does not answer is one line
+    p = run_cli("launch", "claude", "--config", env={"OLLAPY_HOST": "127.0.0.1:9"})
+    assert p.returncode == 1
+    assert p.stderr.decode() == ("Error: no ollapy serve answers at http://127.0.0.1:9 (start one (ollapy serve), or run "
+                                 "launch without --config to start it)\n")

@@ -108,6 +108,12 @@ class ModelRunner(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` with the model's special-token rules, never two BOS tokens."""
 
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of ``text`` exactly as ``llama_tokenize`` gives them with these two switches."""
+
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes, special tokens rendered. Raises OptionError for an id outside the vocabulary."""
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list[dict] | None = None,
                think: bool | str | None = None) -> str:
         """Chat messages to prompt text with the model's template. Raises OptionError."""

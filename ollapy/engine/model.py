@@ -218,6 +218,21 @@ class LoadedModel:
             toks.pop(0)
         return toks
 
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """Token ids of ``text`` exactly as ``llama_tokenize`` gives them (llama.cpp server's ``/tokenize``):
+        ``add_special`` adds BOS/EOS as the model wants, ``parse_special`` reads special-token text as tokens."""
+        return self.backend.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """Each token's bytes with special tokens rendered (llama.cpp's ``common_token_to_piece``): a piece may
+        be part of a UTF-8 character. Raises OptionError for an id outside the vocabulary."""
+        n_vocab = self.facts.n_vocab
+        bad = next((t for t in tokens if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise OptionError(f"token {bad!r} is not an id of this model's vocabulary (0 to {n_vocab - 1})",
+                              hint="send token ids that /tokenize of the same model returned")
+        return [self.backend.token_piece(t, special=True) for t in tokens]
+
     def _tokenize_prefix(self, text: str) -> list[int]:
         """:meth:`tokenize` for the system-prompt and earlier-turns prefixes that every turn of a chat (and every
         client sharing a system prompt) renders again: the last 64 texts are kept."""

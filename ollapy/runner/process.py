@@ -305,6 +305,14 @@ class ProcessModel:
         """As ``LoadedModel.tokenize``: the model's special-token rules, never two BOS tokens."""
         return self._call("tokenize", text)
 
+    def tokenize_text(self, text: str, *, add_special: bool, parse_special: bool) -> list[int]:
+        """As ``LoadedModel.tokenize_text``: ``llama_tokenize`` with these two switches."""
+        return self._call("tokenize_text", text, add_special=add_special, parse_special=parse_special)
+
+    def token_pieces(self, tokens: list[int]) -> list[bytes]:
+        """As ``LoadedModel.token_pieces``: each token's bytes. Raises OptionError for an id outside the vocabulary."""
+        return self._call("token_pieces", tokens)
+
     def render(self, messages: list[dict], add_generation_prompt: bool = True, *, tools: list[dict] | None = None,
                think: bool | str | None = None) -> str:
         """As ``LoadedModel.render``: chat messages to prompt text. Raises OptionError."""

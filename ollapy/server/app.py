@@ -138,6 +138,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
     from ollapy.server.anthropic import routes as anthropic_routes
     from ollapy.server.llamacpp import routes as llamacpp_routes
+    from ollapy.server.llamacpp import routes as llamacpp_routes
     from ollapy.server.ollama import embed as embed_routes
     from ollapy.server.ollama import models as model_routes
     from ollapy.server.ollama import routes as ollama_routes
@@ -152,6 +153,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.include_router(openai_embeddings.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
+    app.include_router(llamacpp_routes.router)
     app.include_router(llamacpp_routes.router)
 
     @app.get("/metrics", include_in_schema=False)

@@ -406,6 +406,16 @@ async def count_tokens(state, name: str, *, messages: list[dict], tools: list[di
                        optional_think: bool = False) -> int:
     """The number of prompt tokens ``messages`` (with ``tools`` and ``think``, as :func:`start` renders them)
     make for model ``name``, untruncated; loads the model as a generation would. Raises as :func:`start`."""
+    p = await chat_prompt_of(state, name, messages=messages, tools=tools, tool_choice=tool_choice, think=think,
+                             optional_think=optional_think)
+    return len(p.tokens)
+
+
+async def chat_prompt_of(state, name: str, *, messages: list[dict], tools: list[dict] | None = None,
+                         tool_choice: tuple[str, str | None] = ("auto", None), think: bool | str | None = None,
+                         optional_think: bool = False):
+    """The engine Prompt (``text`` and ``tokens``) a chat of ``messages`` evaluates on model ``name``, exactly as
+    :func:`start` builds it, untruncated; loads the model as a generation would. Raises as :func:`start`."""
     rt = state.runtime
     ref = await rt.resolve(name)
     entry, opts, _ = await rt.acquire(name, api_options({"truncate": False}), None, ref=ref)
@@ -417,7 +427,7 @@ async def count_tokens(state, name: str, *, messages: list[dict], tools: list[di
         p = await build_prompt(rt, entry, ref, opts, plan, messages=messages)
     finally:
         rt.release_nowait(entry)
-    return len(p.tokens)
+    return p
 
 
 class _NoSystem:
