@@ -39,8 +39,8 @@ async def create_response(request: Request):
     try:
         raw = await read_body(request)
         body = ResponsesBody.from_dict(raw)
-        history = store.get(body.previous_response_id).messages if body.previous_response_id else []
-        conversation = history + body.messages
+        previous = store.get(body.previous_response_id) if body.previous_response_id else None
+        conversation = (previous.messages if previous is not None else []) + body.messages
         system = [{"role": "system", "content": body.instructions}] if body.instructions else []
         gen = await generation.start(st, body.model, route="v1/responses", messages=system + conversation,
                                      options=body.ollama_options(), fmt=body.fmt, keep_alive=body.keep_alive,
@@ -52,7 +52,8 @@ async def create_response(request: Request):
 
     def keep() -> None:
         if body.store:
-            store.put(builder.rid, StoredResponse(builder.response(), conversation + builder.messages()))
+            # the turns before it are the previous response's, shared (held here even if it was evicted meanwhile)
+            store.put(builder.rid, StoredResponse(builder.response(), body.messages + builder.messages(), previous))
 
     if not body.stream:
         try:
