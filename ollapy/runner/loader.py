@@ -143,7 +143,8 @@ def open_local(ref, options: Options, *, cache: bool = True, write_back: bool = 
         except Exception:  # noqa: BLE001 - a cache that cannot open never stops a model from loading
             log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
     return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=prompt_cache,
-                       max_queue=max_queue, digest=getattr(ref, "digest", None), draft_path=draft_path(options))
+                       max_queue=max_queue, digest=getattr(ref, "digest", None), draft_path=draft_path(options),
+                       projector_path=getattr(ref, "projector", None))
 
 
 def draft_path(options: Options) -> Path | None:

@@ -24,7 +24,8 @@ from ollapy.chat import generic_tools
 from ollapy.chat.reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
 from ollapy.chat.thinking import prompt_opens_thinking, think_enabled
 from ollapy.chat.toolcalls import detect_family
-from ollapy.errors import ContextOverflow, OptionError
+from ollapy.engine.media import check_count, decode_base64_image, refuse_remote
+from ollapy.errors import ContextOverflow, ImageError, OptionError
 from ollapy.options import api_options
 
 log = logging.getLogger("ollapy.server")
@@ -60,21 +61,30 @@ def _clean_message(m: Any) -> dict:
     content = m.get("content")
     if content is None:
         content = ""
-    if isinstance(content, list):  # OpenAI content parts
+    images: list[bytes] = []
+    if isinstance(content, list):  # OpenAI content parts (image_url, Responses' input_image, Anthropic's image)
         parts = []
         for p in content:
             if isinstance(p, dict) and p.get("type") in ("text", "input_text"):
                 parts.append(str(p.get("text", "")))
             elif isinstance(p, str):
                 parts.append(p)
+            elif isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image"):
+                images.append(image_part(p))
             else:
-                raise OptionError("only text content parts are supported", hint="images and audio are not supported")
+                raise OptionError("only text and image content parts are supported", hint="audio is not supported")
         content = "".join(parts)
     if not isinstance(content, str):
         raise OptionError("message content must be a string")
-    if m.get("images"):
-        raise OptionError("images are not supported by ollapy models")
+    if m.get("images"):  # Ollama's base64 strings
+        if not isinstance(m["images"], list):
+            raise ImageError("images must be a list of base64 strings")
+        images.extend(decode_base64_image(x, f"image {i + 1}") if isinstance(x, str) else _not_b64(x)
+                      for i, x in enumerate(m["images"]))
     out = {"role": role, "content": content}
+    if images:
+        check_count(len(images))
+        out["images"] = images
     if role == "assistant" and m.get("tool_calls"):
         out["tool_calls"] = m["tool_calls"]  # checked by bodies.read_history
     thinking = m.get("thinking") or m.get("reasoning_content") or m.get("reasoning")
@@ -85,6 +95,35 @@ def _clean_message(m: Any) -> dict:
             if isinstance(m.get(key), str) and m[key]:
                 out[key] = m[key]
     return out
+
+
+def _not_b64(x: Any) -> bytes:
+    if isinstance(x, bytes):
+        return x
+    raise ImageError("each image must be a base64 string", hint="send the image file's bytes base64-encoded")
+
+
+def image_part(p: dict) -> bytes:
+    """The bytes of an image content part: OpenAI's ``image_url`` (``{"url": "data:..."}``), Responses'
+    ``input_image`` (``image_url`` a string), Anthropic's ``image`` (``source`` of type base64). A remote
+    ``http(s)`` URL is refused (ImageError, 400): this server never fetches images."""
+    if p.get("type") == "image":
+        src = p.get("source") or {}
+        if src.get("type") == "url":
+            refuse_remote(str(src.get("url", "")))
+        if src.get("type") != "base64" or not isinstance(src.get("data"), str):
+            raise ImageError("image blocks need a base64 source", hint='send {"type": "base64", "media_type", "data"}')
+        return decode_base64_image(src["data"])
+    url = p.get("image_url")
+    if isinstance(url, dict):
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        raise ImageError("image part without an image_url", hint="send a base64 data: URI")
+    if url.startswith(("http://", "https://")):
+        refuse_remote(url)
+    if not url.startswith("data:"):
+        raise ImageError("image_url must be a data: URI", hint="send data:image/png;base64,...")
+    return decode_base64_image(url)
 
 
 LIVE: weakref.WeakSet[Generation] = weakref.WeakSet()
@@ -300,8 +339,10 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
                 keep_alive=None, cache: bool = True, context: list[int] | None = None,
                 logprobs: int = -1, tools: list[dict] | None = None, tool_choice: tuple[str, str | None] = ("auto", None),
                 think: bool | str | None = None, parallel_tool_calls: bool = True, overflow: str = "truncate",
-                optional_think: bool = False) -> Generation:
+                optional_think: bool = False, images: list | None = None) -> Generation:
     """Load ``name`` if needed and submit one generation; raises before anything is sent on errors.
+
+    ``images``: Ollama's ``/api/generate`` base64 images, which go with the (templated) prompt.
 
     ``tools``/``tool_choice`` (mode, function name) and ``think`` are checked and planned by
     :func:`reply_plan`; the :class:`Generation`'s ``split`` gives the answer's thinking, content and calls.
@@ -331,7 +372,7 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
             think = None
         plan = reply_plan(model, name, opts, tools, tool_choice, think, parallel=parallel_tool_calls, fmt=fmt)
         p = await build_prompt(rt, entry, ref, opts, plan, messages=messages, prompt=prompt, raw=raw, system=system,
-                               context=context)
+                               context=context, images=images)
         if not opts.truncate:
             check_fits(len(p.tokens), opts)
         elif p.truncated:
@@ -376,7 +417,7 @@ def check_fits(n_tokens: int, opts) -> None:
 
 async def build_prompt(rt, entry, ref, opts, plan: ReplyPlan, *, messages: list[dict] | None = None,
                        prompt: str | None = None, raw: bool = False, system: str | None = None,
-                       context: list[int] | None = None):
+                       context: list[int] | None = None, images: list | None = None):
     """The engine Prompt of a request (see :func:`start`), rendered and tokenized off the event loop
     (``rt.call``): ``messages`` (a chat, the model's SYSTEM and MESSAGE applied, tools as ``plan`` says), else
     ``prompt`` (raw, or templated with ``system`` and ``context`` in front). ``opts.truncate`` true cuts a chat
@@ -386,13 +427,15 @@ async def build_prompt(rt, entry, ref, opts, plan: ReplyPlan, *, messages: list[
     if messages is not None:
         msgs = chat_messages(ref, messages, plan)
         return await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
+    if raw and images:
+        raise ImageError("images with raw: true are not supported", hint="send the prompt without raw")
     if raw:
         return await rt.call(entry, model.raw_prompt, prompt or "")
     msgs = []
     sys_text = system if system is not None else getattr(ref, "system", None)
     if sys_text:
         msgs.append({"role": "system", "content": sys_text})
-    msgs.append({"role": "user", "content": prompt or ""})
+    msgs.append(_clean_message({"role": "user", "content": prompt or "", "images": images or None}))
     msgs = model_messages(_NoSystem(ref), msgs)
     p = await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
     if context:

@@ -28,6 +28,7 @@ MT_SYSTEM = "application/vnd.ollama.image.system"
 MT_PARAMS = "application/vnd.ollama.image.params"
 MT_LICENSE = "application/vnd.ollama.image.license"
 MT_MESSAGES = "application/vnd.ollama.image.messages"
+MT_PROJECTOR = "application/vnd.ollama.image.projector"  # a vision model's projector (mmproj GGUF)
 
 
 def digest_hex(digest: str) -> str:

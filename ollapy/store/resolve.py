@@ -11,7 +11,18 @@ from typing import Any
 
 from ollapy.errors import CorruptManifest, ModelNotFound
 from ollapy.store import catalogue
-from ollapy.store.layout import MT_LICENSE, MT_MESSAGES, MT_MODEL, MT_PARAMS, MT_SYSTEM, MT_TEMPLATE, Entry, Store, digest_hex
+from ollapy.store.layout import (
+    MT_LICENSE,
+    MT_MESSAGES,
+    MT_MODEL,
+    MT_PARAMS,
+    MT_PROJECTOR,
+    MT_SYSTEM,
+    MT_TEMPLATE,
+    Entry,
+    Store,
+    digest_hex,
+)
 from ollapy.store.names import ModelName, looks_like_path, parse_name
 from ollapy.store.ollama_store import ollama_store
 from ollapy.store.pull import local_store, not_found, pull_model
@@ -36,6 +47,7 @@ class ModelRef:
     messages: list[dict] = field(default_factory=list)
     license: str | None = None
     source: str | None = None
+    projector: Path | None = None  # a vision model's projector GGUF (the manifest's projector layer)
 
 
 @dataclass
@@ -101,6 +113,8 @@ def ref_from_entry(store: Store, entry: Entry, links: Store) -> ModelRef:
                 ref.parameters = dict(json.loads(_text(store, layer)))
             elif mt == MT_MESSAGES:
                 ref.messages = list(json.loads(_text(store, layer)))
+            elif mt == MT_PROJECTOR:
+                ref.projector = store.layer_file(layer)
         except (OSError, ValueError, TypeError) as exc:
             raise CorruptManifest(f"model {entry.display()!r} has an unreadable {mt.rsplit('.', 1)[-1]} layer: {exc}",
                                   hint=f"remove it with `ollapy rm {entry.display()}`") from None

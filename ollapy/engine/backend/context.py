@@ -256,8 +256,11 @@ class Backend:
         """Raw bytes of one token (may be part of a UTF-8 character); control tokens give b'' unless ``special``.
 
         Thread-safe: each miss converts into its own buffer (llama_token_to_piece
-        releases the GIL, so a shared buffer could be overwritten mid-read).
+        releases the GIL, so a shared buffer could be overwritten mid-read). An image's placeholder id (negative,
+        ollapy.engine.media) gives ``b"<image>"`` with ``special``, else b''.
         """
+        if token < 0:
+            return b"<image>" if special else b""
         cache = self._pieces if not special else None
         if cache is not None:
             piece = cache.get(token)

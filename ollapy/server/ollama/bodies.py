@@ -64,7 +64,7 @@ class OllamaGenBody(NamedBody, LogprobsBody):
 
 class GenerateBody(OllamaGenBody):
     """``/api/generate``: ``prompt`` (str), ``suffix``, ``raw``, ``system``, ``context`` (token ids or None);
-    ``images`` are refused."""
+    ``images`` (base64 strings) go with the prompt to a vision model."""
 
     images: Any = None
     prompt: Any = ""
@@ -72,8 +72,6 @@ class GenerateBody(OllamaGenBody):
     raw: bool = False
     system: str | None = None
     context: Any = None
-
-    _no_images = refusal("images", "images are not supported by ollapy models")
 
     @field_validator("prompt")
     @classmethod

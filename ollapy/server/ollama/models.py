@@ -58,6 +58,20 @@ async def api_tags(request: Request):
     return {"models": out}
 
 
+def projector_fields(ref) -> dict:
+    """``projector_info`` (Ollama's field: the projector's type and size) of a vision model, else nothing."""
+    path = getattr(ref, "projector", None)
+    if not path or not Path(path).exists():
+        return {}
+    from ollapy.store.info import read_gguf_header
+
+    meta = read_gguf_header(Path(path))[0]
+    return {"projector_info": {"clip.projector_type": meta.get("clip.projector_type"),
+                               "clip.vision.projection_dim": meta.get("clip.vision.projection_dim"),
+                               "general.architecture": meta.get("general.architecture"),
+                               "size": Path(path).stat().st_size}}
+
+
 @router.post("/api/show")
 @errors_as_json
 async def api_show(request: Request):
@@ -93,7 +107,9 @@ async def api_show(request: Request):
         "model_info": {k: v for k, v in model_info.items() if v is not None},
         "messages": list(ref.messages or []),
         # as Ollama: completion (or embedding), tools, thinking; from the GGUF header, the model is not loaded
-        "capabilities": model_capabilities(template, embedding_only=bool(info.get("embedding_only"))),
+        "capabilities": model_capabilities(template, embedding_only=bool(info.get("embedding_only")))
+        + (["vision"] if getattr(ref, "projector", None) else []),
+        **projector_fields(ref),
         "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
     }
 

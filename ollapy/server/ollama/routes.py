@@ -64,6 +64,7 @@ async def api_generate(request: Request):
         if not body.prompt and not body.suffix:
             return await _load_or_unload(st, body, {"response": ""})
         gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
+                                     images=body.images,
                                      system=body.system, options=body.run_options(), fmt=body.format,
                                      keep_alive=body.keep_alive, cache=body.cache, context=body.context,
                                      logprobs=body.logprob_count, think=body.think)
