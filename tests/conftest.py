@@ -161,9 +161,10 @@ def plain_greedy(backend, tokens: list[int], n: int) -> list[int]:
 
 
 @contextlib.contextmanager
-def live_server(base: Path, *serve_args: str, env: dict | None = None):
+def live_server(base: Path, *serve_args: str, env: dict | None = None, start_timeout: float = 180):
     """Run ``ollapy serve`` on a free loopback port with its store, prompt cache and state under ``base``;
-    yields its URL once it answers; on exit SIGTERM, which must end it with status 0."""
+    yields its URL once it answers; on exit SIGTERM, which must end it with status 0. A server that has not
+    answered within ``start_timeout`` seconds is killed and the run fails with RuntimeError (never a hang)."""
     import socket
     import time
 
@@ -180,6 +181,7 @@ def live_server(base: Path, *serve_args: str, env: dict | None = None):
     proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", *serve_args], env=full_env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(ROOT))
     url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout
     try:
         while True:
             try:
@@ -188,7 +190,17 @@ def live_server(base: Path, *serve_args: str, env: dict | None = None):
             except httpx.HTTPError:
                 if proc.poll() is not None:
                     raise RuntimeError(f"ollapy serve exited with {proc.returncode} before answering") from None
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait(timeout=60)
+                    raise RuntimeError(f"ollapy serve did not answer within {start_timeout:g} s") from None
                 time.sleep(0.1)
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        raise
+    try:
         yield url
     finally:
         proc.terminate()
