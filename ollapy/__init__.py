@@ -9,6 +9,7 @@ Layers, top to bottom (imports point down only; ``tests/test_layering.py`` check
   cache. They meet only through the engine's PrefixSource Protocol.
 - :mod:`.store`: models on disk and pull sources.
 - :mod:`.chat`: chat templates and the meaning of a reply.
+- :mod:`.web`: the chat page's static files, which :mod:`.server` shows a browser at ``/``.
 
 Shared by every layer: :mod:`.config` (settings), :mod:`.options` (model options), :mod:`.errors`,
 :mod:`.duration`, :mod:`.fsutil`, :mod:`.rpc_endpoint`, :mod:`.tokens`.

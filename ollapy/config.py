@@ -444,6 +444,8 @@ ALLOWED_HOSTS = _setting(
     "Extra names a loopback-bound server answers in the Host header, comma separated (`*.example.com` wildcards, "
     "`*` = any); loopback names, private addresses and the served address are always allowed (DNS rebinding guard).",
 )
+NO_WEBUI = _setting("OLLAPY_NO_WEBUI", "0", "1 turns off the chat page that `ollapy serve` shows a browser at `/` "
+                    "(as `serve --no-webui`); every client then gets `Ollama is running`.")
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
 RESPONSES_STORE = _setting(
     "OLLAPY_RESPONSES_STORE",
@@ -481,6 +483,11 @@ def allowed_hosts() -> list[str]:
         if not _ALLOWED_HOST.match(h):
             raise invalid(ALLOWED_HOSTS, "comma-separated host names such as myhost.lan,*.example.com (no port)")
     return out
+
+
+def no_webui() -> bool:
+    """True when ``OLLAPY_NO_WEBUI`` turns the server's chat page off; raises SettingError for a non-boolean."""
+    return _bool(NO_WEBUI)
 
 
 def max_body() -> int:
@@ -532,6 +539,7 @@ ACCESSORS.update({
     RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
     API_KEY.env: api_key, ALLOWED_HOSTS.env: allowed_hosts,
 })
+ACCESSORS[NO_WEBUI.env] = no_webui
 
 
 def check_settings() -> None:

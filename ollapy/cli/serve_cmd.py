@@ -30,6 +30,8 @@ def serve(
                                      "--api-key-file."),
     api_key_file: Path = typer.Option(None, "--api-key-file", metavar="PATH",
                                       help="Read the API key from the first line of this file."),
+    no_webui: bool = typer.Option(False, "--no-webui",
+                                  help="Do not show the chat page to browsers at / (default OLLAPY_NO_WEBUI)."),
 ) -> None:
     """Start the Ollama- and OpenAI-compatible HTTP server (loopback only unless --host/OLLAPY_HOST says otherwise)."""
     import logging
@@ -68,7 +70,8 @@ def serve(
             generation.cancel_all()
             super().handle_exit(sig, frame)
 
-    app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h)
+    app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h,
+                     webui=False if no_webui else None)
     server = Server(uvicorn.Config(app, host=h, port=port, log_level="debug" if config.debug() else "warning",
                                    timeout_graceful_shutdown=5))
     try:

@@ -19,7 +19,7 @@ One subpackage per API, each with its bodies (pydantic), routes and stream encod
   :mod:`.openai.responses` (``/v1/responses``).
 - :mod:`.anthropic`: ``/v1/messages`` (Anthropic's Messages API).
 - :mod:`.llamacpp`: llama.cpp server's ``/tokenize``, ``/detokenize`` and ``/apply-template``.
-- :mod:`.llamacpp`: llama.cpp server's ``/tokenize``, ``/detokenize`` and ``/apply-template``.
+- :mod:`.webui`: the chat page for browsers at ``/`` (its files in :mod:`ollapy.web`) under a strict CSP.
 
 fastapi and uvicorn are imported only here (never by ``ollapy --help``, ``list`` or ``ps``).
 """

@@ -108,7 +108,7 @@ async def _too_large(send, limit: int) -> None:
 
 
 def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, defaults: dict | None = None,
-               api_key: str | None = None, bind: str | None = None) -> FastAPI:
+               api_key: str | None = None, bind: str | None = None, webui: bool | None = None) -> FastAPI:
     """Build the app. ``runtime`` defaults to a new :class:`Runtime` from the OLLAPY_* settings.
 
     ``allow_paths`` lets requests name a model by an absolute path to a GGUF
@@ -117,6 +117,8 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     ``GET /`` require it (:class:`~ollapy.server.auth.ApiKeyAuth`).
     ``bind`` (default ``OLLAPY_HOST``'s host) is the address the server listens on: when it is loopback, a
     request whose ``Host`` is not a local name is a 403 (:class:`~ollapy.server.hosts.HostCheck`, DNS rebinding).
+    ``webui`` (default: on unless ``OLLAPY_NO_WEBUI``) serves the chat page to browsers at ``/``
+    (:mod:`ollapy.server.webui`).
     The lifespan's exit unloads every model through its one ``close()``.
     """
     key = config.api_key() if api_key is None else api_key
@@ -135,9 +137,9 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app = FastAPI(title="ollapy", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.ollapy = state
+    app.state.webui = (not config.no_webui()) if webui is None else webui
 
     from ollapy.server.anthropic import routes as anthropic_routes
-    from ollapy.server.llamacpp import routes as llamacpp_routes
     from ollapy.server.llamacpp import routes as llamacpp_routes
     from ollapy.server.ollama import embed as embed_routes
     from ollapy.server.ollama import models as model_routes
@@ -145,6 +147,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     from ollapy.server.openai import embeddings as openai_embeddings
     from ollapy.server.openai import routes as openai_routes
     from ollapy.server.openai.responses import routes as responses_routes
+    from ollapy.server.webui import router as webui_router
 
     app.include_router(ollama_routes.router)
     app.include_router(embed_routes.router)
@@ -153,7 +156,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.include_router(openai_embeddings.router)
     app.include_router(responses_routes.router)
     app.include_router(anthropic_routes.router)
-    app.include_router(llamacpp_routes.router)
+    app.include_router(webui_router)
     app.include_router(llamacpp_routes.router)
 
     @app.get("/metrics", include_in_schema=False)

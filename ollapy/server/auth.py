@@ -20,7 +20,9 @@ import json
 MESSAGE = "missing or invalid API key"
 HINT = "send the server's key as 'Authorization: Bearer KEY' or 'x-api-key: KEY' (the CLI sends OLLAPY_API_KEY)"
 OPEN_PATHS = frozenset({"/"})
-"""Paths any client may GET or HEAD without a key (the heartbeat)."""
+"""Paths any client may GET or HEAD without a key (the heartbeat, and the chat page, which then asks for the key)."""
+OPEN_PREFIXES = ("/web/",)
+"""Path prefixes any client may GET or HEAD without a key: the chat page's static files (public code, no data)."""
 
 
 def presented_keys(headers: list[tuple[bytes, bytes]]) -> list[bytes]:
@@ -70,7 +72,7 @@ class ApiKeyAuth:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path = scope.get("path", "")
-        if path in OPEN_PATHS and scope.get("method") in ("GET", "HEAD"):
+        if (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)) and scope.get("method") in ("GET", "HEAD"):
             return await self.app(scope, receive, send)
         if key_matches(self.key, presented_keys(scope.get("headers", []))):
             return await self.app(scope, receive, send)

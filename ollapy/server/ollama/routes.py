@@ -33,7 +33,11 @@ router = APIRouter()
 
 # ---- simple routes --------------------------------------------------------------------------------
 @router.get("/")
-async def root():
+async def root(request: Request):
+    from ollapy.server import webui
+
+    if webui.wants_page(request):  # a browser: the chat page (serve --no-webui turns it off)
+        return webui.page_response()
     return PlainTextResponse("Ollama is running (ollapy)")
 
 
