@@ -94,3 +94,53 @@ def test_remote_image_url_refused_on_v1(server):
     r = oai.chat.completions.create(model="vis", temperature=0, max_tokens=6, messages=[{"role": "user", "content": [
         {"type": "text", "text": "Describe it."}, {"type": "image_url", "image_url": {"url": data}}]}])
     assert r.usage.prompt_tokens > 16
+
+
+def test_api_reports_image_encode_duration(server):
+    import httpx
+
+    url, _ = server
+    img = base64.b64encode(picture(11)).decode()
+    r = httpx.post(url + "/api/generate", json={"model": "vis", "prompt": "Describe it.", "images": [img],
+                                                "stream": False, "options": OPTS}, timeout=300).json()
+    assert r["image_encode_duration"] > 0 and r["prompt_eval_count"] > 16
+
+
+def test_responses_input_image(server):
+    import openai
+
+    url, _ = server
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    data = "data:image/png;base64," + base64.b64encode(picture(12)).decode()
+    r = oai.responses.create(model="vis", temperature=0, max_output_tokens=6, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "Describe it."}, {"type": "input_image", "image_url": data}]}])
+    assert r.usage.input_tokens > 16
+    with pytest.raises(openai.BadRequestError, match="send the image inline"):
+        oai.responses.create(model="vis", input=[{"role": "user", "content": [
+            {"type": "input_text", "text": "x"}, {"type": "input_image", "image_url": "http://example.com/a.png"}]}])
+
+
+def test_anthropic_image_block(server):
+    import anthropic
+
+    url, _ = server
+    ac = anthropic.Anthropic(base_url=url, api_key="none")
+    data = base64.b64encode(picture(13)).decode()
+    msg = ac.messages.create(model="vis", max_tokens=6, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}},
+        {"type": "text", "text": "Describe it."}]}])
+    assert msg.usage.input_tokens > 16
+    with pytest.raises(anthropic.BadRequestError, match="not valid base64"):
+        ac.messages.create(model="vis", max_tokens=6, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "@@@"}},
+            {"type": "text", "text": "x"}]}])
+
+
+def test_model_without_projector_refuses_images(server, smollm2_path):
+    import ollama
+
+    _, oc = server
+    blob = oc.create_blob(smollm2_path)
+    oc.create(model="plain", files={"model.gguf": blob})
+    with pytest.raises(ollama.ResponseError, match='does not support vision'):
+        oc.chat(model="plain", messages=[{"role": "user", "content": "x", "images": [picture(1)]}])

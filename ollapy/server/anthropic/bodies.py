@@ -72,9 +72,17 @@ class RedactedThinkingBlock(Body):
     data: str = ""
 
 
-ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock,
+class ImageBlock(Body):
+    """``{"type": "image", "source": {"type": "base64", "media_type", "data"}}``, for a vision model (a ``url``
+    source is refused where the prompt is built: the server never fetches images)."""
+
+    type: Literal["image"]
+    source: dict[str, Any]
+
+
+ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock | ImageBlock,
                          Field(discriminator="type")]
-_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
+_BLOCK_TYPES = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking", "image")
 
 
 class MessageParam(Body):
@@ -91,7 +99,7 @@ class MessageParam(Body):
             return [{"type": "text", "text": v}]
         for b in v if isinstance(v, list) else ():
             kind = b.get("type") if isinstance(b, dict) else None
-            if kind in ("image", "document"):
+            if kind == "document":
                 raise OptionError(f"{kind} content blocks are not supported by ollapy models",
                                   hint="send text blocks")
             if kind not in _BLOCK_TYPES:
@@ -195,7 +203,7 @@ class CountTokensBody(Body):
         and its ``thinking`` blocks its ``thinking``."""
         out: list[dict] = [{"role": "system", "content": self.system_text}] if self.system_text else []
         for m in self.messages:
-            texts, calls, thinking = [], [], []
+            texts, calls, thinking, images = [], [], [], []
             for b in m.content:
                 if m.role == "system" and not isinstance(b, TextBlock):
                     raise OptionError("system messages hold text blocks only")
@@ -211,13 +219,17 @@ class CountTokensBody(Body):
                     calls.append({"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input}})
                 elif isinstance(b, ThinkingBlock) and m.role == "assistant":
                     thinking.append(b.thinking)
+                elif isinstance(b, ImageBlock):
+                    images.append({"type": "image", "source": b.source})
 
             msg: dict = {"role": m.role, "content": "".join(texts)}
+            if images:  # read by the prompt builder (server.generation), which decodes them for a vision model
+                msg["content"] = [{"type": "text", "text": "".join(texts)}, *images]
             if calls:
                 msg["tool_calls"] = calls
             if thinking:
                 msg["thinking"] = "".join(thinking)
-            if texts or calls or m.role != "user":
+            if texts or calls or images or m.role != "user":
                 out.append(msg)
         return read_history(out)
 

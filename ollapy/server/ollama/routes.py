@@ -164,6 +164,8 @@ def _final_fields(gen: generation.Generation, final) -> dict:
         out["prompt_cache_source"] = m["prefix_source"]
     if m.get("draft"):  # speculative decoding (ollapy's extras): how it drafted, tokens verified and accepted
         out.update(draft=m["draft"], draft_tokens=m.get("draft_tokens", 0), draft_accepted=m.get("draft_accepted", 0))
+    if m.get("image_encode_duration"):  # ns the projector took for this request's images (ollapy's extra)
+        out["image_encode_duration"] = m["image_encode_duration"]
     return out
 
 

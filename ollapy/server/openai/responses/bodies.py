@@ -23,8 +23,9 @@ _TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_t
 log = logging.getLogger("ollapy.server")
 
 
-def _text(content: Any, where: str) -> str:
-    """A message's or a call output's content: a string, or text parts joined (others refused)."""
+def _text(content: Any, where: str, images: list | None = None) -> str:
+    """A message's or a call output's content: a string, or text parts joined (others refused); ``input_image``
+    parts go to ``images`` where it is given (a message's content)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -38,6 +39,8 @@ def _text(content: Any, where: str) -> str:
             out.append(str(p.get("text") or ""))
         elif kind == "refusal":
             out.append(str(p.get("refusal") or ""))
+        elif kind == "input_image" and images is not None:
+            images.append(p)
         elif kind in ("input_image", "input_file", "input_audio"):
             raise OptionError(f"{where}.{j}: {kind} is not supported", hint="ollapy models take text only")
         else:
@@ -81,7 +84,11 @@ def input_messages(value: Any) -> list[dict]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise OptionError(f"{where}.role: invalid role {reprlib.repr(role)}",
                                   hint="use user, assistant, system or developer")
-            msg = {"role": "system" if role == "developer" else role, "content": _text(item.get("content"), f"{where}.content")}
+            imgs: list[dict] = []
+            msg = {"role": "system" if role == "developer" else role,
+                   "content": _text(item.get("content"), f"{where}.content", imgs)}
+            if imgs:  # read by the prompt builder (server.generation), which decodes them for a vision model
+                msg["content"] = [{"type": "text", "text": msg["content"]}, *imgs]
             if role == "assistant" and thinking:
                 msg["thinking"], thinking = thinking, ""
             msgs.append(msg)
