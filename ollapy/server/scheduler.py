@@ -19,7 +19,12 @@ so the event loop never blocks and a stopped runner child holds up only its own 
   Idle models are unloaded least recently used first to make room; when busy
   models hold it, the request gets BusyError (HTTP 503 with ``Retry-After``).
 * A model is reloaded only when a load-time option (``Options.load_key()``:
-  num_ctx, num_batch, num_gpu, num_parallel...) differs from the loaded one.
+  num_ctx, num_batch, num_gpu, num_parallel...) differs from the loaded one, except that a
+  request whose ``num_ctx`` fits in the loaded context is served by it (:func:`fits_loaded`: aider sends
+  its own ``num_ctx``, about 1.25 x its prompt + 8192, with every message, and Ollama reloads whenever it
+  changes). One that does not fit reloads once, with the context rounded up to a power of two
+  (:func:`grown_context`), so that a growing conversation does not reload at every message. The prompt
+  cache is not keyed by the context size: the reloaded model reuses what the old one saved.
 * Waiting is bounded by ``OLLAPY_MAX_QUEUE``: requests waiting here for a
   model (its load or reload) and, in each engine, requests waiting for a slot;
   past it, BusyError (HTTP 503 with ``Retry-After``), as Ollama's
@@ -101,6 +106,14 @@ class Loaded:
         return time.time() + (self.expires_at - time.monotonic())
 
 
+def _trained_context(model) -> int:
+    """The trained context of a loaded model (0 when its runner cannot say)."""
+    try:
+        return int(model.facts.n_ctx_train)
+    except Exception:  # noqa: BLE001 - a stopped runner: no cap
+        return 0
+
+
 def _default_draft_resolver(ref, options: Options):
     from ollapy.runner.loader import checked_draft_path
 
@@ -130,6 +143,24 @@ def check_server_path(text: str, allow_paths: bool, message: str, hint: str) -> 
 
     if is_path_like(text) and not (allow_paths and is_path_name(text)):
         raise PathNotAllowed(message, hint=hint)
+
+
+def fits_loaded(loaded: Options, wanted: Options, trained: int = 0) -> bool:
+    """True when a model loaded with ``loaded`` can serve a request of ``wanted``: the same load-time options,
+    and a ``num_ctx`` no larger than the loaded one, counting a request beyond the model's trained context
+    ``trained`` (0: unknown) as asking for that context (as Ollama caps it)."""
+    asked = min(wanted.num_ctx, trained) if trained > 0 else wanted.num_ctx
+    if asked > loaded.num_ctx:
+        return False
+    return replace(wanted, num_ctx=loaded.num_ctx).load_key() == loaded.load_key()
+
+
+def grown_context(wanted: int, trained: int) -> int:
+    """The context (tokens) to reload with for a request of ``wanted`` tokens that does not fit the loaded one:
+    the next power of two, at most the model's trained context ``trained`` (0: unknown) unless less than
+    ``wanted`` was trained (then ``trained``, as Ollama caps a request there)."""
+    size = 1 << max(0, wanted - 1).bit_length()
+    return min(size, trained) if trained > 0 else size
 
 
 def busy(message: str, hint: str) -> BusyError:
@@ -265,8 +296,16 @@ class Runtime:
                     log.warning("reloading %s: its runner process stopped", key)
                     await self._unload(entry)
                     entry = None
-                if entry is not None and (entry.unloading or entry.options.load_key() != options.load_key()):
-                    if not entry.unloading:
+                trained = _trained_context(entry.model) if entry is not None else 0
+                if entry is not None and (entry.unloading or not fits_loaded(entry.options, options, trained)):
+                    if entry.unloading:
+                        pass  # already going: load what this request asks for
+                    elif fits_loaded(replace(entry.options, num_ctx=options.num_ctx), options):  # only num_ctx grew
+                        grown = grown_context(options.num_ctx, trained)
+                        log.info("reloading %s: num_ctx %d does not fit the loaded %d; loading %d", key,
+                                 options.num_ctx, entry.options.num_ctx, grown)
+                        options = replace(options, num_ctx=grown)
+                    else:
                         log.info("reloading %s: load options changed", key)
                     await self._drain_and_unload(entry)
                     entry = None
