@@ -205,8 +205,17 @@ class Generation:
         mt = self.state.metrics
         if mt is not None:
             mt.requests.labels(self.route, status or ("ok" if self.finished else "cancelled")).inc()
-            if self.finished:
-                mt.observe_done(self.model, self.metrics(), self.first_token_s)
+            # a cancelled request counts what it did: its first token's time, its prompt and the tokens so far
+            # (the engine's live figures; a runner child's reach the server only with the last chunk)
+            mt.observe_done(self.model, self.metrics() if self.finished else self.partial_metrics(), self.first_token_s)
+
+    def partial_metrics(self) -> dict:
+        """An unfinished request's figures so far (Ollama's names), from the engine request's live metrics."""
+        live = getattr(self.req, "metrics", None)
+        try:
+            return live.as_dict() if live is not None else {}
+        except Exception:  # noqa: BLE001 - figures only
+            return {}
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs

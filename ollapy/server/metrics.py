@@ -26,7 +26,7 @@ class Metrics:
                                 ["route", "status"], registry=r)
         self.tokens = Counter("ollapy_tokens", "Tokens of finished requests, by kind (prompt, cached, generated; "
                               "drafted and draft_accepted: speculative decoding's verified and accepted drafted "
-                              "tokens); a cancelled request's are not counted.",
+                              "tokens); a cancelled request's count up to where it stopped.",
                               ["model", "kind"], registry=r)
         self.ttft = Histogram("ollapy_time_to_first_token_seconds", "Time from request arrival to the first token.",
                               ["model"], buckets=_TTFT_BUCKETS, registry=r)
@@ -36,7 +36,7 @@ class Metrics:
         r.register(_RuntimeCollector(self))
 
     def observe_done(self, model: str, metrics: dict, ttft_s: float | None) -> None:
-        """Record a finished request's token counts and timings."""
+        """Record a request's token counts and timings when it ends (finished, or cancelled: its figures so far)."""
         prompt = int(metrics.get("prompt_eval_count") or 0)
         cached = int(metrics.get("prompt_cache_tokens") or 0)
         gen = int(metrics.get("eval_count") or 0)
@@ -83,6 +83,19 @@ class _RuntimeCollector:
                                     labels=["model"])
         nbytes = GaugeMetricFamily("ollapy_prompt_cache_bytes", "Bytes held by the prompt cache, by tier.",
                                    labels=["model", "tier"])
+        b_written = CounterMetricFamily("ollapy_prompt_cache_block_written", "KV blocks written to the disk tier "
+                                        "(blocks the disk did not hold yet).", labels=["model"])
+        b_reused = CounterMetricFamily("ollapy_prompt_cache_block_reused", "KV blocks a disk write found there "
+                                       "already (stored once, referenced again).", labels=["model"])
+        b_evicted = CounterMetricFamily("ollapy_prompt_cache_block_evicted", "KV blocks the RAM tier freed (their "
+                                        "last entry was evicted).", labels=["model"])
+        b_shared = GaugeMetricFamily("ollapy_prompt_cache_block_shared_bytes", "Bytes of RAM-tier KV blocks that two "
+                                     "or more entries share.", labels=["model"])
+        b_held = GaugeMetricFamily("ollapy_prompt_cache_block_bytes", "Bytes of KV blocks held in the RAM tier.",
+                                   labels=["model"])
+        b_logical = GaugeMetricFamily("ollapy_prompt_cache_logical_bytes", "The RAM tier's entries as whole states "
+                                      "(over ollapy_prompt_cache_bytes{tier=\"ram\"}: the dedupe ratio).",
+                                      labels=["model"])
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
@@ -102,4 +115,11 @@ class _RuntimeCollector:
             written.add_metric([e.key], cs.bytes_written)
             files.add_metric([e.key], cs.files_written)
             nbytes.add_metric([e.key, "ram"], cs.ram_bytes)
-        yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes)
+            b_written.add_metric([e.key], getattr(cs, "blocks_written", 0))
+            b_reused.add_metric([e.key], getattr(cs, "blocks_reused", 0))
+            b_evicted.add_metric([e.key], getattr(cs, "blocks_evicted", 0))
+            b_shared.add_metric([e.key], getattr(cs, "ram_shared_bytes", 0))
+            b_held.add_metric([e.key], getattr(cs, "ram_block_bytes", 0))
+            b_logical.add_metric([e.key], getattr(cs, "ram_logical_bytes", 0))
+        yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
+                    b_evicted, b_shared, b_held, b_logical)
