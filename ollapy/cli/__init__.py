@@ -3,7 +3,8 @@
 - :mod:`.main`: the typer app, built from the command modules; :mod:`.errors_out` turns every exception into
   one stderr line and an exit code (0 ok, 1 error, 2 usage, 130 interrupted).
 - Commands: :mod:`.run_cmd` (``run``: one-shot, piped, ``--each-line`` via :mod:`.batch`, the REPL in
-  :mod:`.repl`), :mod:`.models_cmd` (``pull``, ``list``, ``show``, ``rm``, ``cp``, ``create``),
+  :mod:`.repl`; images from ``--image`` and prompt paths in :mod:`.images`), :mod:`.models_cmd` (``pull``,
+  ``list``, ``show``, ``rm``, ``cp``, ``create``),
   :mod:`.serve_cmd` (``serve``, ``ps``, ``stop``), :mod:`.cache_cmd`, :mod:`.embed_cmd`, :mod:`.info_cmd`,
   :mod:`.launch_cmd` (coding agents), :mod:`.rpc_cmd`.
 - What ``run`` talks to: :mod:`.session` picks :mod:`.remote` (a running ``ollapy serve``, through the httpx

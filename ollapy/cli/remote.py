@@ -32,7 +32,8 @@ class RemoteChunk(SimpleNamespace):
 
 
 _METRIC_KEYS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
-                "eval_duration", "prompt_cache_tokens", "truncated", "draft", "draft_tokens", "draft_accepted")
+                "eval_duration", "prompt_cache_tokens", "truncated", "draft", "draft_tokens", "draft_accepted",
+                "image_encode_duration")
 
 
 class RemoteStream:

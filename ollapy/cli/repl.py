@@ -190,7 +190,12 @@ def _reply(conv, settings, msg: str) -> None:
     final = None
     stream = None
     try:
-        stream = conv.ask(msg, settings)
+        from ollapy.cli.images import extract_image_paths, read_image
+
+        msg, paths = extract_image_paths(msg)  # image files named in the line, as `ollama run` finds them
+        for p in paths:
+            print(f"Added image '{p}'", file=sys.stderr)
+        stream = conv.ask(msg, settings, [read_image(p) for p in paths] or None)
         for chunk in stream:
             sink.write(getattr(chunk, "thinking", ""), chunk.text)
             if chunk.done:

@@ -72,6 +72,8 @@ def run(
                                                                     "only its answer."),
     local: bool = typer.Option(False, "--local", help="Load the model in this process even when a server "
                                                       "answers at OLLAPY_HOST."),
+    image: Optional[List[Path]] = typer.Option(None, "--image", help="An image for a vision model (repeatable); "
+                                                                      "image paths in the prompt are found too."),
 ) -> None:
     """Run a model: answer PROMPT, piped input, each line of input, or chat interactively."""
     from ollapy.chat.thinking import parse_think
@@ -110,7 +112,11 @@ def run(
             run_each_line(loaded, lines, suffix, settings, as_json)
         return
     text = build_prompt(stdin_text, prompt or [])
-    interactive = text is None and is_tty(sys.stdin) and is_tty(sys.stdout)
+    images = _prompt_images(text, image or [])
+    if images is not None:
+        text, files = images
+        images = [read_image(p) for p in files]
+    interactive = text is None and not images and is_tty(sys.stdin) and is_tty(sys.stdout)
     if text is None and not interactive and session is None:
         raise UsageError("no prompt given", hint='pass a prompt, pipe text in, or run in a terminal to chat')
     with load_model_for_run(model, opts, settings, pull=not no_pull) as loaded:
@@ -121,8 +127,31 @@ def run(
         else:
             from ollapy.cli.embed_cmd import print_embedding
 
-            if text is None or not print_embedding(loaded, text):  # an embedding-only model prints its vector, as in Ollama
+            if images:
+                answer_once(loaded, text or "", settings, images)
+            elif text is None or not print_embedding(loaded, text):  # an embedding-only model prints its vector
                 answer_once(loaded, text, settings)
+
+
+def _prompt_images(text: str | None, given: list[Path]) -> tuple[str | None, list[Path]] | None:
+    """``(text without image paths, image files)``: the ``--image`` files, then the paths found in the prompt
+    (:func:`ollapy.cli.images.extract_image_paths`, each said on stderr); None when there are none."""
+    from ollapy.cli.images import extract_image_paths
+
+    found: list[Path] = []
+    if text:
+        text, found = extract_image_paths(text)
+        for p in found:
+            info(f"Added image '{p}'")
+    files = list(given) + found
+    return (text, files) if files else None
+
+
+def read_image(path: Path) -> str:
+    """A file as a base64 image (ImageError when unreadable)."""
+    from ollapy.cli.images import read_image as read
+
+    return read(path)
 
 
 def _load_format(fmt: str | None):
@@ -139,11 +168,11 @@ def _load_format(fmt: str | None):
         raise OptionError(f"{fmt}: not a valid JSON schema file ({exc})") from None
 
 
-def answer_once(loaded, text: str | None, settings) -> None:
+def answer_once(loaded, text: str | None, settings, images: list[str] | None = None) -> None:
     """Stream one answer to stdout (a thinking model's reasoning first, see :class:`ReplyPrinter`); Ctrl-C
-    cancels, keeps the printed text and exits 130."""
+    cancels, keeps the printed text and exits 130. ``images``: base64 images sent with ``text``."""
     sink = ReplyPrinter(sys.stdout, wrap=settings.wrap, show_thinking=not settings.hidethinking)
-    stream = loaded.ask(text, settings)
+    stream = loaded.ask(text, settings, images) if images else loaded.ask(text, settings)
     final = None
     try:
         for chunk in stream:

@@ -143,15 +143,15 @@ class Conversation:
         if isinstance(draft, str) and draft_model(draft):
             loader.checked_draft_path(resolve_for_cli(name, pull=False), Options().merged({"draft": draft}))
 
-    def chat_messages(self, text: str | None, system: str | None) -> list[dict]:
-        """Messages to send: system, history, then the new user text."""
+    def chat_messages(self, text: str | None, system: str | None, images: list[str] | None = None) -> list[dict]:
+        """Messages to send: system, history, then the new user text (with ``images``, base64 strings)."""
         msgs: list[dict] = []
         sys_text = system if system is not None else self.system
         if sys_text:
             msgs.append({"role": "system", "content": sys_text})
         msgs.extend(m for m in self.messages if m["role"] != "system")
         if text is not None:
-            msgs.append({"role": "user", "content": text})
+            msgs.append({"role": "user", "content": text, **({"images": list(images)} if images else {})})
         return msgs
 
     @property
@@ -168,12 +168,16 @@ class Conversation:
         except OptionError as exc:
             raise CapabilityError(exc.message) from None
 
-    def ask(self, text: str | None, settings: RunSettings):
-        """Start streaming the answer to ``text``; returns an iterable of chunks with ``cancel()``.
+    def ask(self, text: str | None, settings: RunSettings, images: list[str] | None = None):
+        """Start streaming the answer to ``text`` (with ``images``: base64 strings, for a vision model); returns
+        an iterable of chunks with ``cancel()``.
 
         Chunks have ``text`` (answer) and ``thinking`` (reasoning, with ``settings.think``)."""
-        msgs = self.chat_messages(text, settings.system)
+        if images and text is None:
+            text = ""
+        msgs = self.chat_messages(text, settings.system, images)
         self._pending_user = text
+        self._pending_images = list(images or [])
         self._reply: list[str] = []
         self._thinking: list[str] = []
         stream = self.runner.chat(msgs, self.options, fmt=settings.fmt, cache=settings.cache, think=settings.think)
@@ -183,7 +187,10 @@ class Conversation:
         """Record the finished turn in the history and save the named session, if any."""
         if final is None or self._pending_user is None:
             return
-        self.messages.append({"role": "user", "content": self._pending_user})
+        user = {"role": "user", "content": self._pending_user}
+        if getattr(self, "_pending_images", None):  # the images stay with their turn, as in Ollama's CLI
+            user["images"] = self._pending_images
+        self.messages.append(user)
         answer = {"role": "assistant", "content": "".join(self._reply)}
         if "".join(self._thinking):  # kept with the turn, as Ollama's CLI does (templates decide whether to render it)
             answer["thinking"] = "".join(self._thinking)

@@ -188,7 +188,7 @@ class LoadedModel:
     def _message_images(self, messages: list[dict]) -> tuple[list[dict], list]:
         """``messages`` with a media marker per image in front of its message's content, and the images decoded
         (:func:`ollapy.engine.media.decode_image`), in prompt order. Raises ImageError."""
-        from ollapy.engine.media import check_count, decode_image
+        from ollapy.engine.media import check_count, decode_base64_image, decode_image
         from ollapy.errors import ImageError
 
         if not any(m.get("images") for m in messages):
@@ -203,8 +203,9 @@ class LoadedModel:
             if not imgs:
                 out.append(m)
                 continue
-            for raw in imgs:
-                images.append(decode_image(raw, f"image {len(images) + 1}"))
+            for raw in imgs:  # bytes, or Ollama's base64 strings (a CLI session's history)
+                what = f"image {len(images) + 1}"
+                images.append(decode_image(decode_base64_image(raw, what) if isinstance(raw, str) else raw, what))
             marks = "".join(self.media.marker for _ in imgs)
             out.append({**{k: v for k, v in m.items() if k != "images"}, "content": marks + "\n" + str(m.get("content") or "")})
         return out, images
