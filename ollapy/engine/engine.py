@@ -80,6 +80,11 @@ class Engine:
         self.requests_done = 0
         self.kv_per_token = backend.kv_bytes_per_token()  # KV bytes per token of one slot (the planner's unit)
         self.align = grid_for(backend.n_swa)  # the canonical order's chunk grid (evalorder)
+        # evalorder rule 3: on a build whose decode rows compute like chunk rows, generated cells are exact too, and
+        # a reused prefix may end anywhere (the 4-grid is for repacked weights; a sliding-window state keeps its 64)
+        self.answer_reuse = bool(getattr(backend, "answer_reuse", False))
+        self.reuse_align = 1 if self.answer_reuse and not backend.n_swa else self.align
+        self.unshifted = backend.n_swa if self.answer_reuse else 0  # a sliding-window state off its grid, still exact
         self.spec = speculator or Speculator(backend.n_parallel)  # speculative decoding (engine/speculation.py)
         self._assigner = SlotAssigner(self)  # a new request's slot and prefix source (engine/assignment.py)
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
@@ -374,7 +379,7 @@ class Engine:
         self.steps += 1
         now = time.perf_counter_ns()
         for s in in_batch:
-            s.tokens.append(toks[s.batch_row])  # a decode-shaped cell: never counted in s.exact
+            self._append_row(s, toks[s.batch_row])
             if s.state is SlotState.PREFILL:
                 req = s.request
                 if not s.t_first:
@@ -385,6 +390,16 @@ class Engine:
                 self._verify(s)
             else:
                 self._emit(s, self._sample(s, s.batch_row))
+
+    def _append_row(self, s: Slot, tok: int) -> None:
+        """Record a decode-shaped cell (a last prompt token, a generated or an accepted drafted token) of ``s``.
+
+        Exact (evalorder rule 3) only where :attr:`answer_reuse` holds and every cell before it is exact: a shifted
+        context stays inexact.
+        """
+        if self.answer_reuse and s.exact == len(s.tokens):
+            s.exact += 1
+        s.tokens.append(tok)
 
     def _plan_drafts(self, active: list[Slot]) -> dict[int, list[int]]:
         """Ask the speculator what each generating slot verifies in this step (rows fit ``n_batch``)."""
@@ -416,7 +431,7 @@ class Engine:
         n_acc = 0
         for i in range(len(draft) + 1):
             if i:
-                s.tokens.append(draft[i - 1])  # row i's input: an accepted draft token, its KV now valid
+                self._append_row(s, draft[i - 1])  # row i's input: an accepted draft token, its KV now valid
             tok = self._sample(s, s.batch_row + i)
             agrees = i < len(draft) and tok == draft[i]
             if agrees:
@@ -537,8 +552,8 @@ class Engine:
         Keeps ``tokens`` equal to the cells the sequence holds, and makes the
         state a finished request leaves exactly its reusable prefix.
         """
-        if self.backend.n_swa:  # a sliding-window state is saved whole: it must end on the grid (evalorder)
-            s.exact -= s.exact % self.align
+        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it must end
+            s.exact -= s.exact % self.align  # on the grid once positions left its window (evalorder)
         if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
             del s.tokens[s.exact:]
         elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable

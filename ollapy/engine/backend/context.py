@@ -193,6 +193,10 @@ class Backend:
         # for one row too (or not at all), no tiled K-quant matmul, no repacked weights, nothing on a GPU
         self.row_invariant = (not one_row_products_differ() and not tiled_matmul_on() and not self.extra_bufts
                               and not self.gpu_offload)
+        # a decode row's KV cells equal a prompt chunk's, so a finished state keeps the answer (evalorder rule 3):
+        # rows computed alike, and no CPU flash attention (one query row takes its split-KV path, several rows its
+        # tiled path: ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
+        self.answer_reuse = self.row_invariant and self.flash_attn == "off"
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
         # one KV stream per sequence (kv_unified off); plain KV caches save states any slot count can restore

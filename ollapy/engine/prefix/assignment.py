@@ -36,6 +36,10 @@ class SlotAssigner:
         return [SlotView(s.id, () if s.id in holed else s.usable, s.busy, s.last_used,
                          b.seq_pos_max(s.id) + 1 if s.busy else len(s.tokens)) for s in self.engine.slots]
 
+    def _canonical(self, reuse: int, n_prompt: int) -> int:
+        """:func:`canonical_reuse` on this engine's grid (1 on an answer-reuse build; evalorder rule 3)."""
+        return canonical_reuse(reuse, n_prompt, self.engine.reuse_align, self.engine.unshifted)
+
     def window_holed(self, seq: int, reuse: int) -> bool:
         """True when a sliding-window model's ``seq`` trimmed to ``reuse`` would attend with holes.
 
@@ -71,10 +75,10 @@ class SlotAssigner:
                                kv_bytes_per_token=self.engine.kv_per_token)
             if plan.kind in ("slot", "copy"):
                 src = plan.donor if plan.kind == "copy" else plan.slot
-                if self.window_holed(src, canonical_reuse(plan.reuse, len(prompt), self.engine.align)):
+                if self.window_holed(src, self._canonical(plan.reuse, len(prompt))):
                     holed.add(src)  # its in-window cells do not reach down to the reuse point: plan again
                     continue
-            if plan.kind == "cache" and b.n_swa and canonical_reuse(plan.reuse, len(prompt), self.engine.align) < cand.n_tokens:
+            if plan.kind == "cache" and b.n_swa and self._canonical(plan.reuse, len(prompt)) < cand.n_tokens:
                 excluded.add(cand.name)  # a sliding-window state holds in-window cells only: never trimmed
                 continue
             if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
@@ -86,7 +90,7 @@ class SlotAssigner:
         if use_cache and offer is None and not excluded:
             self.engine.cache.record_miss()
         slot = self.engine.slots[plan.slot]
-        reuse = canonical_reuse(plan.reuse, len(prompt), self.engine.align)
+        reuse = self._canonical(plan.reuse, len(prompt))
         if req.media:  # a reused prefix never ends inside an image (engine/media.py)
             reuse = floor_outside(reuse, req.media)
         assert reuse <= len(slot.usable), (reuse, len(slot.usable), plan.kind)

@@ -36,6 +36,20 @@ follow it, so they compute every KV cell and the final logits identically):
    generated tokens, which a longer cold prompt would compute inside a chunk.
    When the prefix would leave exactly one token before ``N-1``, it is moved
    back by one token (:func:`canonical_reuse`), so the tail is a chunk of 2.
+
+   The exception, **answer reuse**: on a build where a row computes alike alone
+   and inside a chunk (``Backend.answer_reuse``: tinyBLAS takes one-row
+   products too, no tiled K-quant matmul, no repacked weights, no GPU, no CPU
+   flash attention), a decode-shaped row's cells ARE what a chunk computes. There
+   ``Slot.exact`` follows the last prompt token and the generated tokens, a
+   finished state keeps the answer, and the next turn prefills only the new
+   message and the template's turn markers. The 4-token grid, which exists for
+   repacked weights, no longer binds a reused prefix; a sliding-window state
+   needs its 64-token grid only once positions have left the window (a state of
+   at most ``n_swa`` tokens keeps every cell from position 0, so nothing is
+   shifted: ``unshifted``). Measured before it was turned on: 20 three-turn
+   conversations per test model, turn 3 from the cache equal to turn 3 cold
+   (``tests/test_answer_reuse.py``).
 """
 from __future__ import annotations
 
@@ -58,14 +72,16 @@ def grid_for(n_swa: int) -> int:
     return SWA_ALIGN if n_swa else ALIGN
 
 
-def canonical_reuse(reuse: int, n_prompt: int, align: int = ALIGN) -> int:
+def canonical_reuse(reuse: int, n_prompt: int, align: int = ALIGN, unshifted: int = 0) -> int:
     """Largest prefix length ``<= reuse`` from which a cold run's chunking can be resumed, for ``n_prompt`` tokens.
 
     A reused prefix must end where every cold run of this prompt ends a
     chunk: on the model's grid ``align`` (:func:`grid_for`; save points are
-    moved onto it by :func:`grid_points`), or at ``n_prompt - 1`` (not for a
-    sliding-window model, whose states must sit on its grid); and the tail
-    ``[reuse, n_prompt-1)`` must be empty or at least 2 tokens (rule 3).
+    moved onto it by :func:`grid_points`; 1 on an answer-reuse build), or at
+    ``n_prompt - 1`` (not for a sliding-window model, whose states must sit on
+    its grid, except those of at most ``unshifted`` tokens: an answer-reuse
+    build's ``n_swa``, see rule 3); and the tail ``[reuse, n_prompt-1)`` must
+    be empty or at least 2 tokens (rule 3).
     Raises ValueError when ``reuse`` leaves no prompt token to evaluate.
     """
     stop = n_prompt - 1
@@ -74,7 +90,7 @@ def canonical_reuse(reuse: int, n_prompt: int, align: int = ALIGN) -> int:
     def resumable(r: int) -> bool:
         # the last prompt token's position ends every run's chunks (the 4-grid's partial group is the same), but a
         # sliding-window state must sit on its grid whatever its length (see SWA_ALIGN)
-        on_grid = r % align == 0 or (align == ALIGN and r == stop)
+        on_grid = r % align == 0 or (align == ALIGN and r == stop) or r <= unshifted
         return on_grid and (r == stop or stop - r >= 2)
 
     while reuse > 0 and not resumable(reuse):
