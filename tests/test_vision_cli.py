@@ -83,3 +83,22 @@ def test_repl_finds_image_paths(vis):
     c.expect_exact(">>> ")
     c.sendline("/bye")
     c.expect(pexpect.EOF)
+
+
+def _reused(err: str) -> int:
+    line = next(ln for ln in err.splitlines() if ln.startswith("prompt cache:"))
+    return int(line.split()[2])
+
+
+@pytest.mark.parametrize("runner", ["inproc", "process"])
+def test_image_prompt_cached_across_processes_equals_cold(vis, runner):
+    env = {"OLLAPY_RUNNER": runner} if runner == "process" else None
+    q = f"What is in {vis}/cat.png?"
+    rc, cold, err = run(q, "--no-cache", "--verbose", env=env)
+    assert rc == 0, err
+    rc, first, err = run(q, "--verbose", env=env)
+    assert rc == 0, err
+    rc, again, err = run(f"What is in {vis}/same.bmp?", "--verbose", env=env)  # a new process, equal pixels
+    assert rc == 0, err
+    assert _reused(err) > 16 and "cache" in err.split("prompt cache:")[1].splitlines()[0]
+    assert cold == first == again

@@ -70,7 +70,8 @@ class RunnerChild:
         from ollapy.runner.loader import PathRef, open_local
 
         r = spec["ref"]
-        ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"))
+        ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"),
+                      projector=r.get("projector"))
         try:
             model = open_local(ref, spec["options"], cache=spec["cache"], write_back=spec["write_back"],
                                max_queue=spec["max_queue"])

@@ -48,6 +48,7 @@ class PathRef:
     parameters: dict = field(default_factory=dict)
     messages: list = field(default_factory=list)
     license: str | None = None
+    projector: Path | None = None  # a vision projector GGUF (none for a bare path)
 
 
 def is_path_name(name: str) -> bool:
