@@ -2,6 +2,7 @@
 inside a multibyte character prints no U+FFFD, and a missing draft file is named with what to do."""
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -54,3 +55,34 @@ def test_metrics_count_cancelled_requests(api, path, body):
     # what it did before it was cancelled counts too: its first token's time and the tokens it generated
     assert _metric(api.url, "ollapy_time_to_first_token_seconds_count", model="smol:latest") == ttft_before + 1
     assert _metric(api.url, "ollapy_tokens_total", model="smol:latest", kind="generated") >= gen_before + 1
+
+
+def test_a_num_predict_cut_inside_a_multibyte_character_prints_no_replacement_character(api):
+    """Japanese text takes one to three byte-level tokens a character in SmolLM2's vocabulary: most num_predict
+    values end inside a character. The answer then ends before the incomplete character (was: U+FFFD), streamed
+    or not, and is a prefix of the longer answer."""
+    prompt = "日本語のテキスト：日本語のテキスト：日本語の"
+
+    def ask(n: int) -> str:
+        return httpx.post(api.url + "/api/generate", json={"model": "smol", "prompt": prompt, "raw": True,
+                                                           "stream": False, "options": {"num_predict": n}},
+                          timeout=120).json()["response"]
+
+    full = ask(24)
+    assert len(full) < len(full.encode()), full  # the test's premise: the answer holds multibyte characters
+    for n in range(1, 17):
+        text = ask(n)
+        assert "\ufffd" not in text and full.startswith(text), (n, text)
+        with httpx.stream("POST", api.url + "/api/generate", json={"model": "smol", "prompt": prompt, "raw": True,
+                                                                   "options": {"num_predict": n}}, timeout=120) as s:
+            streamed = "".join(json.loads(line).get("response", "") for line in s.iter_lines() if line)
+        assert streamed == text, (n, streamed, text)
+
+
+def test_the_detokenizer_drops_an_unfinished_character_at_the_end():
+    from ollapy.engine.text import Detokenizer
+
+    d = Detokenizer()
+    assert d.feed("日".encode()[:2]) == "" and d.flush() == ""
+    assert d.feed(b"\xff") == "\ufffd"  # an invalid byte is still shown as one, where it is
+    assert d.feed("本".encode()) == "本" and d.flush() == ""

@@ -11,7 +11,8 @@ class Detokenizer:
     """Turns a stream of token byte pieces into text without ever splitting a UTF-8 character.
 
     Bytes of an incomplete character are held until the rest arrives
-    (``codecs``' incremental decoder); invalid bytes become U+FFFD.
+    (``codecs``' incremental decoder); invalid bytes become U+FFFD. An answer that ends inside a character
+    (``num_predict`` reached between its tokens) ends before it: :meth:`flush` drops the held bytes.
     """
 
     def __init__(self) -> None:
@@ -22,8 +23,10 @@ class Detokenizer:
         return self._dec.decode(piece)
 
     def flush(self) -> str:
-        """Return whatever is left (an incomplete character becomes U+FFFD)."""
-        return self._dec.decode(b"", final=True)
+        """End the text: ``""``. The held bytes can only be the start of a character the answer never finished
+        (invalid bytes were replaced as they came), so they are dropped rather than shown as U+FFFD."""
+        self._dec.reset()
+        return ""
 
 
 class StopMatcher:
