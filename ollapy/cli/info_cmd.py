@@ -27,7 +27,7 @@ def collect_info(rpc_endpoints: str = "") -> dict:
     :func:`collect_rpc`."""
     from ollapy.engine.system import system_report
 
-    report = system_report(config.extra_bufts())
+    report = system_report(config.extra_bufts(), config.kv_cache_type())
     return {
         "ollapy": __version__,
         "llama_cpp_python": report["llama_cpp_python"],
@@ -41,6 +41,7 @@ def collect_info(rpc_endpoints: str = "") -> dict:
         "build_amx": report["build_amx"],
         "extra_bufts": report["extra_bufts"],
         "row_invariant": report["row_invariant"],
+        "answer_reuse": report["answer_reuse"],
         "paths": {
             "models": str(config.models_dir()),
             "prompt_cache": str(config.cache_dir()),
@@ -82,6 +83,7 @@ def info(
         f"gpu offload:       {_offload_line(data)}",
         f"extra buffers:     {data['extra_bufts']}",
         f"row-invariant:     {data['row_invariant']}",
+        f"answer reuse:      {data['answer_reuse']}",
         f"cpu amx / build:   {data['cpu_amx']} / {data['build_amx']}",
         "devices:",
     ]

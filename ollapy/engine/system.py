@@ -7,17 +7,39 @@ functions. Importing this module loads nothing; each function loads llama.cpp wh
 from __future__ import annotations
 
 
-def system_report(extra_bufts_setting: str) -> dict:
+def answer_reuse_rule(row_variant_reasons: list[str], gpu_offload: bool, kv_cache_type: str = "f16") -> str:
+    """Which rule decides what a finished request's state keeps, as ``ollapy info`` prints it.
+
+    ``yes (row-invariant build)``: a finished state keeps the answer's KV cells and the next turn prefills only
+    the new message and the template's turn markers (evalorder rule 3, ``Backend.answer_reuse``). ``no (...)``:
+    the generated tokens are dropped and evaluated again next turn, and why: ``row_variant_reasons`` (why rows of
+    a batch compute differently, e.g. a stock build), a quantized default ``kv_cache_type`` (it turns CPU flash
+    attention on, whose one-row and many-row paths round differently). With a GPU the model load decides.
+    """
+    if row_variant_reasons:
+        if any("stock build" in r for r in row_variant_reasons):
+            return "no (stock build)"
+        return "no (" + ", ".join(row_variant_reasons) + ")"
+    if kv_cache_type != "f16":
+        return f"no (kv_cache_type {kv_cache_type} turns CPU flash attention on)"
+    if gpu_offload:
+        return "yes on the CPU (row-invariant build); no for a model on a GPU"
+    return "yes (row-invariant build)"
+
+
+def system_report(extra_bufts_setting: str, kv_cache_type: str = "f16") -> dict:
     """Versions and devices of the loaded llama.cpp build (loads llama.cpp, not a model).
 
     Returns ``{"llama_cpp_python", "system_info", "gpu_offload", "devices": [{"name", "description", "type",
-    "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts", "row_invariant"}``
+    "backend", "free", "total"}], "vulkan_visible_devices", "cpu_amx", "build_amx", "extra_bufts", "row_invariant",
+    "answer_reuse"}``
     where ``row_invariant`` says whether the CPU computes every row of a batch alike (and if not, why),
     ``gpu_offload`` whether a model offloads layers by default (not to a software Vulkan device alone, which is
     opt-in), ``vulkan_visible_devices`` is the line saying ollapy made a software Vulkan device visible and why it
     is opt-in (None when it did not; :mod:`ollapy.engine.backend.vulkan`) and ``extra_bufts`` is the reason for the choice
     :func:`ollapy.engine.backend.bindings.choose_extra_bufts` makes for ``extra_bufts_setting``
-    (``auto``/``on``/``off``).
+    (``auto``/``on``/``off``), and ``answer_reuse`` the rule :func:`answer_reuse_rule` gives for the default
+    ``kv_cache_type``.
     """
     from ollapy.engine.backend import bindings, vulkan
 
@@ -28,12 +50,14 @@ def system_report(extra_bufts_setting: str) -> dict:
                             bindings.one_row_products_differ()),
                            ("tiled K-quant matmul (GGML_CPU_TILED_MM)", bindings.tiled_matmul_on()),
                            ("weight repacking (extra_bufts)", use)) if on]
+    gpu = bindings.supports_gpu_offload()
     return {
+        "answer_reuse": answer_reuse_rule(why, gpu, kv_cache_type),
         # on the CPU, every row of a batch is computed alike (engine/speculation.py); a GPU decides per model load
         "row_invariant": "yes on the CPU" if not why else "no: " + ", ".join(why),
         "llama_cpp_python": bindings.library_version(),
         "system_info": bindings.system_info(),
-        "gpu_offload": bindings.supports_gpu_offload(),
+        "gpu_offload": gpu,
         "devices": bindings.devices(),
         "vulkan_visible_devices": vulkan.NOTE,
         "cpu_amx": bindings.cpu_has_amx(),
