@@ -16,7 +16,7 @@ from typing import Any
 
 from ollapy.errors import DownloadError, ModelNotFound
 from ollapy.store.download import NotAtSource, link_blob
-from ollapy.store.layout import MT_MODEL, Store
+from ollapy.store.layout import MT_MODEL, MT_PROJECTOR, Store
 from ollapy.store.names import ModelName
 from ollapy.store.progress import QuietProgress
 
@@ -41,8 +41,10 @@ def _hf_errors():
     return errors
 
 
-def list_gguf(repo_id: str, revision: str | None = None) -> dict[str, tuple[int | None, str | None]]:
-    """Map each ``.gguf`` path in the repo to (size, lfs sha256). Raises NotAtSource / DownloadError."""
+def list_gguf(repo_id: str, revision: str | None = None, *,
+              projectors: bool = False) -> dict[str, tuple[int | None, str | None]]:
+    """Map each ``.gguf`` path in the repo to (size, lfs sha256): the models, or with ``projectors`` the vision
+    projectors (``mmproj`` in the name) only. Raises NotAtSource / DownloadError."""
     from huggingface_hub import HfApi
 
     errors = _hf_errors()
@@ -60,7 +62,7 @@ def list_gguf(repo_id: str, revision: str | None = None) -> dict[str, tuple[int 
     out: dict[str, tuple[int | None, str | None]] = {}
     for it in items:
         path = getattr(it, "path", "")
-        if path.lower().endswith(".gguf") and "mmproj" not in path.lower():
+        if path.lower().endswith(".gguf") and ("mmproj" in path.lower()) == projectors:
             lfs = getattr(it, "lfs", None)
             out[path] = (getattr(it, "size", None), getattr(lfs, "sha256", None) if lfs else None)
     return out
@@ -95,6 +97,24 @@ def select_files(files: list[str], tag: str) -> list[str]:
     return sorted(f for f in files if f.startswith(prefix) and _SPLIT.search(f))
 
 
+#: a projector's precision, most preferred first, when none matches the model's quantization (llama.cpp -hf's rule)
+PROJECTOR_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
+
+
+def select_projector(files: list[str], model_file: str) -> str | None:
+    """The ``mmproj`` file to pull with ``model_file``: one of the model's quantization, else F16, BF16, F32,
+    Q8_0, else the first by name; None when the repo has none."""
+    if not files:
+        return None
+    name = model_file.rsplit("/", 1)[-1].lower()
+    for q in [q for q in QUANT_PREFERENCE if q.lower() in name] + list(PROJECTOR_PREFERENCE):
+        rx = re.compile(rf"(^|[^A-Za-z0-9]){re.escape(q)}([^A-Za-z0-9]|$)", re.IGNORECASE)
+        found = sorted(f for f in files if rx.search(f.rsplit("/", 1)[-1]))
+        if found:
+            return found[0]
+    return min(files)
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -105,8 +125,9 @@ def _sha256(path: Path) -> str:
 
 def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str, tuple[int | None, str | None]],
                    progress: QuietProgress, quiet: bool, revision: str | None = None,
-                   expect_sha256: str | None = None) -> list[dict[str, Any]]:
-    """Download ``files`` through huggingface_hub and link blobs to its cache; return model layers.
+                   expect_sha256: str | None = None, media_type: str = MT_MODEL) -> list[dict[str, Any]]:
+    """Download ``files`` through huggingface_hub and link blobs to its cache; return their layers (of
+    ``media_type``: model, or a vision projector).
 
     Raises DownloadError on a network failure or a sha256 mismatch (LFS oid or ``expect_sha256``).
     """
@@ -137,7 +158,7 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
                                 hint="delete the file from the Hugging Face cache and pull again")
         if size is not None and real.stat().st_size != size:
             raise DownloadError(f"{fname}: size mismatch ({real.stat().st_size} != {size})")
-        layer: dict[str, Any] = {"mediaType": MT_MODEL, "digest": f"sha256:{digest}", "size": real.stat().st_size,
+        layer: dict[str, Any] = {"mediaType": media_type, "digest": f"sha256:{digest}", "size": real.stat().st_size,
                                  "filename": fname.rsplit("/", 1)[-1]}
         if not link_blob(store, digest, real, symlink=True):
             layer["from"] = str(real)
@@ -146,7 +167,8 @@ def fetch_hf_files(store: Store, repo_id: str, files: list[str], meta: dict[str,
 
 
 def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool = False) -> dict[str, Any]:
-    """Pull ``hf.co/org/repo:tag`` into the store; returns the written manifest.
+    """Pull ``hf.co/org/repo:tag`` into the store, with the repo's vision projector (:func:`select_projector`)
+    as a projector layer when it has one; returns the written manifest.
 
     Raises DownloadError at once when the Hub does not answer (one probe, instead of
     huggingface_hub's ~20 s of retries), ModelNotFound for a missing repo, file or quant.
@@ -163,6 +185,10 @@ def pull_hf(store: Store, name: ModelName, progress: QuietProgress, quiet: bool 
                             hint="pick a GGUF repo, e.g. one ending in -GGUF")
     files = select_files(list(meta), name.tag)
     layers = fetch_hf_files(store, name.repo_id, files, meta, progress, quiet)
+    projectors = list_gguf(name.repo_id, projectors=True)  # a vision model's mmproj comes along (llama-server -hf)
+    proj = select_projector(list(projectors), files[0])
+    if proj is not None:
+        layers += fetch_hf_files(store, name.repo_id, [proj], projectors, progress, quiet, media_type=MT_PROJECTOR)
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                 "layers": layers, "ollapy": {"source": f"hf.co/{name.repo_id}/{files[0]}"}}
     store.write_manifest(name, manifest)
