@@ -15,6 +15,7 @@ from conftest import live_api
 def api(tmp_path_factory, smollm2_path):
     base = tmp_path_factory.mktemp("reliability")
     with live_api(base, smollm2_path, {"smol": {"parameters": {"temperature": 0}}}) as a:
+        a.base = base
         yield a
 
 
@@ -86,3 +87,26 @@ def test_the_detokenizer_drops_an_unfinished_character_at_the_end():
     assert d.feed("日".encode()[:2]) == "" and d.flush() == ""
     assert d.feed(b"\xff") == "\ufffd"  # an invalid byte is still shown as one, where it is
     assert d.feed("本".encode()) == "本" and d.flush() == ""
+
+
+def test_a_missing_draft_file_on_a_server_is_named_with_what_to_do(api, tmp_path, monkeypatch, smollm2_path):
+    """A model created (by the CLI, on the server's machine) with DRAFT /path/draft.gguf whose file is gone:
+    the server names the file (its name, not the server's path) and says what to do (was '<path>: no such file')."""
+    from ollapy.store import create_model
+
+    draft = tmp_path / "my-draft.gguf"
+    draft.symlink_to(smollm2_path)
+    monkeypatch.setenv("OLLAPY_MODELS", str(api.base / "models"))
+    create_model("drafty", f"FROM {smollm2_path}\nDRAFT {draft}\n", tmp_path)
+    draft.unlink()
+    r = httpx.post(api.url + "/api/generate", json={"model": "drafty", "prompt": "hi", "stream": False}, timeout=120)
+    msg = r.json()["error"]
+    assert r.status_code == 404 and "my-draft.gguf" in msg and str(tmp_path) not in msg, msg
+    assert "DRAFT" in msg and "ollapy create" in msg, msg
+    r = httpx.post(api.url + "/v1/chat/completions", json={"model": "drafty", "messages": [{"role": "user",
+                                                                                             "content": "hi"}]},
+                   timeout=120)
+    assert r.status_code == 404 and "my-draft.gguf" in r.json()["error"]["message"]
+    r = httpx.post(api.url + "/api/generate", json={"model": "drafty", "prompt": "hi", "stream": False,
+                                                    "options": {"draft": "", "num_predict": 2}}, timeout=120)
+    assert r.status_code == 200, r.text  # what the message offers works

@@ -272,7 +272,12 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
         assert found is not None
         store, entry = found
         layers = [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {})) for x in entry.model_layers()]
+        if not mf.projector:  # a vision model's projector comes along
+            layers += [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {}))
+                       for x in entry.manifest["layers"] if x.get("mediaType") == MT_PROJECTOR]
         source = f"created from {base.name}"
+    if mf.projector:
+        layers.append(_projector_layer(own, mf.projector, base_dir))
     params = dict(base.parameters) | mf.parameters
     draft = params.get("draft", "")
     if draft and draft != "ngram" and not Path(draft).expanduser().is_absolute() and (base_dir / draft).is_file():
@@ -283,6 +288,37 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                                 "layers": layers, "ollapy": {"source": source}})
     return resolve_model(target.display(), pull=False)
+
+
+def _projector_layer(own, given: str, base_dir: Path) -> dict[str, Any]:
+    """The projector layer of a Modelfile's second FROM (a path, relative to the Modelfile's directory); the file
+    is linked into the store like the model. Raises UsageError when it is missing or not a projector GGUF."""
+    from ollapy.errors import UsageError
+    from ollapy.store.download import link_blob
+    from ollapy.store.info import read_gguf_header
+
+    path = Path(given).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.is_file():
+        raise UsageError(f"projector {given}: no such file", hint="the second FROM names the model's mmproj GGUF")
+    try:
+        arch = read_gguf_header(path)[0].get("general.architecture")
+    except Exception:  # noqa: BLE001 - any unreadable header: not a projector
+        arch = None
+    if arch != "clip":
+        raise UsageError(f"projector {given}: not a vision projector (mmproj) GGUF",
+                         hint="the second FROM names the model's projector, e.g. mmproj-MODEL-f16.gguf")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+    hexd = h.hexdigest()
+    layer: dict[str, Any] = {"mediaType": MT_PROJECTOR, "digest": f"sha256:{hexd}", "size": path.stat().st_size,
+                             "filename": path.name}
+    if not link_blob(own, hexd, path, symlink=False):
+        layer["from"] = str(path.resolve())
+    return layer
 
 
 def _check_runnable(params: dict[str, Any], base: ModelRef) -> None:
@@ -313,7 +349,11 @@ def resolve_draft(draft: str) -> Path | None:
     if looks_like_path(name) or (name.lower().endswith(".gguf") and ":" not in name):
         p = Path(name).expanduser().resolve()
         if not p.is_file():
-            raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft")
+            # a server's client is told the file's name (never the server's path) and what to do on either side
+            raise ModelNotFound(f"draft model {name}: no such file", hint="check the path given to DRAFT or -o draft",
+                                public=f"draft model file {p.name!r} is missing on the server (restore the file, or "
+                                       "re-create the model with `ollapy create` and another DRAFT; a request can "
+                                       "also set options.draft to another draft model or to \"\" for none)")
         return p
     try:
         return resolve_model(name, pull=False).path
