@@ -51,3 +51,21 @@ def test_registry_projector_layer_is_pulled_and_counted(store_env, registry, smo
     blob = ref.projector
     removed = remove_model("vis")
     assert len(removed) >= 2 and not blob.exists()  # the projector's blob goes with the model
+
+
+def test_modelfile_with_two_froms_makes_a_vision_model(store_env, smollm2_path, projector, tmp_path):
+    from ollapy.errors import UsageError
+    from ollapy.store.resolve import create_model
+    from tests.conftest import run_cli
+
+    (tmp_path / "Modelfile").write_text(f"FROM {smollm2_path}\nFROM ./mmproj-test.gguf\nPARAMETER temperature 0\n")
+    ref = create_model("vis2", (tmp_path / "Modelfile").read_text(), tmp_path, quiet=True)
+    assert ref.projector is not None and ref.projector.read_bytes() == projector.read_bytes()
+    r = run_cli("show", "vis2")
+    out = r.stdout.decode()
+    assert r.returncode == 0 and "vision" in out and "Projector" in out and "gemma3" in out
+    assert run_cli("show", "vis2", "--modelfile").stdout.decode().splitlines()[1].startswith("FROM ")
+    ref3 = create_model("vis3", "FROM vis2\nSYSTEM hi\n", tmp_path, quiet=True)  # a model made FROM it keeps it
+    assert ref3.projector is not None
+    with pytest.raises(UsageError, match="not a vision projector"):
+        create_model("bad", f"FROM {smollm2_path}\nFROM {smollm2_path}\n", tmp_path, quiet=True)

@@ -85,7 +85,11 @@ def show_cmd(
 
     ref = resolve_model(name, pull=False)
     if modelfile:
-        print(format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages), end="")
+        text = format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages)
+        if getattr(ref, "projector", None):  # a vision model: the projector is its second FROM, as in Ollama
+            first, _, rest = text.partition("\n")
+            text = f"{first}\nFROM {ref.projector}\n{rest}"
+        print(text, end="")
         return
     info = read_gguf_info(ref.path)
     # like Ollama: each value on its own line, strings JSON-quoted; an unset template, license or system prints nothing
@@ -116,9 +120,20 @@ def show_cmd(
 
     caps = model_capabilities(select_template(info["chat_template"], info["architecture"], ref.template).text,
                               embedding_only=bool(info.get("embedding_only")))
+    projector = getattr(ref, "projector", None)
+    if projector:
+        caps = [*caps, "vision"]
     print("\n  Capabilities")  # as `ollama show`
     for cap in caps:
         print(f"    {cap}")
+    if projector:
+        from ollapy.store.info import read_gguf_header
+
+        meta = read_gguf_header(projector)[0]
+        print("\n  Projector")  # as `ollama show`: the vision projector's type and size
+        print(f"    {'type':<20}{meta.get('clip.projector_type')}")
+        print(f"    {'embedding length':<20}{meta.get('clip.vision.projection_dim')}")
+        print(f"    {'file':<20}{projector} ({projector.stat().st_size:,} bytes)")
     if ref.parameters:
         print("\n  Parameters")
         for k, text in parameter_rows(ref.parameters):

@@ -32,6 +32,7 @@ class Modelfile:
     """A parsed Modelfile. ``parameters`` maps Ollama option names to typed values (``stop`` is a list)."""
 
     from_: str = ""
+    projector: str = ""  # a second FROM: a vision model's projector (mmproj GGUF), as in Ollama
     parameters: dict[str, Any] = field(default_factory=dict)
     system: str | None = None
     template: str | None = None
@@ -122,7 +123,12 @@ def parse_modelfile(text: str) -> Modelfile:
                     "use FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE or DRAFT")
             raise UsageError(f"Modelfile line {start_line}: unknown instruction {word[:30]!r}", hint=hint)
         value, pos, lineno = _read_value(text, vstart, lineno)
-        if cmd == "FROM":
+        if cmd == "FROM" and mf.from_:  # model + projector, as Ollama's vision Modelfiles
+            if mf.projector:
+                raise UsageError(f"Modelfile line {start_line}: a third FROM", hint="FROM the model, then FROM its "
+                                 "projector (mmproj GGUF)")
+            mf.projector = value.strip()
+        elif cmd == "FROM":
             mf.from_ = value.strip()
         elif cmd == "SYSTEM":
             mf.system = value
