@@ -14,7 +14,8 @@ source per request: the slot's own KV, a donor slot's KV, or a prompt-cache
 state). At least one prompt token is always evaluated, for fresh logits.
 
 Context shift on overflow: :mod:`ollapy.engine.context_shift` (shifted KV is never reused past ``num_keep``
-nor saved). ``Slot.exact`` also stops before decode-shaped cells (the last prompt token, generated tokens).
+nor saved). ``Slot.exact`` also stops before decode-shaped cells (the last prompt token, generated tokens), except
+on a build where they equal a chunk's (``answer_reuse``, evalorder rule 3): there a finished state keeps the answer.
 
 Speculative decoding: :mod:`ollapy.engine.spec.speculator` proposes drafted tokens for generating slots; they ride
 as extra rows of the same single ``llama_decode`` and are verified row by row with the slot's own sampler.

@@ -6,7 +6,8 @@ tokens whose KV cells the sequence holds, in position order. ``exact`` counts
 the leading tokens whose KV is bit for bit what a cold prefill of a longer
 prompt computes for them: the cells evaluated in prompt chunks (the canonical
 order of :mod:`ollapy.engine.prefix.evalorder`), never the last prompt token or the
-generated ones (evaluated alone, as decode rows), and after a context shift
+generated ones (evaluated alone, as decode rows) except on an answer-reuse build
+(evalorder rule 3: there a decode row computes what a chunk does), and after a context shift
 at most the kept ``num_keep`` prefix (the shifted rest was computed while the
 discarded tokens were still visible). Only ``tokens[:exact]`` is ever reused
 for another request or saved in the prompt cache.
