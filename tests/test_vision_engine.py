@@ -161,3 +161,34 @@ def test_span_helpers_never_cut_an_image():
     assert media.floor_outside(12, sp) == 10 and media.floor_outside(26, sp) == 26 and media.floor_outside(5, sp) == 5
     assert media.clip_chunk_end(0, 40, sp) == 10 and media.clip_chunk_end(26, 40, sp) == 40
     assert media.points_outside((4, 10, 20, 26, 30), sp) == (4, 10, 26, 30)
+
+
+def test_gemma3_projector_non_causal_on_gemma(gemma_path, tmp_path):
+    from ollapy.engine.model import LoadedModel
+
+    proj = _script().write_projector(tmp_path / "mmproj-gemma.gguf", "gemma3", 0, 640)
+    o = Options(num_ctx=512, num_parallel=1, temperature=0, num_predict=6)
+    with LoadedModel(gemma_path, o, projector_path=proj) as m:
+        p = m.chat_prompt([{"role": "user", "content": "Describe the picture.", "images": [picture(1)]}])
+        assert p.media[0].non_causal and p.media[0].n_tokens == IMAGE_TOKENS
+        ask1 = m.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(1)]}], o, cache=False)
+        ask2 = m.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(2)]}], o, cache=False)
+        ask3 = m.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(1, "BMP")]}], o,
+                      cache=False)
+        a, b, c = ask1.result()[0], ask2.result()[0], ask3.result()[0]
+        assert a == c and a != b
+
+
+def test_context_shift_never_cuts_inside_an_image(smollm2_path, projector):
+    from ollapy.engine.model import LoadedModel
+
+    o = Options(num_ctx=128, num_parallel=1, temperature=0.8, seed=1, num_predict=150)
+    with LoadedModel(smollm2_path, o, projector_path=projector) as m:
+        msgs = [{"role": "user", "content": "Describe the picture at length.", "images": [picture(6)]}]
+        span = m.chat_prompt(msgs).media[0]
+        keep = span.start + 5  # a kept prefix that would end inside the image
+        _, final = m.chat(msgs, Options(num_ctx=128, num_parallel=1, temperature=0.8, seed=1, num_predict=150,
+                                        num_keep=keep)).result()
+        assert final.metrics.shifts >= 1
+        held = m.engine.slots[0].tokens  # after the shift only the kept prefix is exact: it holds all of the image
+        assert sum(t < 0 for t in held) in (0, IMAGE_TOKENS) and len(held) >= span.end
