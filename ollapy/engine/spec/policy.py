@@ -17,11 +17,10 @@ Model. Two measurements:
   engine's recent steps of exactly that many rows once at least :data:`MIN_SAMPLES` were measured, else a
   least-squares line fitted to all recent steps (before two distinct batch sizes were measured, a prior of
   ``t(rows) = 1 + 0.3 * (rows - 1)`` in units of a one-row step). The table matters because the cost is not a
-  line on a CPU: with Gemma-3-270M on 2 cores a one-row step goes to ``vec_dot`` and two rows to tinyBLAS, whose
-  tiles take 4 batch rows at a time with AVX-512 (2, 3 and 4 rows cost about the same, 1.8-2.2 one-row steps; 5
-  rows a second pass over the weights, about 3.4) and 2 at a time with AVX2, where an odd last row costs a pass
-  of its own (3 rows 2.4 one-row steps, 4 rows 2.2); a line through those points would draft 1 token where 3 are
-  as cheap, or 2 where 3 cost less.
+  line on a CPU: one row goes to ``vec_dot`` and more rows to tinyBLAS, whose tiles take a fixed number of batch
+  rows at a time (4 with AVX-512, 2 with AVX2: ``mnpack`` in llama.cpp's ``llamafile/sgemm.cpp``), so a row
+  that starts a new tile costs a pass over the weights of its own; a line through such points would draft 1
+  token where 3 are as cheap. ``scripts/measure_row_cost.py`` prints the curve; docs/benchmarks.md has figures.
 - With a **draft model** each drafted token also costs the draft model's decoding, timed apart from the
   target's steps and added per drafted row (:class:`ModelDraftCost`; Leviathan et al.'s cost coefficient ``c``).
 
@@ -35,11 +34,11 @@ throughput ``tokens / t(rows)``, and draft at all only when it beats no drafting
 default: drafting must not cost when it does not help, and the estimates are noisy). Gains only fall along a
 proposal, so one slot alone never drafts when its first token's probability is below
 :func:`break_even_gain` (a bound computed once per cost table): the engine then skips pricing the rest of the
-proposal, which on free text is most steps (``plan`` took ~86 us of a 10 ms SmolLM2 step, now ~40).
+proposal, which on free text is most steps.
 
 Consequences (tests/test_draft_policy.py): with the prior costs one slot at acceptance 0.8 drafts 3
-tokens, four such slots 1 each, eight none; with SmolLM2-135M's measured CPU costs (a row costs about as
-much as half a one-row step) one slot at 0.8 drafts 2, four slots draft only at 0.9 and above; a slot
+tokens, four such slots 1 each, eight none; with a row costing half a one-row step, one slot at 0.8 drafts 2
+and four slots draft only at 0.9 and above; a slot
 whose acceptance falls stops drafting while the others go on. A slot that
 stops drafting keeps learning from *shadow* verdicts (:class:`ShadowVerdict`, :func:`shadow_accepted`: a
 draftless proposal compared with the tokens the slot then generated), so it resumes when its text starts repeating again.

@@ -1,10 +1,9 @@
 """Step times the draft policy measured, remembered per model and machine across processes.
 
-Why. The draft policy (draft_policy.StepCost) prices a verification by the median step time measured for each
-batch size. A new process (every ``ollapy run``) would start from the prior and spend its first steps finding out
-what 2, 3 or 4 rows cost: on bench_spec's task (a) the first drafted run of a process made 68.6 tok/s, the next
-ones in the same process 79.5-81.2 (Gemma 3 270M, 2 cores). So the engine writes its measured steps when the model
-is unloaded and the next process that loads the same model the same way starts from them; its own steps replace
+Why. The draft policy (:class:`ollapy.engine.spec.policy.StepCost`) prices a verification by the median step time
+measured for each batch size. A new process (every ``ollapy run``) would start from the prior and spend its first
+steps finding out what 2, 3 or 4 rows cost, drafting less well meanwhile (docs/benchmarks.md). So the engine writes
+its measured steps when the model is unloaded and the next process that loads the same model the same way starts from them; its own steps replace
 them as they come (the policy keeps the last 16 per batch size).
 
 Where: ``step-costs/KEY.json`` beside the prompt cache's root (``config.step_costs_dir``). KEY hashes what a step's
