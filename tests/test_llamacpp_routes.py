@@ -133,3 +133,17 @@ def test_apply_template_is_the_prompt_chat_evaluates(api, smollm2_path, vocab):
         assert chat["prompt_eval_count"] == len(tokens)
     r = _post(api, "/apply-template", {"model": "smol"})
     assert r.status_code == 400
+
+
+def test_a_suffix_on_a_model_without_fim_gets_ollamas_error(api):
+    """Continue's autocomplete sends /api/generate with ``suffix``; neither test model has FIM tokens or a template
+    that renders a suffix, so the answer is Ollama's 400 (an unknown model stays a 404)."""
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as e:
+        api.oc.generate(model="smol", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n")
+    assert e.value.status_code == 400 and e.value.error == '"smol" does not support insert (send it without suffix)'
+    with pytest.raises(ollama.ResponseError) as e:
+        api.oc.generate(model="nope", prompt="x", suffix="y")
+    assert e.value.status_code == 404
+    assert api.oc.generate(model="smol", prompt="Hi", suffix="", options={"num_predict": 2}).done

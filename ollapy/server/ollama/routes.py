@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ollapy import __version__
 from ollapy.chat.reply import ReplyDelta
+from ollapy.errors import OptionError
 from ollapy.options import api_options
 from ollapy.server import generation
 from ollapy.server.errors import redact_paths
@@ -65,6 +66,10 @@ async def api_generate(request: Request):
     st = state_of(request)
     try:
         body = GenerateBody.from_dict(await read_body(request))
+        if body.suffix:  # fill-in-the-middle: no ollapy model template renders a suffix yet
+            await st.runtime.resolve(body.model)  # an unknown model is a 404 first, as in Ollama
+            raise OptionError(f'"{body.model}" does not support insert',
+                              hint="send it without suffix")
         if not body.prompt and not body.suffix:
             return await _load_or_unload(st, body, {"response": ""})
         gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
