@@ -3,16 +3,14 @@
 ggml's CPU backend splits every graph node over its threads and makes them
 meet at a spin barrier after each node (``ggml_barrier`` in ggml-cpu.c). When
 other processes take cores, the scheduler deschedules one of those threads and
-the others spin until it runs again, at every node. Measured on a 2-core VM
-with two ``while True: pass`` loops running (SmolLM2, a prompt-cache RAM hit:
-4 prompt tokens and one decode): median time to first token 4.9 s with 2
-threads, 0.34 s with 1 thread (``scripts/bench_cache.py --busy 2`` shows the
-same row). llama.cpp leaves this to the user (``-t``); a runner that users
-start next to their other work should not.
+the others spin until it runs again, at every node: with every core busy, a
+short request's time to first token grows by an order of magnitude
+(``scripts/bench_cache.py --busy 2`` measures it; docs/benchmarks.md). llama.cpp
+leaves this to the user (``-t``); a runner that users start next to their
+other work should not.
 
 The stall is paid per graph node, whatever the batch size, while the work per
-node grows with it: a large prefill chunk still gains from every thread (the
-same VM and load: a 2,200-token cold prefill took 70 s on 2 threads, 99 s on 1).
+node grows with it: a large prefill chunk still gains from every thread.
 So only small batches (decode steps and short prompt tails, at most
 :data:`SMALL_BATCH` tokens) use the lowered count; larger ones keep the
 configured count.

@@ -57,10 +57,8 @@ def draft_flash_attn(setting: str, gpu_offload: bool, draft_path: Path) -> str:
     """The ``flash_attn`` of a draft model's context: ``setting`` unless it is ``auto`` on a CPU, where it is
     ``on`` for heads of at least :data:`DRAFT_FA_MIN_HEAD` (``{arch}.attention.key_length``) and ``off`` below.
 
-    Measured on the 2-core Xeon, off -> on: Gemma 3's heads of 256 (16 of 18 blocks, 32k tokens) decoded a token
-    in 9.9 ms instead of 11.2, a 500-token prompt in 821 ms instead of 896 and a 20-token tail over 2,000 cached
-    tokens (a chat's next turn) in 50.5 ms instead of 59.5; SmolLM2's heads of 64 took that tail in 484-524 ms
-    instead of 105-110 (as engine/hardware.py found for the model itself, why ollapy's ``auto`` is off there).
+    llama.cpp's CPU flash-attention kernel pays off for wide heads (Gemma 3's 256) and costs for narrow ones
+    (SmolLM2's 64), as engine/hardware.py found for the model itself (figures: docs/benchmarks.md).
     Raises ModelLoadError when the draft's header is unreadable."""
     if setting != "auto" or gpu_offload:
         return setting

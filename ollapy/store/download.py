@@ -139,8 +139,8 @@ class _Hasher:
     Blocks are batched to ~1 MiB per hand-over (fewer queue operations) and the
     queue is bounded (16 batches). hashlib releases the GIL, so on a machine
     with a spare core the sha256 runs beside the network reads: splitting the
-    work as receive+write | hash measured ~10% faster than receive | write+hash
-    on 2 cores (scripts/bench_pull.py). ``queued`` counts bytes handed over;
+    work as receive+write | hash is faster than receive | write+hash on a
+    machine with few cores (scripts/bench_pull.py). ``queued`` counts bytes handed over;
     ``held`` (byte count + running sha256) covers them all once closed.
     """
 

@@ -66,10 +66,10 @@ STEP_SAMPLES = 16
 #: the policy tries it): a price learned while the machine was busy must not stop drafting for good
 STALE_STEPS = 128
 #: tokens of a proposal scored as a shadow verdict: its verdict is known only once they were generated (or one
-#: differed), so a long shadow teaches late (with 16: a slot copying a paragraph waited ~30 steps to draft)
+#: differed), so a long shadow teaches late (a slot copying a paragraph would wait many steps to draft)
 SHADOW_TOKENS = 4
 #: the step-time line is refitted at least every this many steps (and at once for a row count with few samples
-#: or one going stale): a fit every step cost ~20 us, 0.2% of a SmolLM2 step on 2 cores
+#: or one going stale): fitting every step costs more than it learns
 REFIT_STEPS = 8
 
 #: a slot whose draft model the policy stopped trusting drafts ``n_min`` tokens after this many steps without
@@ -193,14 +193,20 @@ class Speculator:
                 log.warning("draft model %r is not loaded for this model; drafting off", draft)
         st.mode, st.n_max, st.n_min = mode, n_max, max(1, n_min)
         if mode == NGRAM:
-            st.drafter.reset(prompt)
+            st.drafter.reset(prompt)  # its last NGRAM_WINDOW tokens
         elif mode == MODEL:
             st.idle = st.probe_wait  # nothing learned yet: the first step probes (PROBE_STEPS) if it would not draft
+            self.draft_model.follow(slot)  # the slot's tokens only grow from here: each step compares the new ones
         return mode
 
     def end(self, slot: int) -> None:
-        """The slot's request ended."""
-        self.slots[slot].mode = OFF
+        """The slot's request ended: its n-gram index is freed, its draft sequence no longer followed."""
+        st = self.slots[slot]
+        if st.mode == NGRAM or len(st.drafter):
+            st.drafter.reset(())
+        if self.draft_model is not None:
+            self.draft_model.unfollow(slot)
+        st.mode = OFF
 
     def accept(self, slot: int, token: int) -> None:
         """A token the slot generated (it joins the slot's history; a shadow verdict may be decided)."""
@@ -408,6 +414,7 @@ class Speculator:
 
     # ---- draft model's sequences ----------------------------------------------------------------
     def shift(self, slot: int, n_keep: int, n_discard: int) -> None:
-        """Mirror a context shift of ``slot`` in the draft model's sequence."""
+        """Mirror a context shift of ``slot`` in the draft model's sequence (the next step compares the tokens
+        from ``n_keep`` on again)."""
         if self.draft_model is not None:
             self.draft_model.shift(slot, n_keep, n_discard)
