@@ -303,7 +303,7 @@ def _cache_size(layout: KVLayout, n: int) -> int:
     return (4 + 4 * layout.n_stream + 12 * n + 8 + layout.n_layer * (12 + v_head) + n * layout.bytes_per_cell)
 
 
-def _emit_cache(out: bytearray, off: int, layout: KVLayout, n: int, segments: list[tuple[memoryview, int]]) -> int:
+def _emit_cache(out, off: int, layout: KVLayout, n: int, segments: list[tuple[memoryview, int]]) -> int:
     """Write a cache of ``n`` cells (positions 0..n-1) at ``off`` from ``segments`` ((block-order bytes, cells),
     in position order, together ``n`` cells); return the end offset."""
     _U32.pack_into(out, off, layout.n_stream)
@@ -363,12 +363,17 @@ def _segments(blocks: Sequence, n_blocks: int, b: int, layout: KVLayout) -> list
     return segs
 
 
-def join_state(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | bytearray | memoryview) -> bytearray:
-    """The state :func:`split_state` cut into ``blocks`` and ``tail``, byte for byte, as one new bytearray.
+def joined_size(tail: bytes | bytearray | memoryview) -> int:
+    """Bytes of the state that ``tail`` and its blocks join into. Raises KVStateError for a tail that is not one."""
+    layout, _, _, rest = _decode_tail(tail)
+    return 8 + _cache_size(layout, layout.n_cells) + len(rest)
 
-    One allocation sized up front; the blocks are gathered into it with slice copies (a transposed V with
-    numpy). Raises KVStateError on inconsistent input: a block count or size that does not match the tail,
-    a truncated, corrupt or unknown tail.
+
+def join_into(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | bytearray | memoryview, out) -> int:
+    """Write the state of ``blocks`` and ``tail`` into the writable buffer ``out`` (at least :func:`joined_size`
+    bytes, e.g. a buffer reused from restore to restore, whose pages are already mapped); return its size.
+
+    Raises KVStateError as :func:`join_state` does, and when ``out`` is too small.
     """
     layout, b, partial, rest = _decode_tail(tail)
     n_blocks = layout.n_cells // b
@@ -378,10 +383,24 @@ def join_state(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | b
     if layout.n_cells % b:
         segs.append((partial, layout.n_cells % b))
     size = 8 + _cache_size(layout, layout.n_cells) + len(rest)
-    out = bytearray(size)
+    out = memoryview(out).cast("B")
+    if len(out) < size:
+        raise KVStateError(f"a buffer of {len(out)} bytes cannot hold a state of {size}")
     out[0:8] = layout.header
     off = _emit_cache(out, 8, layout, layout.n_cells, segs)
-    out[off:] = rest
+    out[off:size] = rest
+    return size
+
+
+def join_state(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | bytearray | memoryview) -> bytearray:
+    """The state :func:`split_state` cut into ``blocks`` and ``tail``, byte for byte, as one new bytearray.
+
+    One allocation sized up front; the blocks are gathered into it with slice copies (a transposed V with
+    numpy): about one memory copy of the state. Raises KVStateError on inconsistent input: a block count or
+    size that does not match the tail, a truncated, corrupt or unknown tail.
+    """
+    out = bytearray(joined_size(tail))
+    join_into(blocks, tail, out)
     return out
 
 
