@@ -44,7 +44,7 @@ def server(smollm2_path, tmp_path_factory):
     base = tmp_path_factory.mktemp("vision-serve")
     proj = _script().write_projector(base / "mmproj.gguf", "gemma3", 0, 576)
     install_vision_model(base / "models", smollm2_path, proj)
-    with live_server(base) as url:
+    with live_server(base, env={"OLLAPY_NUM_PARALLEL": "2"}) as url:
         yield url, ollama.Client(host=url)
 
 
@@ -144,3 +144,16 @@ def test_model_without_projector_refuses_images(server, smollm2_path):
     oc.create(model="plain", files={"model.gguf": blob})
     with pytest.raises(ollama.ResponseError, match='does not support vision'):
         oc.chat(model="plain", messages=[{"role": "user", "content": "x", "images": [picture(1)]}])
+
+
+def test_text_and_image_chats_mix_across_slots(server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, oc = server
+    img = [{"role": "user", "content": "Describe it.", "images": [picture(21)]}]
+    txt = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+    alone = [oc.chat(model="vis", messages=m, options=OPTS).message.content for m in (img, txt)]
+    with ThreadPoolExecutor(4) as ex:
+        together = list(ex.map(lambda m: oc.chat(model="vis", messages=m, options=OPTS).message.content,
+                               [img, txt, img, txt]))
+    assert together == alone * 2
