@@ -192,3 +192,11 @@ def test_context_shift_never_cuts_inside_an_image(smollm2_path, projector):
         assert final.metrics.shifts >= 1
         held = m.engine.slots[0].tokens  # after the shift only the kept prefix is exact: it holds all of the image
         assert sum(t < 0 for t in held) in (0, IMAGE_TOKENS) and len(held) >= span.end
+
+
+def test_previous_turn_with_an_image_is_a_save_point(vlm):
+    first = [{"role": "user", "content": "Describe the picture.", "images": [picture(9)]}]
+    turn2 = first + [{"role": "assistant", "content": "A picture."}, {"role": "user", "content": "And the colours?"}]
+    p1, p2 = vlm.chat_prompt(first), vlm.chat_prompt(turn2)
+    assert p2.media[0] == p1.media[0]
+    assert max(p2.save_points) > p2.media[0].end  # the end of the first turn, past its image

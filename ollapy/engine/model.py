@@ -208,6 +208,17 @@ class LoadedModel:
             out.append({**{k: v for k, v in m.items() if k != "images"}, "content": marks + "\n" + str(m.get("content") or "")})
         return out, images
 
+    def _media_tokens(self, text: str, images: list) -> tuple[list[int], tuple]:
+        """Tokens (placeholder ids for images) and image spans of ``text`` with its markers; never two BOS."""
+        tokens, media = self.media.build(text, images)
+        bos = self.backend.bos
+        if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
+            from dataclasses import replace
+
+            tokens.pop(0)
+            media = tuple(replace(sp, start=sp.start - 1) for sp in media)
+        return tokens, media
+
     # ---- prompts ------------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
         """Tokenize text with the model's special-token rules; never two BOS tokens."""
@@ -340,13 +351,7 @@ class LoadedModel:
         text = self.render(messages, **extra)
         media = ()
         if images:  # text and image chunks; placeholder ids stand for each image's embeddings (engine/media.py)
-            tokens, media = self.media.build(text, images)
-            bos = self.backend.bos
-            if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
-                tokens.pop(0)
-                from dataclasses import replace
-
-                media = tuple(replace(sp, start=sp.start - 1) for sp in media)
+            tokens, media = self._media_tokens(text, images)
         else:
             tokens = self.tokenize(text)
         log.debug("chat prompt (%d messages, %d tokens): %r", len(messages), len(tokens), text)
@@ -369,7 +374,12 @@ class LoadedModel:
                 pass
         if len(messages) >= 2 and messages[-1].get("role") == "user":
             try:
-                prev = self._tokenize_prefix(self.render(messages[:-1], add_generation_prompt=False, **extra))
+                prev_text = self.render(messages[:-1], add_generation_prompt=False, **extra)
+                n_prev = prev_text.count(self.media.marker) if images else 0
+                if n_prev:  # earlier turns with images: their placeholder ids, so the turn's end is a save point
+                    prev = self._media_tokens(prev_text, images[:n_prev])[0]
+                else:
+                    prev = self._tokenize_prefix(prev_text)
                 points.append(common_prefix(prev, tokens))
             except OptionError:
                 pass
