@@ -226,7 +226,7 @@ function messageElement(m, i) {
   if (!streaming) {
     const actions = document.createElement('div');
     actions.className = 'actions';
-    actions.appendChild(button('Copy', 'copy-msg', (e) => copyText(m.content, e.target)));
+    if (m.content) actions.appendChild(button('Copy', 'copy-msg', (e) => copyText(m.content, e.target)));
     if (i === state.conv.messages.length - 1) actions.appendChild(button('Regenerate', 'regenerate', () => regenerate(i)));
     div.appendChild(actions);
   }
@@ -307,13 +307,13 @@ async function generate() {
   const body = requestBody(conv);
   const m = { role: 'assistant', content: '', thinking: '', model: conv.model };
   conv.messages.push(m);
-  await persist(conv);
   const controller = new AbortController();
   state.controller = controller;
   $('send').hidden = true;
   $('stop').hidden = false;
   showError('');
   renderMessages();
+  await persist(conv);
   const t0 = performance.now();
   let ttft;
   try {
@@ -338,8 +338,8 @@ async function generate() {
     $('send').hidden = false;
     $('stop').hidden = true;
     if (!m.thinking) delete m.thinking;
-    await persist(conv);
     renderMessages();
+    await persist(conv);
   }
 }
 

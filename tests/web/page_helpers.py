@@ -75,6 +75,17 @@ def send(page, text: str) -> None:
     box.press("Enter")
 
 
+def mark_answers(page) -> None:
+    """Mark the answers on the page now, so that :func:`wait_new_answer` can tell a new one from them."""
+    page.evaluate("document.querySelectorAll('.msg.assistant').forEach(e => { e.dataset.old = '1'; })")
+
+
+def wait_new_answer(page) -> dict:
+    """After :func:`mark_answers` and an action that answers again: wait for an unmarked answer to finish."""
+    wait_until(page, "document.querySelector('.msg.assistant:not([data-old])')")
+    return wait_answer(page)
+
+
 def last_answer(page):
     return page.locator(".msg.assistant").last
 

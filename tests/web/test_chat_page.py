@@ -18,7 +18,18 @@ import httpx
 import pytest
 from conftest import ROOT, live_api, live_server
 from fake_registry import FakeRegistry
-from page_helpers import ANSWER_TIMEOUT_MS, ARGS, CHROMIUM, open_page, pick_model, send, wait_answer, wait_until
+from page_helpers import (
+    ANSWER_TIMEOUT_MS,
+    ARGS,
+    CHROMIUM,
+    mark_answers,
+    open_page,
+    pick_model,
+    send,
+    wait_answer,
+    wait_new_answer,
+    wait_until,
+)
 from think_models import EXAMPLE, THINK_TEMPLATE, THINKING
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install -y chromium)")
@@ -60,10 +71,12 @@ def context(browser):
 
 
 @pytest.fixture(scope="module")
-def registry(smollm2_path):
+def registry(smollm2_draft_path):
+    """A registry with ``tiny``: a real GGUF cut from SmolLM2 (its blob is not in the store yet), sent slowly
+    enough to watch the progress bar."""
     with FakeRegistry() as reg:
-        reg.rate = 12_000_000  # bytes/s: a pull long enough to watch its progress bar
-        reg.add_model("library", "tiny", "latest", smollm2_path, params=SHORT)
+        reg.rate = 12_000_000  # bytes/s
+        reg.add_model("library", "tiny", "latest", smollm2_draft_path, params=SHORT)
         yield reg
 
 
@@ -200,6 +213,7 @@ def test_the_same_question_twice_shows_the_prompt_cache(site, context):
     assert second["prompt"] == first["prompt"]
     assert second["cached"] > first["cached"] and second["cached"] >= second["prompt"] - 64
     assert f"{second['cached']} from cache" in second["stats"]
+    shot(page, "prompt-cache")
     assert_clean(w, site.url)
 
 
@@ -221,6 +235,7 @@ def test_xss_in_model_output_stays_text(site, context):
     on_attrs = page.evaluate("""[...document.querySelectorAll('#messages *')].flatMap(
         e => [...e.attributes].map(a => a.name)).filter(n => n.startsWith('on'))""")
     assert on_attrs == []
+    shot(page, "xss-as-text")
     assert_clean(w, site.url)
 
 
@@ -233,12 +248,14 @@ def test_edit_resend_regenerate_and_enter_keys(site, context):
     assert page.locator(".msg.user .body").inner_text() == "Say hello.\nThen say goodbye."
     page.click(".msg.user .edit")
     page.fill(".msg.user .edit-box textarea", Q)
+    mark_answers(page)
     page.click(".msg.user .resend")
-    a = wait_answer(page, 1)
-    wait_until(page, "document.querySelectorAll('.msg.user').length === 1")
+    a = wait_new_answer(page)
+    assert page.locator(".msg.user").count() == 1 and page.locator(".msg.assistant").count() == 1
     assert page.locator(".msg.user .body").inner_text() == Q and "Paris" in a["text"]
+    mark_answers(page)
     page.click(".msg.assistant .regenerate")
-    b = wait_answer(page, 1)
+    b = wait_new_answer(page)
     assert page.locator(".msg.assistant").count() == 1 and b["text"] == a["text"]  # greedy: the same answer again
     assert b["cached"] > 0
     assert_clean(w, site.url)
@@ -256,6 +273,7 @@ def test_thinking_is_folded(site, context):
     page.click(".msg.assistant details.thinking summary")
     assert THINKING in page.locator(".msg.assistant .thinking-text").inner_text()
     assert "Paris" in a["text"]
+    shot(page, "thinking")
     assert_clean(w, site.url)
 
 
@@ -336,6 +354,8 @@ def test_the_api_key_is_asked_and_kept_for_the_tab(tmp_path, smollm2_path, conte
     with live_server(tmp_path, env={"OLLAPY_API_KEY": key}) as url:
         oc = ollama.Client(host=url, headers={"Authorization": f"Bearer {key}"})
         oc.create(model="smol", files={"model.gguf": oc.create_blob(smollm2_path)}, parameters=SHORT)
+        assert httpx.get(url + "/web/app.js").status_code == 200  # the page's files are public code
+        assert httpx.get(url + "/api/tags").status_code == 401  # the API is not
         page = context.new_page()
         requests = []
         page.on("request", lambda r: requests.append(r.url))
