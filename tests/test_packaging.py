@@ -30,6 +30,16 @@ def test_wheel_carries_every_subpackage_and_catalogue_file(wheel):
         assert f"ollapy/models/{toml.name}" in names
 
 
+def test_wheel_carries_the_chat_page(wheel):
+    """Every file the chat page serves (ollapy/web: the page, its modules, the vendored libraries and their
+    VERSIONS and licenses) is in the wheel: ``pip install`` gives a working page, with no build step."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    page = [p for p in (ROOT / "ollapy" / "web").rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert any(p.name == "index.html" for p in page) and any(p.name == "VERSIONS" for p in page)
+    missing = [p.relative_to(ROOT).as_posix() for p in page if p.relative_to(ROOT).as_posix() not in names]
+    assert missing == [], "add them to pyproject's package-data for ollapy.web"
+
+
 def test_installed_copy_resolves_catalogue_aliases(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
