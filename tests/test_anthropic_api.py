@@ -259,7 +259,10 @@ def test_unknown_model_is_not_found_error(api):
     ({"model": "smol", "max_tokens": 8, "messages": [{"role": "robot", "content": "hi"}]}, "role"),
     ({"model": "smol", "max_tokens": 8, "messages": [{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]},
-     "image content blocks are not supported"),
+     'does not support vision'),
+    ({"model": "smol", "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": ""}}]}]},
+     "document content blocks are not supported"),
     ({"model": "smol", "max_tokens": 8, "messages": FRANCE, "tool_choice": {"type": "tool", "name": "nope"},
       "tools": TOOLS}, "'nope', which is not in tools"),
     ({"model": "smol", "max_tokens": -1, "messages": FRANCE}, "max_tokens"),

@@ -26,13 +26,13 @@ def test_ollama_defaults_and_leniency():
     c = ChatBody.from_dict({"model": "smol", "messages": None, "stream": False, "tools": []})
     assert c.messages == [] and c.stream is False
     assert GenerateBody.from_dict({"model": "./models/x.gguf"}).model == "./models/x.gguf"
+    assert GenerateBody.from_dict({"model": "smol", "images": ["aGk="]}).images == ["aGk="]  # for a vision model
 
 
 @pytest.mark.parametrize("cls, data, exc, words", [
     (GenerateBody, {}, UsageError, "model is required"),
     (GenerateBody, {"model": 3}, UsageError, "model is required"),
     (GenerateBody, {"model": "../../etc/passwd"}, InvalidModelName, "invalid model name"),
-    (GenerateBody, {"model": "smol", "images": ["aGk="]}, OptionError, "images are not supported"),
     (GenerateBody, {"model": "smol", "prompt": 5}, OptionError, "prompt must be a string"),
     (GenerateBody, {"model": "smol", "format": "yaml"}, OptionError, "format must be 'json' or a JSON schema"),
     (GenerateBody, {"model": "smol", "context": "abc"}, OptionError, "context must be a list of token ids"),
