@@ -8,7 +8,7 @@ import { copyText, renderMarkdown } from './render.js';
 import * as store from './store.js';
 
 const $ = (id) => document.getElementById(id);
-const state = { convs: [], conv: null, models: [], controller: null };
+const state = { convs: [], conv: null, models: [], controller: null, images: [] };
 
 // ---- banner, theme, key ---------------------------------------------------------------------------------
 function showError(text) {
@@ -37,6 +37,7 @@ function askKey(message) {
   $('key-error').hidden = !message;
   $('key-error').textContent = message || '';
   $('key-input').value = '';
+  dlg.oncancel = (e) => e.preventDefault();  // Escape would close it and leave the page waiting for a key
   if (!dlg.open) dlg.showModal();
   $('key-input').focus();
   return new Promise((resolve) => {
@@ -180,6 +181,7 @@ function messageElement(m, i) {
     body.className = 'body';
     body.textContent = m.content;
     div.appendChild(body);
+    if (m.images?.length) div.appendChild(imageRow(m.images));
     const actions = document.createElement('div');
     actions.className = 'actions';
     actions.appendChild(button('Edit', 'edit', () => editMessage(div, i)));
@@ -233,6 +235,41 @@ function messageElement(m, i) {
   return div;
 }
 
+// ---- images (the user's own, sent to a vision model as Ollama's base64 `images`) -------------------------
+function imageElement(dataUrl) {
+  const img = document.createElement('img');
+  img.alt = 'attached image';
+  img.src = dataUrl;  // a data: URL of the user's own file (the CSP allows data: images; model output has none)
+  return img;
+}
+
+function imageRow(images) {
+  const row = document.createElement('div');
+  row.className = 'images';
+  row.append(...images.map(imageElement));
+  return row;
+}
+
+function renderAttachments() {
+  const box = $('attachments');
+  box.replaceChildren();
+  state.images.forEach((url, i) => {
+    const t = document.createElement('span');
+    t.className = 'thumb';
+    t.append(imageElement(url), button('✕', 'remove-image', () => { state.images.splice(i, 1); renderAttachments(); }));
+    box.appendChild(t);
+  });
+}
+
+function readDataUrl(file) {
+  return new Promise((resolve, reject) => {
+    const r = new FileReader();
+    r.onload = () => resolve(r.result);
+    r.onerror = () => reject(r.error);
+    r.readAsDataURL(file);
+  });
+}
+
 function renderMessages() {
   const box = $('messages');
   const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
@@ -261,7 +298,7 @@ function editMessage(div, i) {
     const text = ta.value.trim();
     if (!text) return;
     state.conv.messages = state.conv.messages.slice(0, i);
-    state.conv.messages.push({ role: 'user', content: text });
+    state.conv.messages.push(m.images?.length ? { role: 'user', content: text, images: m.images } : { role: 'user', content: text });
     await generate();
   };
   row.append(button('Send', 'primary resend', resend), button('Cancel', 'cancel', () => renderMessages()));
@@ -285,7 +322,11 @@ async function send() {
   $('input').value = '';
   const conv = state.conv;
   if (!conv.messages.length) conv.title = text.trim().split('\n')[0].slice(0, 60);
-  conv.messages.push({ role: 'user', content: text });
+  const msg = { role: 'user', content: text };
+  if (state.images.length) msg.images = state.images;
+  state.images = [];
+  renderAttachments();
+  conv.messages.push(msg);
   await generate();
 }
 
@@ -294,7 +335,9 @@ function requestBody(conv) {
   if (conv.system?.trim()) messages.push({ role: 'system', content: conv.system });
   for (const m of conv.messages) {
     if (m.role === 'assistant' && m.error && !m.content) continue;
-    messages.push({ role: m.role, content: m.content });
+    const out = { role: m.role, content: m.content };
+    if (m.images?.length) out.images = m.images.map((u) => u.slice(u.indexOf(',') + 1));  // base64 without the data: head
+    messages.push(out);
   }
   const options = {};
   for (const [k, v] of Object.entries(conv.options || {})) if (v !== '' && v !== null && v !== undefined) options[k] = Number(v);
@@ -395,6 +438,11 @@ function bind() {
       showError(`Import failed: ${err.message}`);
     }
     e.target.value = '';
+  });
+  $('attach').addEventListener('change', async (e) => {
+    for (const f of e.target.files || []) state.images.push(await readDataUrl(f));
+    e.target.value = '';
+    renderAttachments();
   });
   $('show-models').addEventListener('click', () => showModelsView(true));
   $('back-to-chat').addEventListener('click', () => showModelsView(false));

@@ -71,7 +71,10 @@ def send(page, text: str) -> None:
     for i, line in enumerate(text.split("\n")):
         if i:
             box.press("Shift+Enter")
-        box.type(line) if len(line) < 40 else box.evaluate("(el, t) => { el.value += t; }", line)
+        if len(line) < 40:
+            box.type(line)
+        else:  # typing key by key is slow: longer lines are added at once
+            box.evaluate("(el, t) => { el.value += t; }", line)
     box.press("Enter")
 
 

@@ -4,9 +4,9 @@ real test models (SmolLM2 and the Gemma 3 base model).
 Each test opens the page in a fresh browser context and asserts what a person sees: an answer that streams and
 can be stopped, the conversation after a reload, a model switch, a server error as a message, the API key
 dialog, the prompt-cache figures of a second identical question, a model's XSS payload shown as text, edit and
-resend, regenerate, thinking folded, export and import, a pull with its progress bar. Every test also checks
-that the page made no request off the machine and that its CSP blocked nothing of its own. Screenshots of the
-main states go to docs/screenshots/ (``OLLAPY_WEB_SCREENSHOTS=0`` skips writing them).
+resend, regenerate, thinking folded, export and import, a pull with its progress bar, an image for a vision
+model. Every test also checks that the page made no request off the machine and that its CSP blocked nothing of
+its own. With ``OLLAPY_WEB_SCREENSHOTS=1`` they also write the screenshots of the main states in docs/screenshots/.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ ECHO_PROMPT = ("Copy each input line to the output unchanged.\nInput: <b>bold</b
 
 
 def shot(page, name: str) -> None:
-    if os.environ.get("OLLAPY_WEB_SCREENSHOTS", "1") != "0":
+    if os.environ.get("OLLAPY_WEB_SCREENSHOTS", "0") == "1":
         SHOTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SHOTS / f"{name}.png"))
 
@@ -379,3 +379,35 @@ def test_the_api_key_is_asked_and_kept_for_the_tab(tmp_path, smollm2_path, conte
         other.goto(url)
         other.wait_for_selector("#key-dialog[open]")
         assert all(u.startswith(url) or u.startswith("data:") for u in requests)
+
+
+def test_an_image_goes_to_a_vision_model(tmp_path, smollm2_path, context):
+    """SmolLM2 with the synthetic projector of tests/test_vision_server.py: an attached picture reaches the model
+    (its prompt grows by the image's tokens), shows in the question, and is kept across a reload."""
+    from tests.test_vision_engine import _script, picture
+    from tests.test_vision_server import install_vision_model
+
+    proj = _script().write_projector(tmp_path / "mmproj.gguf", "gemma3", 0, 576)
+    install_vision_model(tmp_path / "models", smollm2_path, proj)
+    png = tmp_path / "picture.png"
+    png.write_bytes(picture(1))
+    with live_server(tmp_path, "-o", "num_predict=12", "-o", "temperature=0") as url:
+        w = open_page(context, url)
+        page = w.page
+        pick_model(page, "vis")
+        send(page, "Describe it.")
+        text_only = wait_answer(page, 1)
+        page.click("#new-chat")
+        page.set_input_files("#attach", str(png))
+        page.wait_for_selector("#attachments .thumb img")
+        send(page, "Describe it.")
+        with_image = wait_answer(page, 1)
+        assert with_image["error"] == "" and with_image["prompt"] > text_only["prompt"]
+        assert page.locator(".msg.user .images img").count() == 1
+        assert page.locator("#attachments .thumb").count() == 0  # sent: the composer is empty again
+        shot(page, "image")
+        page.reload()
+        page.wait_for_selector("body[data-ready='1']")
+        assert page.locator(".msg.user .images img").count() == 1
+        assert page.locator(".msg.user .images img").evaluate("img => img.naturalWidth") == 50  # it still decodes
+        assert_clean(w, url)
