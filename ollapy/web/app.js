@@ -277,11 +277,22 @@ function renderMessages() {
   if (atBottom || state.controller) box.scrollTop = box.scrollHeight;
 }
 
+/** Redraw the last message only (the streaming answer): Markdown is parsed once per frame, not once per token. */
+function renderLast() {
+  const box = $('messages');
+  const atBottom = box.scrollHeight - box.scrollTop - box.clientHeight < 40;
+  const i = state.conv.messages.length - 1;
+  const fresh = messageElement(state.conv.messages[i], i);
+  const el = box.lastElementChild;
+  if (el && el.dataset.index === String(i)) el.replaceWith(fresh); else box.appendChild(fresh);
+  if (atBottom) box.scrollTop = box.scrollHeight;
+}
+
 let pending = false;
 function renderSoon() {
   if (pending) return;
   pending = true;
-  requestAnimationFrame(() => { pending = false; renderMessages(); });
+  requestAnimationFrame(() => { pending = false; if (state.controller) renderLast(); });
 }
 
 function editMessage(div, i) {
