@@ -1,0 +1,343 @@
+#!/usr/bin/env bash
+# Try the programs people point at Ollama, unmodified from their registries, against `ollapy serve` (issue 39).
+#
+# Installs each client at a pinned version into a scratch folder (OLLAPY_CLIENTS_DIR, default
+# ~/.cache/ollapy/clients; npm packages under npm/, each PyPI client in its own virtual environment), starts
+# `ollapy serve` on a free loopback port with a scratch store holding the two test models, and prints one line per
+# check: `ok NAME` or `FAIL NAME: why`, then a summary. Heavy (about 5 GB of installs, most of it Open WebUI) and
+# not part of CI: run it by hand, e.g. `nice -n 10 scripts/check_clients.sh`. ONLY="sdk llm" runs some groups
+# (sdk, js, llm, aider, continue, opencode, agents, openwebui); SKIP="openwebui" leaves some out.
+#
+# Models: `smol` (SmolLM2 135M, num_ctx 4096) for the SDKs, llm, aider, Open WebUI; `gemma3-agents` (Gemma 3 270M
+# base at num_ctx 32768, greedy, ending its answer at a line end, num_predict MAX_OUT) for the agents, Continue
+# and opencode, whose system prompts and tools run to thousands of tokens. What a 135M/270M model cannot do (use
+# tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a note, not a FAIL,
+# where the server answered correctly.
+#
+# Agents (AGENT_TURNS=3): Claude Code `claude -p` then `claude -p --continue` twice, Codex `codex exec` then
+# `codex exec resume --last` twice, with their default tools on, through `ollapy launch`; per turn the prompt
+# tokens, how many the prompt cache served and how many were prefilled (from the server's /metrics).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-$ROOT/.venv/bin/python}
+DIR=${OLLAPY_CLIENTS_DIR:-$HOME/.cache/ollapy/clients}
+MAX_OUT=${MAX_OUT:-64}
+AGENT_TURNS=${AGENT_TURNS:-3}
+INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-2400}  # seconds an install may take (Open WebUI pulls torch & co.)
+ONLY=${ONLY:-"sdk js llm aider continue opencode agents openwebui"}
+SKIP=${SKIP:-}
+# pinned versions (the ones tried for docs/clients.md)
+NPM_PKGS="@continuedev/cli@1.5.47 opencode-ai@1.18.33 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ollama@0.6.4"
+LLM_PKGS="llm==0.36 llm-ollama==0.19.1 ollama==0.6.3 openai==3.60.0 anthropic==2.17.0 prometheus-client"
+AIDER_PKG="aider-chat==0.86.2"
+OWUI_PKG="open-webui==0.12.4"
+
+want() { [[ " $ONLY " == *" $1 "* && " $SKIP " != *" $1 "* ]]; }
+OK=0 FAILED=0 NOTES=()
+ok() { echo "ok   $1"; OK=$((OK + 1)); }
+fail() { echo "FAIL $1: $2"; FAILED=$((FAILED + 1)); }
+note() { echo "note $1"; NOTES+=("$1"); }
+# check NAME TIMEOUT CMD...: ok when CMD exits 0 within TIMEOUT s, else FAIL with its last output line
+check() {
+  local name=$1 limit=$2; shift 2
+  local out
+  out=$(timeout "$limit" "$@" 2>&1)
+  local rc=$?
+  if [ $rc = 0 ]; then ok "$name"; else fail "$name" "exit $rc: $(echo "$out" | grep -v '^\s*$' | tail -n 3 | tr '\n' ' ' | cut -c1-300)"; fi
+  echo "$out" > "$WORK/last-$name.log"
+  return $rc
+}
+
+# ---- installs ----------------------------------------------------------------------------------------------
+mkdir -p "$DIR"
+install_npm() {
+  [ -x "$DIR/npm/node_modules/.bin/cn" ] && [ -x "$DIR/npm/node_modules/.bin/opencode" ] && \
+    [ -x "$DIR/npm/node_modules/.bin/claude" ] && [ -x "$DIR/npm/node_modules/.bin/codex" ] && return 0
+  timeout "$INSTALL_TIMEOUT" npm install --prefix "$DIR/npm" --no-audit --no-fund --loglevel=error $NPM_PKGS >&2
+}
+install_venv() {  # name, packages...
+  local name=$1; shift
+  [ -f "$DIR/$name/.installed" ] && return 0
+  python3.11 -m venv "$DIR/$name" && timeout "$INSTALL_TIMEOUT" "$DIR/$name/bin/pip" install -q "$@" >&2 \
+    && touch "$DIR/$name/.installed"
+}
+T0=$(date +%s)
+install_npm || echo "npm install failed" >&2
+install_venv llm $LLM_PKGS || echo "llm venv install failed" >&2
+want aider && { install_venv aider $AIDER_PKG || echo "aider install failed" >&2; }
+OWUI_OK=0
+if want openwebui; then
+  if install_venv open-webui $OWUI_PKG; then OWUI_OK=1; else echo "open-webui install failed or took over ${INSTALL_TIMEOUT}s" >&2; fi
+fi
+echo "installs: $(( $(date +%s) - T0 )) s"
+export PATH="$DIR/npm/node_modules/.bin:$PATH"
+CPY=$DIR/llm/bin/python  # the SDKs' interpreter
+
+# ---- server ------------------------------------------------------------------------------------------------
+WORK=$(mktemp -d)
+PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+URL=http://127.0.0.1:$PORT
+export OLLAPY_HOST=127.0.0.1:$PORT OLLAPY_MODELS=$WORK/models OLLAPY_CACHE_DIR=$WORK/cache XDG_STATE_HOME=$WORK/state
+export OLLAMA_HOST=$URL OLLAMA_API_BASE=$URL
+"$PY" -m ollapy.cli.main serve > "$WORK/serve.log" 2>&1 &
+SERVER=$!
+OWUI_PID=
+cleanup() {
+  [ -n "$OWUI_PID" ] && kill "$OWUI_PID" 2>/dev/null
+  kill "$SERVER" 2>/dev/null; wait "$SERVER" 2>/dev/null
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+for _ in $(seq 600); do curl -sf "$URL/" > /dev/null && break; sleep 0.2; done
+read -r SMOL GEMMA < <("$PY" "$ROOT/scripts/fetch_test_models.py" | awk '$1 == "smollm2" {s=$2} $1 == "gemma3" {g=$2} END {print s, g}')
+printf 'FROM %s\nPARAMETER num_ctx 4096\n' "$SMOL" > "$WORK/Modelfile.smol"
+printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER num_predict %s\nPARAMETER temperature 0\nPARAMETER stop "\\n"\nPARAMETER stop "<end_of_turn>"\nPARAMETER stop "<start_of_turn>"\n' \
+  "$GEMMA" "$MAX_OUT" > "$WORK/Modelfile.gemma"
+"$PY" -m ollapy.cli.main create smol -f "$WORK/Modelfile.smol" > /dev/null 2>&1
+"$PY" -m ollapy.cli.main create gemma3-agents -f "$WORK/Modelfile.gemma" > /dev/null 2>&1
+echo "ollapy serve at $URL; clients in $DIR"
+
+metrics() {  # requests, prompt tokens (evaluated), cached tokens, from /metrics
+  "$CPY" - "$URL" <<'EOF'
+import sys, httpx
+from prometheus_client.parser import text_string_to_metric_families
+v = {"n": 0.0, "prompt": 0.0, "cached": 0.0}
+for fam in text_string_to_metric_families(httpx.get(sys.argv[1] + "/metrics", timeout=30).text):
+    for s in fam.samples:
+        if s.name == "ollapy_time_to_first_token_seconds_count":
+            v["n"] += s.value
+        elif s.name == "ollapy_tokens_total" and s.labels.get("kind") in ("prompt", "cached"):
+            v[s.labels["kind"]] += s.value
+print(int(v["n"]), int(v["prompt"]), int(v["cached"]))
+EOF
+}
+reloads() { grep -c "reloading" "$WORK/serve.log"; }
+
+# ---- official SDKs -----------------------------------------------------------------------------------------
+if want sdk; then
+  cat > "$WORK/sdk.py" <<'EOF'
+import sys, ollama, openai, anthropic
+url, what = sys.argv[1], sys.argv[2]
+Q = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+if what == "ollama":
+    c = ollama.Client(host=url)
+    assert any(m.model.startswith("smol") for m in c.list().models)
+    r = c.chat(model="smol", messages=Q, options={"temperature": 0, "num_predict": 16})
+    assert r.message.content and r.done
+    parts = list(c.chat(model="smol", messages=Q, stream=True, options={"num_predict": 8}))
+    assert parts[-1].done and len(parts) > 1
+    assert c.generate(model="smol", prompt="Hello", options={"num_predict": 4}).response
+    e = c.embed(model="smol", input=["a", "b"])
+    assert len(e.embeddings) == 2 and len(e.embeddings[0]) > 10
+    assert c.show("smol").modelfile and any(m.model.startswith("smol") for m in c.ps().models)
+elif what == "openai":
+    c = openai.OpenAI(base_url=url + "/v1", api_key="ollapy")
+    assert any(m.id.startswith("smol") for m in c.models.list().data)
+    r = c.chat.completions.create(model="smol", messages=Q, max_tokens=16, temperature=0)
+    assert r.choices[0].message.content and r.usage.prompt_tokens > 0
+    chunks = list(c.chat.completions.create(model="smol", messages=Q, max_tokens=8, stream=True))
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert len(c.embeddings.create(model="smol", input="hello").data[0].embedding) > 10
+    r = c.responses.create(model="smol", input="Say hi.", max_output_tokens=16)
+    assert r.output_text is not None
+elif what == "anthropic":
+    c = anthropic.Anthropic(base_url=url, api_key="ollapy")
+    r = c.messages.create(model="smol", max_tokens=16, messages=Q)
+    assert r.content[0].text and r.usage.input_tokens > 0
+    with c.messages.stream(model="smol", max_tokens=8, messages=Q) as s:
+        assert s.get_final_message().stop_reason in ("end_turn", "max_tokens")
+    assert c.messages.count_tokens(model="smol", messages=Q).input_tokens > 5
+EOF
+  for sdk in ollama openai anthropic; do check "sdk-$sdk" 300 "$CPY" "$WORK/sdk.py" "$URL" "$sdk"; done
+  check "llama.cpp-utility-routes" 120 "$CPY" -c "
+import httpx, sys
+u = '$URL'
+t = httpx.post(u + '/tokenize', json={'model': 'smol', 'content': 'Hello world', 'with_pieces': True}, timeout=60).json()['tokens']
+assert ''.join(x['piece'] for x in t) == 'Hello world'
+assert httpx.post(u + '/detokenize', json={'model': 'smol', 'tokens': [x['id'] for x in t]}).json()['content'] == 'Hello world'
+p = httpx.post(u + '/apply-template', json={'model': 'smol', 'messages': [{'role': 'user', 'content': 'hi'}]}).json()['prompt']
+assert p.rstrip().endswith('assistant'), p"
+fi
+
+# ---- ollama-js ---------------------------------------------------------------------------------------------
+if want js; then
+  cat > "$WORK/check.mjs" <<'EOF'
+import { Ollama } from "ollama";
+const o = new Ollama({ host: process.env.OLLAMA_HOST });
+const list = await o.list();
+if (!list.models.some((m) => m.name.startsWith("smol"))) throw new Error("no smol in list");
+let text = "";
+for await (const part of await o.chat({ model: "smol", messages: [{ role: "user", content: "Say hi." }], stream: true,
+                                        options: { num_predict: 8 } })) text += part.message.content;
+if (!text) throw new Error("empty answer");
+const e = await o.embed({ model: "smol", input: "hello" });
+if (e.embeddings[0].length < 10) throw new Error("no embedding");
+console.log("ollama-js:", JSON.stringify(text));
+EOF
+  cp "$WORK/check.mjs" "$DIR/npm/check-ollapy.mjs"
+  check "ollama-js" 300 node "$DIR/npm/check-ollapy.mjs"
+fi
+
+# ---- llm + llm-ollama --------------------------------------------------------------------------------------
+if want llm; then
+  export LLM_USER_PATH=$WORK/llm-home
+  LLM=$DIR/llm/bin/llm
+  check "llm-models" 120 bash -c "'$LLM' models | grep -q 'ollama/smol:latest'"  # llm-ollama names models ollama/NAME
+  check "llm-prompt-streamed" 300 "$LLM" -m ollama/smol "What is the capital of France? Answer in one word."
+  check "llm-prompt-not-streamed-options" 300 "$LLM" -m ollama/smol --no-stream -o temperature 0 -o num_predict 16 "Say hi."
+  check "llm-continue-conversation" 300 "$LLM" -c -o num_predict 16 "And of Italy?"
+  if check "llm-schema" 300 "$LLM" -m ollama/smol --schema 'city, country' -o num_predict 64 "Name a city."; then
+    "$CPY" -c "import json; d = json.loads(open('$WORK/last-llm-schema.log').read()); assert set(d) >= {'city', 'country'}" \
+      2>/dev/null || note "llm-schema: the answer is not the schema's object (a 135M model under a grammar)"
+  fi
+  check "llm-think-refused" 120 bash -c "'$LLM' -m ollama/smol -o think true 'Hi' 2>&1 | grep -q 'does not support thinking'"
+  # llm-ollama registers an embedding model only where /api/show lists the "embedding" capability (Ollama's
+  # embedding models); no embedding GGUF ships in any package here, and generative models do not list it
+  if "$LLM" embed-models | grep -q "^Ollama"; then
+    check "llm-embed" 120 bash -c "'$LLM' embed -m \"\$('$LLM' embed-models | grep -o 'ollama/[^ ]*' | head -1)\" -c 'hello world' | grep -q '\['"
+  else
+    note "llm-embed: no embedding model on the server (llm-ollama lists only models with the embedding capability)"
+  fi
+fi
+
+# ---- aider (litellm ollama_chat/) ----------------------------------------------------------------------------
+if want aider && [ -x "$DIR/aider/bin/aider" ]; then
+  mkdir -p "$WORK/aider" && cd "$WORK/aider" && printf 'def add(a, b):\n    return a + b\n' > calc.py
+  before=$(reloads)
+  for i in 1 2 3; do
+    check "aider-message-$i" 600 "$DIR/aider/bin/aider" --model ollama_chat/smol --no-git --yes-always \
+      --no-show-model-warnings --no-check-update --no-analytics --no-pretty --restore-chat-history \
+      --map-tokens 0 --message "Message $i: what does add return? One line." calc.py
+  done
+  n=$(( $(reloads) - before ))
+  if [ "$n" -le 1 ]; then ok "aider-num_ctx-reloads-at-most-once ($n reloads)"; else fail "aider-num_ctx-reloads" "$n reloads"; fi
+  cd "$ROOT"
+fi
+
+# ---- Continue CLI --------------------------------------------------------------------------------------------
+if want continue; then
+  cat > "$WORK/continue.yaml" <<EOF
+name: ollapy
+version: 1.0.0
+schema: v1
+models:
+  - name: gemma3-agents
+    provider: ollama
+    model: gemma3-agents:latest
+    apiBase: $URL
+    roles: [chat, edit, apply, autocomplete]
+EOF
+  mkdir -p "$WORK/cn" && cd "$WORK/cn"
+  check "continue-cli-chat" 900 env CONTINUE_GLOBAL_DIR="$WORK/cn-home" cn --config "$WORK/continue.yaml" -p "Reply with one word: ready"
+  cd "$ROOT"
+  # autocomplete: Continue's ollama provider sends /api/generate with the code before the cursor as `prompt` and
+  # the code after it as `suffix`, raw; neither test model can insert, so Ollama's 400 is the right answer
+  check "continue-fim-suffix-gets-ollamas-error" 60 "$CPY" -c "
+import httpx
+r = httpx.post('$URL/api/generate', json={'model': 'smol', 'prompt': 'def add(a, b):\n    return ', 'suffix': '\n\nprint(add(1, 2))',
+               'raw': True, 'stream': False, 'options': {'num_predict': 16}}, timeout=60)
+assert r.status_code == 400 and r.json()['error'].startswith('\"smol\" does not support insert'), r.text"
+fi
+
+# ---- opencode ----------------------------------------------------------------------------------------------
+if want opencode; then
+  mkdir -p "$WORK/oc" && cd "$WORK/oc"
+  check "opencode-run-via-launch" 1200 env XDG_CONFIG_HOME="$WORK/oc-config" XDG_DATA_HOME="$WORK/oc-data" \
+    "$PY" -m ollapy.cli.main launch opencode --model gemma3-agents -- run "Reply with one word: ready"
+  cd "$ROOT"
+fi
+
+# ---- agents, tools on, three turns -------------------------------------------------------------------------
+if want agents; then
+  export CODEX_HOME=$DIR/codex-home CLAUDE_CONFIG_DIR=$DIR/claude-config CLAUDE_CODE_MAX_OUTPUT_TOKENS=$MAX_OUT
+  export CLAUDE_STREAM_IDLE_TIMEOUT_MS=3600000 API_TIMEOUT_MS=3600000
+  rm -rf "$CODEX_HOME/sessions" "$CLAUDE_CONFIG_DIR/projects"
+  mkdir -p "$CODEX_HOME" "$CLAUDE_CONFIG_DIR" "$WORK/project"
+  agent_turn() {  # label, then launch arguments
+    local label=$1; shift
+    local b a
+    b=$(metrics)
+    (cd "$WORK/project" && timeout 1800 "$PY" -m ollapy.cli.main launch "$@" < /dev/null > "$WORK/agent.out" 2> "$WORK/agent.err")
+    local rc=$?
+    a=$(metrics)
+    read -r n0 p0 c0 <<< "$b"; read -r n1 p1 c1 <<< "$a"
+    local line="$label: $((n1 - n0)) requests, prompt tokens $((p1 - p0 + c1 - c0)), reused from the cache $((c1 - c0)), prefilled $((p1 - p0))"
+    if [ $rc = 0 ]; then ok "$line"; else fail "$line" "exit $rc: $(tail -c 300 "$WORK/agent.err" | tr '\n' ' ')"; fi
+  }
+  agent_turn "claude turn 1" claude --model gemma3-agents -- -p "Reply with one word: ready"
+  for i in $(seq 2 "$AGENT_TURNS"); do
+    agent_turn "claude turn $i" claude --model gemma3-agents -- -p --continue "Reply with one word: again ($i)"
+  done
+  agent_turn "codex turn 1" codex --model gemma3-agents -- exec --skip-git-repo-check "Reply with one word: ready"
+  for i in $(seq 2 "$AGENT_TURNS"); do
+    agent_turn "codex turn $i" codex --model gemma3-agents -- exec --skip-git-repo-check resume --last "Reply with one word: again ($i)"
+  done
+fi
+
+# ---- Open WebUI --------------------------------------------------------------------------------------------
+if want openwebui; then
+  if [ "$OWUI_OK" != 1 ]; then
+    fail "open-webui" "not installed (pip install $OWUI_PKG failed or took over ${INSTALL_TIMEOUT}s here)"
+  else
+    WPORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    (cd "$WORK" && env DATA_DIR="$WORK/owui" OLLAMA_BASE_URL="$URL" ENABLE_OPENAI_API=False WEBUI_AUTH=False \
+      HF_HUB_OFFLINE=1 OFFLINE_MODE=True RAG_EMBEDDING_ENGINE=ollama RAG_EMBEDDING_MODEL=smol:latest \
+      ENABLE_VERSION_UPDATE_CHECK=False ANONYMIZED_TELEMETRY=False \
+      "$DIR/open-webui/bin/open-webui" serve --host 127.0.0.1 --port "$WPORT" > "$WORK/owui.log" 2>&1) &
+    OWUI_PID=$!
+    up=0
+    for _ in $(seq 900); do curl -sf "http://127.0.0.1:$WPORT/health" > /dev/null && { up=1; break; }; sleep 1; done
+    if [ $up = 0 ]; then
+      fail "open-webui-start" "no answer in 900 s: $(tail -n 3 "$WORK/owui.log" | tr '\n' ' ' | cut -c1-300)"
+    else
+      cat > "$WORK/owui.py" <<'EOF'
+import json, sys, httpx
+w, what = sys.argv[1], sys.argv[2]
+c = httpx.Client(base_url=w, timeout=600)
+tok = c.get("/api/v1/auths/").json().get("token") or ""  # WEBUI_AUTH=False: an admin session without a login
+c.headers["Authorization"] = f"Bearer {tok}"
+msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+if what == "models":
+    ids = [m["id"] for m in c.get("/api/models").json()["data"]]
+    assert any(i.startswith("smol") for i in ids), ids
+elif what == "chat-streamed":
+    text = ""
+    with c.stream("POST", "/api/chat/completions", json={"model": "smol:latest", "messages": msgs, "stream": True}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                d = json.loads(line[6:])
+                text += ((d.get("choices") or [{}])[0].get("delta") or {}).get("content") or ""
+    assert text, "empty stream"
+elif what == "title-and-follow-ups":
+    body = {"model": "smol:latest", "messages": msgs + [{"role": "assistant", "content": "Paris."}]}
+    for task in ("title", "follow_up"):
+        r = c.post(f"/api/v1/tasks/{task}/completions", json=body)
+        assert r.status_code == 200, (task, r.status_code, r.text[:200])
+elif what == "ps-and-unload":
+    ps = c.get("/ollama/api/ps").json()
+    assert any(m["name"].startswith("smol") for m in ps["models"]), ps
+    r = c.post("/ollama/api/generate", json={"model": "smol:latest", "keep_alive": 0})
+    assert r.status_code == 200, r.text
+    import time
+    for _ in range(100):
+        if not any(m["name"].startswith("smol") for m in c.get("/ollama/api/ps").json()["models"]):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("smol still loaded after keep_alive 0")
+elif what == "embeddings":
+    r = c.post("/ollama/api/embed", json={"model": "smol:latest", "input": ["a document about llamas"]})
+    assert r.status_code == 200 and len(r.json()["embeddings"][0]) > 10, r.text[:200]
+EOF
+      for w in models chat-streamed title-and-follow-ups ps-and-unload embeddings; do
+        check "open-webui-$w" 600 "$CPY" "$WORK/owui.py" "http://127.0.0.1:$WPORT" "$w"
+      done
+    fi
+  fi
+fi
+
+if ! kill -0 "$SERVER" 2>/dev/null; then fail "ollapy-serve" "the server stopped: $(tail -n 5 "$WORK/serve.log" | tr '\n' ' ')"; fi
+echo "--- $OK ok, $FAILED FAIL, ${#NOTES[@]} notes; server reloads: $(reloads)"
+[ "$FAILED" = 0 ]
