@@ -142,8 +142,8 @@ DRAFT_NGRAM = "ngram"
 #: ``draft_num_predict`` when unset (-1), by how a request drafts. The anchors differ and both are right for
 #: their drafter: llama.cpp's n-gram modes draft up to 48-64 tokens (a proposal is free; a step verifies what the
 #: lookup found), its draft model 3 and Ollama's 4 (each drafted token costs a draft-model decode first). Here
-#: the policy prices every row (engine/draft_policy.py), so the cap only bounds what it may choose: on task (a)
-#: of scripts/bench_spec.py (Gemma 3, 2-core AVX2 CPU) caps of 4, 8 and 16 gave 1.55x, 1.69x and 1.74x plain.
+#: the policy prices every row (engine/spec/policy.py), so the cap only bounds what it may choose: a longer cap
+#: lets it take the wider batches a CPU's tiled kernels verify cheaply (caps compared: docs/benchmarks.md).
 DRAFT_N_MAX_NGRAM = 16
 DRAFT_N_MAX_MODEL = 4
 

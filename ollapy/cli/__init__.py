@@ -19,8 +19,8 @@ import sys
 def main() -> None:
     """Console-script entry point: imports the app, then runs :func:`ollapy.cli.main.main`.
 
-    The import is inside the function so that a Ctrl-C during the first
-    0.1 s (typer and rich importing) exits 130 without a traceback too.
+    The import is inside the function so that a Ctrl-C during start-up
+    (while typer and rich import) exits 130 without a traceback too.
     """
     try:
         from ollapy.cli.main import main as run_main

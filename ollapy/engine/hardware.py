@@ -23,9 +23,9 @@ def choose_flash_attn(setting: str, kv_cache_type: str, on_gpu: bool) -> str:
 
     ``auto``: on for quantized KV types (llama.cpp requires it), llama.cpp's own
     choice on a GPU, and off on the CPU: there, llama.cpp's flash-attention path
-    made a 15-token prompt tail over a 2,200-token KV cache about 4.5x slower
-    (0.55 s vs 0.12 s, SmolLM2, this project's 2-core machine) with no gain in
-    decode speed, and that tail is exactly what a prompt-cache hit evaluates.
+    makes a short prompt tail over a long KV cache several times slower with no
+    gain in decode speed (figures: docs/benchmarks.md, "Notes from code"), and
+    that tail is exactly what a prompt-cache hit evaluates.
     """
     if setting != "auto":
         return setting

@@ -27,7 +27,7 @@ JSON's structure tokens (:func:`structure_tokens`: pieces made only of
 presence and frequency penalties never apply to them. Otherwise the quotes and
 commas of the prompt and of the answer so far make closing a string
 ever less likely, and a small model at ``repeat_penalty`` 1.1 writes on inside
-a JSON string until ``num_predict`` runs out (measured in README.md).
+a JSON string until ``num_predict`` runs out (tests/test_quickstart_answer.py; figures: docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -160,7 +160,7 @@ def checked_draft_path(ref: PathRef | ModelRef, options: Options) -> Path | None
     """:func:`draft_path`, then the vocabulary check on the two GGUF headers
     (:func:`ollapy.store.draft_vocab.check_draft_header`: llama.cpp's whole rule, token texts included) before
     anything loads: a server checks a request's draft model with it before it unloads the model it serves.
-    Reads both token arrays (~0.2 s for a 262k-token vocabulary). Raises ModelNotFound, DraftMismatch,
+    Reads both token arrays (a cost linear in the vocabulary size). Raises ModelNotFound, DraftMismatch,
     ModelLoadError (an unreadable header)."""
     path = draft_path(options)
     if path is not None:

@@ -17,8 +17,8 @@ mapped to the target's, a map with one increasing id below the target's size per
 token's text equal to the target's text at its mapped id (all ids: the map makes the specials comparable too).
 
 A server runs this before it unloads the model it serves for a draft that cannot serve it, and ``create`` runs
-it before it writes a model whose ``DRAFT`` could never load. Cost: reading both token arrays, ~0.2 s for a
-262k-token vocabulary.
+it before it writes a model whose ``DRAFT`` could never load. Cost: reading both token arrays, linear in the
+vocabulary size.
 """
 from __future__ import annotations
 

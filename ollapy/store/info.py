@@ -1,7 +1,8 @@
 """GGUF metadata for ``ollapy show``, read from the file header without loading the model.
 
 ``gguf.GGUFReader`` parses every tokenizer array into numpy objects, which
-takes 3-13 s for the test models (49k-262k token vocabularies); ``show``
+costs time linear in the vocabulary (49k-262k tokens for the test models;
+figures: docs/benchmarks.md); ``show``
 only needs a few scalar keys, so this module walks the header itself using the
 ``gguf`` package's type constants and skips arrays by their byte length.
 """
@@ -79,7 +80,7 @@ def _raw_string(f: BinaryIO) -> bytes:
 
 def read_gguf_header(path: Path, keep: frozenset[str] = frozenset()) -> tuple[dict[str, Any], int]:
     """Return (scalar metadata, parameter count). Arrays are summarised (:class:`ArraySummary`), except those named
-    in ``keep``: string arrays come as ``list[bytes]`` (``tokenizer.ggml.tokens``: ~0.2 s for 262k tokens), number
+    in ``keep``: string arrays come as ``list[bytes]`` (``tokenizer.ggml.tokens``: linear in the vocabulary size), number
     arrays as lists of numbers.
     Raises ModelLoadError."""
     try:

@@ -33,8 +33,8 @@ def _import_bindings():
     """llama-cpp-python's ctypes bindings (``llama_cpp.llama_cpp``), without running the package's ``__init__``.
 
     ``import llama_cpp`` first imports the high-level ``Llama`` class and with it
-    numpy, jinja2 and the chat formats (0.15 s here, half of a one-shot
-    ``ollapy run``'s own overhead). The bindings alone are enough to load a
+    numpy, jinja2 and the chat formats (a large share of a one-shot
+    ``ollapy run``'s own start-up overhead: ``scripts/bench_cli.py``). The bindings alone are enough to load a
     model, so the package module is registered unexecuted and
     :func:`finish_imports` runs its ``__init__`` in a thread while the model
     loads (``llama_model_load_from_file`` releases the GIL).

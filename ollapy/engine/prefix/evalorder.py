@@ -1,7 +1,7 @@
 """The canonical evaluation order: every prompt is evaluated in the same shapes, cold or from the cache.
 
-Why (measured, see ``tests/test_exact_logits.py`` and the README's "Exactness"
-section): ggml-cpu picks a matrix-multiply kernel by the number of rows of the
+Why (see ``tests/test_exact_logits.py`` and "Exactness" in
+docs/design/architecture.md): ggml-cpu picks a matrix-multiply kernel by the number of rows of the
 right-hand operand. ``llamafile_sgemm`` (tinyBLAS) declines ``n < 2``
 ("only enable sgemm for prompt processing", ``ggml/src/ggml-cpu/llamafile/sgemm.cpp``),
 so a product with one row goes through ``ggml_vec_dot_*`` instead. The two

@@ -75,7 +75,7 @@ REFIT_STEPS = 8
 #: a slot whose draft model the policy stopped trusting drafts ``n_min`` tokens after this many steps without
 #: drafting (a probe), the wait doubling after each probe that is rejected up to PROBE_MAX_STEPS: a draft model
 #: has no free shadow (its tokens cost a decode), and without probes one rejected first proposal (rate 2/3 -> 1/2,
-#: under the break-even gain) stopped a slot drafting for good, though the same draft then kept 96% of its tokens
+#: under the break-even gain) stopped a slot drafting for good, though the same draft then kept nearly all its tokens
 PROBE_STEPS, PROBE_MAX_STEPS = 8, 256
 
 #: the draft modes a slot can be in: none, draftless n-gram lookup, a draft model
