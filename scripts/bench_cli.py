@@ -52,7 +52,7 @@ def main() -> int:
     py = sys.executable
     cli = [py, "-m", "ollapy.cli.main"]
     # a pip install byte-compiles the package; an editable checkout under PYTHONDONTWRITEBYTECODE=1 would
-    # instead compile every ollapy module from source on every start (~0.1 s), which users never see
+    # instead compile every ollapy module from source on every start, a cost users never see
     subprocess.run([py, "-m", "compileall", "-q", str(ROOT / "ollapy")], check=True)
     for cmd in (cli + ["--help"], cli + ["run", str(args.model), "-o", "num_predict=1", "hi"]):  # warm the page cache
         subprocess.run(cmd, capture_output=True, env=env)

@@ -11,7 +11,7 @@ context settings, same CPU buffer-type choice) that decodes the same number
 of sequences in one batch per step, with none of ollapy's scheduling,
 sampling or detokenizing. When both are available both are printed.
 
-Machine noise on a shared VM is +-10% between processes, so every figure of
+Machine noise on a shared VM moves a figure between processes (docs/benchmarks.md), so every figure of
 every side runs in its own fresh process (no OpenMP thread team left over
 from an earlier model), the sides are interleaved figure by figure over
 ``--repeat`` rounds (order alternating each round), and the table shows the

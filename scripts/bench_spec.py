@@ -259,8 +259,8 @@ def native_rows(exe: str, gguf: dict[str, Path], draft_gguf: Path | None, rounds
     """llama-server plain vs ``--spec-type ngram-simple`` (and ``-md``) on (a) and (c), /completion timings.
 
     ``ours_a`` (ollapy's n-gram eval rate on (a), one CLI run) runs once per round beside llama-server's n-gram
-    run on (a), the order alternating, so the "vs native" ratios compare runs made at the same time (this VM's
-    speed drifts by +-20% over minutes). Returns the lines, the median rates, those per-round ratios, and
+    run on (a), the order alternating, so the "vs native" ratios compare runs made at the same time (a shared
+    VM's speed drifts over minutes). Returns the lines, the median rates, those per-round ratios, and
     llama-server's first n-gram text on (a) (to check that both ran the same task)."""
     import httpx
 

@@ -8,7 +8,7 @@
 #                                                                # default TARGETs: all four tools
 #   export PATH="$DEST/build/bin:$PATH"                # the benchmarks then find them
 #
-# About 25 minutes on 2 cores (llama-server is most of it). Set PYTHON to the interpreter ollapy uses, and
+# A long build (llama-server is most of it). Set PYTHON to the interpreter ollapy uses, and
 # NATIVE_CMAKE_ARGS to extra CMake flags (e.g. "-DGGML_CUDA=on" for a GPU build; use another DEST for it).
 set -euo pipefail
 dest="${1:-${XDG_CACHE_HOME:-$HOME/.cache}/ollapy/native}"

@@ -17,8 +17,8 @@
 # tests/test_speculation.py::test_a_verified_row_gives_the_logits_of_a_one_row_step):
 # - Q8_0, Q4_0, Q5_0 on x86 with AVX2+FMA: tinyBLAS_Q0_AVX and ggml_vec_dot_qX_0_q8_0 do the same operations
 #   per output element (one fp32 accumulator per block lane, fma of the scale product with the int8 dot, the same
-#   horizontal sum), so the split is harmless, and vec_dot is the faster one-row kernel (Gemma 3 270M: 15 vs 22 ms
-#   a step). These keep the guard.
+#   horizontal sum), so the split is harmless, and vec_dot is the faster one-row kernel (figures:
+#   docs/benchmarks.md). These keep the guard.
 # - every other type tinyBLAS takes (F32, F16, BF16, IQ4_NL; all types off x86) rounds differently in vec_dot, so
 #   one row goes to tinyBLAS too (guard n < 1).
 # So a row computes alike alone and beside others (the cache, concurrency and speculative decoding rest on it:

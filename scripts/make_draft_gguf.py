@@ -8,11 +8,10 @@ No second SmolLM2 (or Gemma 3) ships in a package here, and speculative decoding
 one whose tokenizer matches the target's. Two cuts, combinable:
 
 - **Blocks.** ``--layers K`` keeps blocks ``0..K-1`` (per-layer metadata arrays, one entry per block, keep their
-  first K entries). Measured on Gemma 3 270M with ``--vocab 32768``, teacher-forced on task (a) of
-  scripts/bench_spec.py: the first 12, 13, 14, 15, 16, 17, 18 blocks agree with the full model on 78%, 89%, 91%,
-  96%, 99%, 99%, 100% of the tokens. Skipping middle blocks instead (0-5 and 12-17, or 0-2 and 9-17, each kind
-  of attention block kept in place) agreed on 0-1%: this model was not trained to skip layers (LayerSkip,
-  Elhoushi et al. 2024, is), so there is no such option here.
+  first K entries). Teacher-forced on task (a) of scripts/bench_spec.py, the agreement with the full model
+  falls as fewer leading blocks are kept (figures per K: docs/benchmarks.md, "Speculative decoding"). Skipping
+  middle blocks instead (each kind of attention block kept in place) agreed on almost no tokens: this model was
+  not trained to skip layers (LayerSkip, Elhoushi et al. 2024, is), so there is no such option here.
 - **Vocabulary** (FR-Spec, Zhao et al. 2025, "Frequency-Ranked Speculative Sampling"). With a large vocabulary
   the output layer dominates a small model's step (Gemma 3 270M: 178 of 246 MB, 262,144 tokens), and no block
   cut makes it cheaper. ``--vocab N`` keeps N tokens: the byte tokens, the control and user-defined tokens that
@@ -22,9 +21,9 @@ one whose tokenizer matches the target's. Two cuts, combinable:
   cut to those tokens, in the target's id order, and ``ollapy.draft.token_ids`` (int32, one per draft token)
   records each one's id in the target's vocabulary. ollapy checks that every kept token's text equals the
   target's text at that id (ollapy.store.draft_vocab), feeds the draft the mapped ids and maps its argmax back.
-  A token outside the subset is fed as the most frequent kept token (``ollapy.draft.fallback_id``; measured in
-  the README). The target verifies every drafted token, so the answer is unchanged. llama.cpp's own tools
-  refuse such a draft (its vocabulary differs in size).
+  A token outside the subset is fed as the most frequent kept token (``ollapy.draft.fallback_id``; compared with
+  ``<unk>`` in docs/benchmarks.md, "A trimmed-vocabulary draft model"). The target verifies every drafted token,
+  so the answer is unchanged. llama.cpp's own tools refuse such a draft (its vocabulary differs in size).
 
 The tokenizer metadata is otherwise copied unchanged, ``{arch}.block_count`` becomes K, and ``general.name``
 says what it is. Deterministic: the same input and options give the same bytes (metadata and tensors in the

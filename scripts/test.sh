@@ -8,7 +8,7 @@ PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-# llama-cpp-python with llama.cpp's RPC backend (compiled once per machine, ~6 min on 2 cores; see the script)
+# llama-cpp-python with llama.cpp's RPC backend (compiled once per machine, minutes; see the script)
 bash scripts/install_llama.sh "$VENV/bin/python"
 "$VENV/bin/python" -m pip install -q -e '.[dev,server]'
 "$VENV/bin/python" scripts/fetch_test_models.py

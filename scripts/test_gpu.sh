@@ -10,9 +10,9 @@
 # Prints a last line: `gpu suite: DEVICE: N passed, N failed, N skipped in S s`; exits non-zero on a failure.
 # Env: VENV (default .venv-vulkan), PYTHON (default python3), OLLAPY_TEST_MODELS (model cache dir).
 #
-# Costs (docs/gpu.md): the Vulkan wheel builds once per machine (20 to 45 minutes on 2 cores; cached under
-# ~/.cache/ollapy/wheels, keyed by the flags); the device tests then take minutes, since lavapipe decodes a
-# token in seconds.
+# Costs (figures: docs/benchmarks.md): the Vulkan wheel builds once per machine (a long build; cached under
+# ~/.cache/ollapy/wheels, keyed by the flags); the device tests then take minutes, since lavapipe decodes far
+# slower than the CPU backend.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
