@@ -45,6 +45,7 @@ from ollapy.engine.prefix.source import PrefixSource
 from ollapy.engine.request import Chunk, Request
 from ollapy.engine.sampler import token_logprob
 from ollapy.engine.slot import Slot, SlotState
+from ollapy.engine.spec.draft_model import PendingTokens
 from ollapy.engine.spec.speculator import Candidate, Speculator
 from ollapy.errors import BusyError, Cancelled, ContextError, DecodeError, OllapyError
 from ollapy.options import Options, predict_limit
@@ -412,8 +413,8 @@ class Engine:
                 room = self.num_ctx - len(s.tokens) - 1  # the pending token's cell, then the drafted ones
                 if limit >= 0:
                     room = min(room, limit - req.metrics.eval_count - 1)
-                # the token list is copied only for a draft model (an n-gram drafter keeps its own history)
-                tokens = s.tokens + [s.pending] if self.spec.uses_draft_model(s.id) else ()
+                # a view of the token list for a draft model, never a copy (an n-gram drafter keeps its own history)
+                tokens = PendingTokens(s.tokens, s.pending) if self.spec.uses_draft_model(s.id) else ()
                 decoding.append(Candidate(s.id, tokens, room))
             elif len(s.tokens) == len(s.prompt) - 1:
                 others += 1

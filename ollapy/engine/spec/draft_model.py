@@ -13,6 +13,11 @@ for slot ``i``), and this class keeps each sequence's KV equal to a prefix of th
   tokens of every slot in one batch, then decodes greedily, one batch per drafted position for all slots
   still drafting. The last drafted token is never evaluated (nothing would read its logits), so afterwards a
   sequence holds its tokens plus all but the last of its draft.
+- A slot's step costs the tokens it added since the last one, not its whole context: the engine passes its
+  token list as a :class:`PendingTokens` view (no copy), and while a sequence is *followed*
+  (:meth:`DraftModel.follow`, from the start of a request to its end: the slot's tokens only grow, a context
+  shift is mirrored apart) the common prefix is searched from where the last step left it. An unfollowed
+  sequence (a direct caller) compares from the start.
 - :meth:`DraftModel.shift` mirrors a target context shift (keep ``n_keep``, drop ``n_discard``, shift the
   rest down) with ``seq_rm`` + ``seq_add``, so that no re-prefill follows; if the draft context cannot shift
   it clears the sequence and the next :meth:`propose` prefills it.
@@ -52,6 +57,36 @@ class DraftStats:
     drafted: int = 0
     decodes: int = 0
     cleared: int = 0
+    compared: int = 0  # tokens compared to find a sequence's common prefix with its slot's tokens
+
+
+class PendingTokens(Sequence[int]):
+    """A slot's token list with its pending token after it, as a read-only view (no copy of the context per
+    step): ``len``, indexing and slicing (a slice is a new list)."""
+
+    __slots__ = ("base", "pending")
+
+    def __init__(self, base: list[int], pending: int) -> None:
+        self.base = base
+        self.pending = pending
+
+    def __len__(self) -> int:
+        return len(self.base) + 1
+
+    def __getitem__(self, i):
+        n = len(self.base)
+        if isinstance(i, slice):
+            start, stop, step = i.indices(n + 1)
+            if step != 1:
+                return [self[k] for k in range(start, stop, step)]
+            return self.base[start:min(stop, n)] + ([self.pending] if stop > n >= start else [])
+        if i < 0:
+            i += n + 1
+        if i == n:
+            return self.pending
+        if not 0 <= i < n:
+            raise IndexError(i)
+        return self.base[i]
 
 
 class DraftModel:
@@ -77,6 +112,8 @@ class DraftModel:
             self._to_draft = np.full(target.n_vocab, token_map.unknown, dtype=np.int32)
             self._to_draft[self._to_target] = np.arange(draft.n_vocab, dtype=np.int32)
         self._held: list[list[int]] = [[] for _ in range(draft.n_parallel)]
+        # seq -> length of the prefix of its slot's tokens known equal to what it holds (followed seqs only)
+        self._known: dict[int, int] = {}
         self.stats = DraftStats()
         # decode threads for a batch of n tokens (the engine sets its ThreadBudget's: fewer threads while other
         # processes keep the CPUs busy, as for the target; a spinning ggml barrier on an oversubscribed CPU made
@@ -91,6 +128,18 @@ class DraftModel:
         """Empty sequence ``seq`` (its slot was freed)."""
         self.backend.seq_clear(seq)
         self._held[seq] = []
+        if seq in self._known:
+            self._known[seq] = 0
+
+    def follow(self, seq: int) -> None:
+        """From now until :meth:`unfollow`, the tokens given for ``seq`` only grow between steps (a request's
+        tokens; a context shift goes through :meth:`shift`): each step then compares only the new ones. The
+        first step after this compares from the start (a new request may share a prefix with the last one)."""
+        self._known[seq] = 0
+
+    def unfollow(self, seq: int) -> None:
+        """``seq``'s request ended: its next tokens may be any list again."""
+        self._known.pop(seq, None)
 
     def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
         """Mirror the target's context shift of slot ``seq``: drop positions ``[n_keep, n_keep + n_discard)``
@@ -102,14 +151,19 @@ class DraftModel:
             return
         self.backend.seq_add(seq, n_keep + n_discard, -1, -n_discard)
         self._held[seq] = held[:n_keep] + held[n_keep + n_discard:]
+        if seq in self._known:
+            self._known[seq] = min(self._known[seq], n_keep)
 
     def _trim(self, seq: int, tokens: Sequence[int]) -> int:
-        """Cut sequence ``seq`` to its common prefix with ``tokens`` minus the last token; returns its length."""
+        """Cut sequence ``seq`` to its common prefix with ``tokens`` minus the last token; returns its length.
+        A followed sequence compares from the prefix the last step left known (:meth:`follow`)."""
         held = self._held[seq]
         limit = min(len(held), len(tokens) - 1)
-        n = 0
+        n = min(self._known.get(seq, 0), limit)
+        start = n
         while n < limit and held[n] == tokens[n]:
             n += 1
+        self.stats.compared += n - start + (n < limit)
         if n < len(held):
             if not self.backend.seq_rm(seq, n, -1):
                 self.backend.seq_clear(seq)
@@ -136,6 +190,8 @@ class DraftModel:
             pending[seq] = list(tokens[kept:])
             out[seq] = []
             want[seq] = max(0, min(n_max, b.num_ctx - len(tokens)))
+            if seq in self._known:  # after this step it holds all of ``tokens``: the next step's prefix
+                self._known[seq] = len(tokens)
         try:
             firsts = self._catch_up(pending, {s for s, n in want.items() if n > 0})
             for s, t in firsts.items():

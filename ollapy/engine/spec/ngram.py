@@ -18,6 +18,13 @@ agreement into a per-token estimate for the draft policy); a proposal costs at m
 ``n_max`` list reads: O(1) per token, independent of the history's length. Memory: two dict entries per
 distinct n-gram per ``n``.
 
+Window. The history is the last :data:`NGRAM_WINDOW` tokens of the context, not all of it: a request's setup
+(indexing its prompt, in Python, on the engine's loop thread, where it delays every slot's next step) and the
+index's memory (about a kilobyte a token) stay bounded however long the prompt. While a request generates,
+the history may grow to twice the window, then it is rebuilt from its last ``NGRAM_WINDOW`` tokens (amortised
+O(1) a token). An earlier passage further back than the window is not found: llama.cpp's
+``ngram-simple`` draft searches a bounded window too. The speculator empties the index when the request ends.
+
 Sources (semantics read, no code copied):
 
 - llama.cpp ``common/ngram-map.cpp``, ``common_ngram_simple_draft`` (llama-server ``--spec-type
@@ -36,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+#: tokens of the context an n-gram drafter indexes (module docstring: Window)
+NGRAM_WINDOW = 8192
 #: kinds of context a proposed token follows (NgramDrafter.contexts)
 NOVEL, ONCE, SEEN = 0, 1, 2
 #: pseudo-counts with which a context's shorter suffix backs its estimate (NgramDrafter.contexts)
@@ -62,15 +71,19 @@ class Drafter(Protocol):
 class NgramDrafter:
     """Prompt-lookup drafter over one slot's history (see the module docstring for the algorithm).
 
-    ``max_ngram`` >= ``min_ngram`` >= 1: the n-gram sizes tried, longest first. Raises ValueError otherwise.
-    Not thread-safe: one drafter per slot, used from the engine's loop thread.
+    ``max_ngram`` >= ``min_ngram`` >= 1: the n-gram sizes tried, longest first. ``window``: the tokens of the
+    context kept (the last ones; the history grows to twice that before it is cut back). Raises ValueError
+    otherwise. Not thread-safe: one drafter per slot, used from the engine's loop thread.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, window: int = NGRAM_WINDOW) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if window < max_ngram + 1:
+            raise ValueError(f"window must exceed max_ngram, got window={window}, max_ngram={max_ngram}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
+        self.window = window
         self._tokens: list[int] = []
         # _index[n - min_ngram]: n-gram -> position of the token that followed its most recent occurrence
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram - min_ngram + 1)]
@@ -87,13 +100,12 @@ class NgramDrafter:
         return len(self._tokens)
 
     def reset(self, tokens: Sequence[int] = ()) -> None:
-        """Forget everything, then take ``tokens`` as the history. O(len(tokens))."""
+        """Forget everything (the memory is freed), then take the last :attr:`window` of ``tokens`` as the history.
+        O(min(len(tokens), window))."""
         self._tokens = []
-        for d in self._index:
-            d.clear()
-        for d in self._agree:
-            d.clear()
-        self.extend(tokens)
+        self._index = [{} for _ in self._index]  # new dicts: clear() would keep a large table allocated
+        self._agree = [{} for _ in self._agree]
+        self.extend(tokens[-self.window:] if len(tokens) > self.window else tokens)
 
     def truncate(self, length: int) -> None:
         """Keep the first ``length`` tokens of the history (a slot reusing a prefix for a new request).
@@ -106,7 +118,8 @@ class NgramDrafter:
             self.reset(self._tokens[:length])
 
     def extend(self, tokens: Iterable[int]) -> None:
-        """Append accepted tokens; each registers the n-grams that end just before it. O(max_ngram) each."""
+        """Append accepted tokens; each registers the n-grams that end just before it. O(max_ngram) each
+        (amortised: past twice the window the history is rebuilt from its last :attr:`window` tokens)."""
         toks = self._tokens
         lo, hi = self.min_ngram, self.max_ngram
         index = self._index
@@ -126,6 +139,9 @@ class NgramDrafter:
                     a[1] += toks[prev] == t
                 ix[g] = pos
             toks.append(t)
+            if len(toks) >= 2 * self.window:
+                self.reset(toks)  # keeps the last window (the loop's locals are rebound below)
+                toks, index, agree = self._tokens, self._index, self._agree
 
     def contexts(self, proposal: Sequence[int]) -> list[tuple[int, float]]:
         """What the history says about each token of ``proposal`` (a :meth:`propose` result, in order), from its
