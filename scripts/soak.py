@@ -1,10 +1,18 @@
 #!/usr/bin/env python3
 """Soak test of ``ollapy serve``: many concurrent clients over a few slots for minutes, judged at the end.
 
-By default it starts its own server (``OLLAPY_NUM_PARALLEL=--slots``, a fresh store holding the SmolLM2 test
-model, a 256 MiB prompt-cache RAM tier) and runs ``--clients`` clients for ``--minutes``. Each client loops
-over a mix of requests: ``/api/chat`` and ``/api/generate`` (whole answers), ``/api/embed``,
-``/v1/chat/completions`` streamed, ``/api/chat`` streamed, and streams cancelled after their first chunk.
+By default it starts its own server (``OLLAPY_NUM_PARALLEL=--slots``, ``OLLAPY_MAX_LOADED_MODELS=1``, a fresh
+store holding the SmolLM2 test model twice, as ``soak`` and ``soak-b``, a 256 MiB prompt-cache RAM tier) and
+runs ``--clients`` clients for ``--minutes``. Each client loops over a mix of requests: ``/api/chat`` and
+``/api/generate`` (whole answers), ``/api/embed``, ``/v1/chat/completions`` streamed, ``/api/chat`` streamed,
+streams cancelled after their first chunk, Anthropic's ``/v1/messages`` (half of them streamed) and
+``/v1/responses`` (stored, each client chaining up to four turns with ``previous_response_id``).
+
+A second-model phase (from 40% to 60% of the run, server started here only): every client asks for
+``soak-b`` instead. With one model allowed, its load waits (503 "busy" answers, counted apart, retried after
+``Retry-After``) until ``soak``'s requests in flight end, then ``soak`` is unloaded and ``soak-b`` loaded while
+traffic goes on; at 60% the clients switch back. The loads seen in ``/api/ps`` are reported and judged (at
+least the two switches).
 
 Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
 503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
@@ -40,7 +48,8 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
              "What do bees make?", "Name a planet.", "What is water made of?", "Name a fruit.",
              "What is the opposite of hot?", "How many legs does a cat have?", "Name a musical instrument.",
              "What color is the sky?"]
-KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled")
+KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled", "anthropic", "responses")
+CHAIN = 4  # turns a client chains with previous_response_id before it starts a new conversation
 
 
 def sample_process(pid: int) -> dict:
@@ -67,6 +76,7 @@ class Tally:
         self.n_errors = 0
         self.busy = 0
         self.ttft: list[float] = []
+        self.switches: list[str] = []  # the loaded model each time /api/ps showed another one
 
     def error(self, kind: str, what: str) -> None:
         self.n_errors += 1
@@ -74,26 +84,72 @@ class Tally:
             self.errors.append(f"{kind}: {what[:200]}")
 
 
-async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tally, rng: random.Random) -> None:
-    """Send one request of ``kind`` and record its outcome."""
+async def busy_wait(tally: Tally, r: httpx.Response) -> None:
+    """A 503 "busy" answer (documented): counted apart, then the client waits ``Retry-After`` as SDKs do."""
+    tally.busy += 1
+    await asyncio.sleep(float(r.headers.get("retry-after", "1") or 1))
+
+
+async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tally, rng: random.Random,
+                      chain: list[str]) -> None:
+    """Send one request of ``kind`` and record its outcome (``chain``: this client's stored Responses turns)."""
     q = rng.choice(QUESTIONS)
     msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
     opts = {"temperature": 0, "num_predict": rng.randint(8, 32)}
     t0 = time.perf_counter()
-    if kind in ("chat", "generate", "embed"):
+    kind_stream = kind == "anthropic" and rng.random() < 0.5  # half of Anthropic's requests are streamed
+    if kind in ("chat", "generate", "embed", "responses") or (kind == "anthropic" and not kind_stream):
+        if kind == "responses" and len(chain) >= CHAIN:
+            chain.clear()
         path, body = {
             "chat": ("/api/chat", {"model": model, "stream": False, "messages": msgs, "options": opts}),
             "generate": ("/api/generate", {"model": model, "stream": False, "prompt": q, "system": SYSTEM,
                                            "options": opts}),
             "embed": ("/api/embed", {"model": model, "input": [q, rng.choice(QUESTIONS)]}),
+            "anthropic": ("/v1/messages", {"model": model, "max_tokens": opts["num_predict"], "system": SYSTEM,
+                                           "messages": msgs[1:], "temperature": 0}),
+            "responses": ("/v1/responses", {"model": model, "input": q, "instructions": SYSTEM, "store": True,
+                                            "max_output_tokens": opts["num_predict"], "temperature": 0,
+                                            **({"previous_response_id": chain[-1]} if chain else {})}),
         }[kind]
         r = await http.post(path, json=body)
-        if r.status_code == 503:
-            tally.busy += 1
+        if r.status_code in (503, 529):  # 529: Anthropic's "overloaded", ollapy's 503 busy
+            await busy_wait(tally, r)
+            if kind == "responses":
+                chain.clear()  # the previous turn may belong to the other model's phase
         elif r.status_code != 200:
             tally.error(kind, f"HTTP {r.status_code} {r.text}")
         else:
             tally.done[kind] += 1
+            if kind == "responses":
+                chain.append(r.json()["id"])
+        return
+    if kind == "anthropic":
+        path, body = "/v1/messages", {"model": model, "max_tokens": opts["num_predict"], "system": SYSTEM,
+                                      "messages": msgs[1:], "temperature": 0, "stream": True}
+        async with http.stream("POST", path, json=body) as r:
+            if r.status_code in (503, 529):
+                await busy_wait(tally, r)
+                return
+            if r.status_code != 200:
+                tally.error(kind, f"HTTP {r.status_code} {(await r.aread()).decode(errors='replace')}")
+                return
+            first, stopped = True, False
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                obj = json.loads(line[6:])
+                if obj.get("type") == "error":
+                    tally.error(kind, json.dumps(obj.get("error")))
+                    return
+                if first and obj.get("type") == "content_block_delta":
+                    first = False
+                    tally.ttft.append(time.perf_counter() - t0)
+                stopped = stopped or obj.get("type") == "message_stop"
+            if not stopped:
+                tally.error(kind, "stream ended without message_stop")
+                return
+        tally.done[kind] += 1
         return
     if kind == "v1_stream" or (kind == "cancelled" and rng.random() < 0.5):
         path, body = "/v1/chat/completions", {"model": model, "stream": True, "messages": msgs, "temperature": 0,
@@ -102,7 +158,7 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
         path, body = "/api/chat", {"model": model, "stream": True, "messages": msgs, "options": opts}
     async with http.stream("POST", path, json=body) as r:
         if r.status_code == 503:
-            tally.busy += 1
+            await busy_wait(tally, r)
             return
         if r.status_code != 200:
             tally.error(kind, f"HTTP {r.status_code} {(await r.aread()).decode(errors='replace')}")
@@ -124,16 +180,33 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
     tally.done[kind] += 1
 
 
-async def client_loop(url: str, model: str, seed: int, stop_at: float, tally: Tally) -> None:
-    """One client: requests of random kinds until ``stop_at`` (time.monotonic())."""
+async def client_loop(url: str, model_at, seed: int, stop_at: float, tally: Tally) -> None:
+    """One client: requests of random kinds until ``stop_at`` (time.monotonic()); ``model_at()`` names the
+    model to ask for now."""
     rng = random.Random(seed)
+    chain: list[str] = []
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=10), trust_env=False) as http:
         while time.monotonic() < stop_at:
             kind = rng.choice(KINDS)
             try:
-                await one_request(http, model, kind, tally, rng)
+                await one_request(http, model_at(), kind, tally, rng, chain)
             except (httpx.HTTPError, ValueError) as exc:
                 tally.error(kind, f"{type(exc).__name__}: {exc}")
+
+
+async def watch_loaded(url: str, stop_at: float, tally: Tally) -> None:
+    """Record each change of the loaded model(s) that ``/api/ps`` shows, once a second."""
+    last = None
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+        while time.monotonic() < stop_at:
+            try:
+                names = ",".join(sorted(m["name"] for m in (await http.get("/api/ps")).json()["models"]))
+            except (httpx.HTTPError, ValueError, KeyError):
+                names = last
+            if names != last and names:
+                tally.switches.append(names)
+                last = names
+            await asyncio.sleep(1)
 
 
 def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, str]:
@@ -144,7 +217,7 @@ def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, 
         port = s.getsockname()[1]
     env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL=str(slots),
                OLLAPY_MODELS=str(base / "models"), OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_CACHE_RAM="256MiB",
-               OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_KEEP_ALIVE="-1")
+               OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_KEEP_ALIVE="-1", OLLAPY_MAX_LOADED_MODELS="1")
     env.pop("OLLAPY_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env, cwd=str(ROOT),
                             stdout=subprocess.DEVNULL, stderr=open(base / "serve.log", "wb"))
@@ -158,9 +231,10 @@ def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, 
                 raise SystemExit(f"ollapy serve exited with {proc.returncode}; see {base / 'serve.log'}") from None
             time.sleep(0.2)
     mf = f"FROM {gguf}\nPARAMETER repeat_penalty 1\n"
-    r = httpx.post(url + "/api/create", json={"model": "soak", "modelfile": mf, "stream": False}, timeout=300)
-    if r.status_code != 200:
-        raise SystemExit(f"could not create the soak model: {r.text}")
+    for name in ("soak", "soak-b"):  # the second one is loaded under traffic (one model at a time)
+        r = httpx.post(url + "/api/create", json={"model": name, "modelfile": mf, "stream": False}, timeout=300)
+        if r.status_code != 200:
+            raise SystemExit(f"could not create the soak model {name}: {r.text}")
     return proc, url
 
 
@@ -193,13 +267,21 @@ def server_pid(url: str) -> int:
     raise SystemExit(f"no process of this user listens on port {port}")
 
 
-async def soak(url: str, model: str, clients: int, seconds: float, pid: int) -> tuple[Tally, dict, dict]:
-    """Run the clients; sample the server after the warm-up and after the load."""
+async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
+               second: str | None = None) -> tuple[Tally, dict, dict]:
+    """Run the clients (asking for ``second`` from 40% to 60% of the run, when given); sample the server after the
+    warm-up and after the load."""
     tally = Tally()
     start = time.monotonic()
     stop_at = start + seconds
     warmup = min(60.0, max(15.0, seconds / 10))
-    tasks = [asyncio.create_task(client_loop(url, model, i, stop_at, tally)) for i in range(clients)]
+
+    def model_at() -> str:
+        frac = (time.monotonic() - start) / seconds
+        return second if second and 0.4 <= frac < 0.6 else model
+
+    tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
+    tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
     await asyncio.sleep(warmup)
     first = sample_process(pid)
     await asyncio.gather(*tasks)
@@ -230,7 +312,8 @@ def main() -> int:
             raise SystemExit(f"the model does not answer: {r.text}")
         print(f"soak: {args.clients} clients, {args.minutes:g} min, server pid {pid} at {url}, model {model}",
               flush=True)
-        tally, first, last = asyncio.run(soak(url, model, args.clients, args.minutes * 60, pid))
+        tally, first, last = asyncio.run(soak(url, model, args.clients, args.minutes * 60, pid,
+                                              None if args.url else "soak-b"))
     finally:
         if proc is not None:
             proc.terminate()
@@ -246,6 +329,7 @@ def main() -> int:
           f"threads {last['threads']}")
     print(f"TTFT of {len(tally.ttft)} streams (slot wait included): p50 {percentile(tally.ttft, 0.5):.2f} s, "
           f"p99 {percentile(tally.ttft, 0.99):.2f} s")
+    print("loaded models seen in /api/ps, in order: " + " -> ".join(tally.switches))
     checks = [
         (tally.n_errors == 0, f"errors: {tally.n_errors} (target 0; 503 busy apart: {tally.busy})"
          + (f"; first: {tally.errors}" if tally.errors else "")),
@@ -254,6 +338,8 @@ def main() -> int:
          f"threads flat: {first['threads']} -> {last['threads']} (target at most +8: worker pools)"),
         (last["rss"] <= first["rss"] * 1.10 + 64 * mib,
          f"RSS bounded: {first['rss'] / mib:.0f} -> {last['rss'] / mib:.0f} MiB (target at most +10% + 64 MiB)"),
+        (args.url is not None or len(tally.switches) >= 3,
+         f"second model loaded under traffic and back: {len(tally.switches) - 1} switches (target at least 2)"),
         (all(tally.done.values()), "every kind of request answered: " + ", ".join(
             k for k, v in tally.done.items() if v) + (" (missing: " + ", ".join(
                 k for k, v in tally.done.items() if not v) + ")" if not all(tally.done.values()) else "")),
