@@ -122,7 +122,8 @@ def test_after_a_shift_only_the_kept_prefix_is_reused(smollm2_path, tmp_path):
         last = again.result()[1]
         from ollapy.engine.prefix.evalorder import canonical_reuse
 
-        assert last.metrics.prompt_cache_tokens == canonical_reuse(keep, len(final.tokens)) > 0
+        grid = (m.engine.reuse_align, m.engine.unshifted)  # the 4-grid, or none on an answer-reuse build (evalorder)
+        assert last.metrics.prompt_cache_tokens == canonical_reuse(keep, len(final.tokens), *grid) > 0
         assert last.metrics.prefix_source == "slot"
         # and it generates what a cold run of those tokens generates
         m.backend.seq_clear(0)
