@@ -196,7 +196,7 @@ def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), t
         v = float(mm.group(1))
         return v / 1000 if mm.group(2) == "ms" else v / 1e6 if mm.group(2) == "µs" else v
 
-    mm = re.search(r"prompt cache:\s+(\d+) token\(s\) reused(?: \(([^)]*)\))?", p.stderr)
+    mm = re.search(r"prompt cache:\s+(\d+) token\(s\) reused(?: \(([^),]*)[^)]*\))?", p.stderr)
     load = dur("load duration")
     return {"wall": wall, "load": load, "ttft": dur("total duration") - load, "reused": int(mm.group(1)),
             "source": mm.group(2) or ("none" if mm.group(1) == "0" else "?")}

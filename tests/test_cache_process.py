@@ -30,6 +30,7 @@ import pytest
 from conftest import HANG_GUARD_S, ROOT, run_cli
 
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, read_header, read_payload
+from ollapy.cache.tiers import LAYOUT
 
 pytestmark = pytest.mark.slow
 
@@ -132,7 +133,7 @@ def _temp_files(root: Path) -> list[str]:
 
 
 def _state_files(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "v1").rglob(f"*{SUFFIX}") if not p.name.startswith(TMP_PREFIX))
+    return sorted(p for p in (root / LAYOUT).rglob(f"*{SUFFIX}") if not p.name.startswith(TMP_PREFIX))
 
 
 def _sha256(path: Path) -> str:

@@ -10,6 +10,7 @@ import httpx
 from conftest import live_server, post_chat
 
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, read_header
+from ollapy.cache.tiers import LAYOUT
 
 SYSTEM = " ".join(f"Guideline {i}: answer briefly, kindly and truthfully." for i in range(30))
 QUESTION = "What is the capital of France?"
@@ -37,7 +38,7 @@ def _cache_figures(url: str) -> dict:
 
 def _state_files(cache_dir: Path) -> list[Path]:
     """Complete state files (renamed into place; temporary files excluded)."""
-    return sorted(p for p in (cache_dir / "v1").rglob(f"*{SUFFIX}") if not p.name.startswith(TMP_PREFIX))
+    return sorted(p for p in (cache_dir / LAYOUT).rglob(f"*{SUFFIX}") if not p.name.startswith(TMP_PREFIX))
 
 
 def _wait_until_written(url: str, cache_dir: Path) -> list[Path]:

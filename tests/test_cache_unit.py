@@ -11,7 +11,7 @@ from ollapy.cache import fileformat as ff
 from ollapy.cache.index import BlockIndex, common_prefix
 from ollapy.cache.salt import file_sha256, kv_salt, normalize_digest
 from ollapy.cache.stats import Stats, aggregate
-from ollapy.cache.tiers import PIN, Entry, RamTier, disk_usage, enforce_disk_cap
+from ollapy.cache.tiers import LAYOUT, PIN, Entry, RamTier, disk_usage, enforce_disk_cap
 
 SHA = "a" * 64
 SALT = kv_salt("f16", "auto", "0.3.36")
@@ -129,7 +129,7 @@ def test_ram_tier_cap_and_order():
 
 
 def test_disk_cap_keeps_pinned_and_hit_entries(tmp_path):
-    d = tmp_path / "v1" / "m-s"
+    d = tmp_path / LAYOUT / "m-s"
     paths = []
     for i in range(6):
         p = _write(d / f"{i}.kv", tokens=list(range(i, i + 100)), payload=b"y" * 10_000)
@@ -187,7 +187,7 @@ def test_writer_killed_mid_write_leaves_nothing_trusted(tmp_path):
 
     from ollapy.cache.tiers import iter_state_files
 
-    d = tmp_path / "v1" / "m-s"
+    d = tmp_path / LAYOUT / "m-s"
     target = d / "big.kv"
     code = (
         "import sys; from pathlib import Path; from ollapy.cache import fileformat as ff\n"
@@ -306,7 +306,7 @@ def test_temp_files_are_reaped_by_their_owner_or_by_directory_time_never_by_our_
     from ollapy.cache.tempfiles import pid_space
     from ollapy.cache.tiers import iter_state_files
 
-    d = tmp_path / "v1" / "m-s"
+    d = tmp_path / LAYOUT / "m-s"
     d.mkdir(parents=True)
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout)
@@ -475,7 +475,7 @@ def test_a_disk_hit_changes_the_ram_tier_only_under_the_cache_lock(tmp_path):
     c = _bound(tmp_path)
     held: list[bool] = []
     put = c.ram.put
-    c.ram.put = lambda e, payload: (held.append(c._lock._is_owned()), put(e, payload))[1]
+    c.ram.put = lambda e, payload, blocks=None: (held.append(c._lock._is_owned()), put(e, payload, blocks))[1]
     c.record_hit(c.load(c.peek(toks + [1])))
     assert held == [True]
     assert c.snapshot().ram_bytes == 1000

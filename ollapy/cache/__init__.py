@@ -1,4 +1,4 @@
-"""Prompt-cache manager: per-prefix KV states in a RAM tier and a disk tier shared across processes.
+"""Prompt-cache manager: a block pool of KV states in a RAM tier and a disk tier shared across processes.
 
 - :mod:`.manager`: :class:`~.manager.PromptCache` and :class:`~.manager.BoundCache`, the engine-facing facade
   (it satisfies :class:`ollapy.engine.prefix.source.PrefixSource`).
@@ -6,6 +6,9 @@
 - :mod:`.index`: the hash-chained block index (vLLM-style automatic prefix caching), confirmed token by token.
 - :mod:`.policy`: admission: which states are worth keeping, and which reach the disk tier.
 - :mod:`.tiers`: the RAM LRU and the shared disk directory.
+- :mod:`.blocks`: the block pool: KV blocks named by chain hash, held once with reference counts, block files.
+- :mod:`.kvstate`: cuts a llama.cpp sequence state into blocks of cells and joins them back, bit for bit.
+- :mod:`.diskcap`: the disk tier's files as a whole: listing, usage, the byte cap, collecting unreferenced blocks.
 - :mod:`.fileformat`: the state file (header, token ids, payload, checksums).
 - :mod:`.salt`: what makes a saved state valid (model sha256, KV settings).
 - :mod:`.writer`, :mod:`.sync`, :mod:`.tempfiles`: the background disk writer, the file-system sync thread,

@@ -39,8 +39,10 @@ class Hit:
     tier: str
     entry: Entry
     payload: object
-    check: PayloadCheck | None = None
+    check: PayloadCheck | None = None  # or a blocks.ChecksumsCheck (same ok())
     header: Header | None = None  # the file header a disk payload was mapped through
+    parts: object = None  # a block entry read from disk (tiers.Parts): its tail and mapped blocks
+    n_blocks: int = 0  # blocks the restore joined (0: a whole state)
 
     def load(self):
         """The state payload (checksum-verified, or being verified: see :meth:`verified`)."""

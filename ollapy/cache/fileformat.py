@@ -7,9 +7,15 @@ Layout (little endian)::
     hdr_len    u32       length of the JSON header
     hdr_sum    16 bytes  blake2b-128 of the JSON header
     header     JSON      model_sha256, salt (KV settings), model_name, n_tokens,
-                         payload_len, payload_crc32, tokens_sum, created
+                         payload_len, payload_crc32, tokens_sum, created; version 2 adds
+                         blocks (the chain of block names), block_tokens and state_len
     tokens     n_tokens * int32
-    payload    payload_len bytes (llama.cpp sequence state)
+    payload    payload_len bytes: the whole llama.cpp sequence state (no blocks), or the
+               tail that joins the named blocks (:mod:`ollapy.cache.blocks`) back into it
+
+A file of another magic or of a version this code does not know raises
+:class:`UnknownFormat`: it is skipped and never deleted (replicas of another
+version may share the directory).
 
 Files are written to a temporary name in the same directory and renamed, so
 readers see a whole file or none. Every check that fails raises
@@ -36,7 +42,8 @@ from ollapy.cache.tempfiles import writer_prefix
 from ollapy.fsutil import write_atomically
 
 MAGIC = b"OLLAPYKV"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+KNOWN_VERSIONS = (1, 2)
 SUFFIX = ".kv"
 _FIXED = struct.Struct("<8sII16s")
 _MAX_HEADER = 1 << 20
@@ -52,6 +59,10 @@ class CacheFileError(Exception):
     """
 
     ident: tuple[int, int] | None = None
+
+
+class UnknownFormat(CacheFileError):
+    """Another magic or an unknown format version: not ours to judge, so never deleted (``ident`` stays None)."""
 
 
 class FileReplaced(CacheFileError):
@@ -74,6 +85,9 @@ class Header:
     size: int
     preview: str = ""
     ident: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of the file this header was read from
+    blocks: tuple[str, ...] = ()  # names of the blocks the payload (a tail) joins; () for a whole state
+    block_tokens: int = 0
+    state_len: int = 0  # the joined state's bytes (payload_len for a whole state)
 
 
 def _tokens_bytes(tokens) -> bytes:
@@ -84,10 +98,13 @@ def _tokens_bytes(tokens) -> bytes:
 
 
 def encode(model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
-           preview: str = "") -> tuple[bytes, bytes]:
+           preview: str = "", blocks: tuple[str, ...] = (), block_tokens: int = 0,
+           state_len: int = 0) -> tuple[bytes, bytes]:
     """Return ``(head, payload)``: everything before the payload, and the payload itself."""
     tok = _tokens_bytes(tokens)
+    extra = {"blocks": list(blocks), "block_tokens": block_tokens, "state_len": state_len} if blocks else {}
     hdr = json.dumps({
+        **extra,
         "preview": preview,
         "model_sha256": model_sha256,
         "salt": salt,
@@ -106,7 +123,8 @@ WRITE_CHUNK = 8 << 20
 
 
 def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, tokens: list[int], payload: bytes,
-               preview: str = "", check=None, tmp_prefix: str | None = None) -> int:
+               preview: str = "", check=None, tmp_prefix: str | None = None, blocks: tuple[str, ...] = (),
+               block_tokens: int = 0, state_len: int = 0) -> int:
     """Write a state file atomically (temporary name + rename); returns its size in bytes.
 
     ``check`` (optional) is called before every 8 MiB chunk; whatever it
@@ -116,7 +134,7 @@ def write_file(path: Path, model_sha256: str, salt: dict, model_name: str, token
     """
     if not payload:
         raise CacheFileError("refusing to write an empty state")
-    head, payload = encode(model_sha256, salt, model_name, tokens, payload, preview)
+    head, payload = encode(model_sha256, salt, model_name, tokens, payload, preview, blocks, block_tokens, state_len)
 
     def write(f) -> None:
         f.write(head)
@@ -136,6 +154,8 @@ def read_header(path: Path, model_sha256: str | None = None, salt: dict | None =
         st = os.fstat(f.fileno())
         try:
             return _read_header(f, path, st, model_sha256, salt)
+        except UnknownFormat:
+            raise  # never condemned: no ident
         except CacheFileError as exc:
             exc.ident = (st.st_dev, st.st_ino)
             raise
@@ -150,9 +170,9 @@ def _read_header(f, path: Path, st: os.stat_result, model_sha256: str | None, sa
         raise CacheFileError("truncated header")
     magic, version, hdr_len, hdr_sum = _FIXED.unpack(fixed)
     if magic != MAGIC:
-        raise CacheFileError("bad magic")
-    if version != FORMAT_VERSION:
-        raise CacheFileError(f"unknown format version {version}")
+        raise UnknownFormat("another magic")
+    if version not in KNOWN_VERSIONS:
+        raise UnknownFormat(f"unknown format version {version}")
     if hdr_len <= 0 or hdr_len > _MAX_HEADER:
         raise CacheFileError("bad header length")
     raw = f.read(hdr_len)
@@ -167,6 +187,9 @@ def _read_header(f, path: Path, st: os.stat_result, model_sha256: str | None, sa
         crc = int(h["payload_crc32"])
         file_model = str(h["model_sha256"])
         file_salt = dict(h["salt"])
+        blocks = tuple(str(b) for b in h.get("blocks", ()))
+        block_tokens = int(h.get("block_tokens", 0))
+        state_len = int(h.get("state_len", payload_len))
     except (ValueError, KeyError, TypeError) as exc:
         raise CacheFileError(f"bad header: {exc}") from None
     if model_sha256 is not None and file_model != model_sha256:
@@ -175,6 +198,8 @@ def _read_header(f, path: Path, st: os.stat_result, model_sha256: str | None, sa
         raise CacheFileError(f"other KV settings {file_salt} (expected {salt})")
     if n_tokens <= 0 or payload_len <= 0:
         raise CacheFileError("zero-length tokens or payload")
+    if blocks and (block_tokens <= 0 or len(blocks) * block_tokens > n_tokens):
+        raise CacheFileError(f"{len(blocks)} blocks of {block_tokens} do not fit {n_tokens} tokens")
     offset = _FIXED.size + hdr_len + 4 * n_tokens
     if size != offset + payload_len:
         raise CacheFileError(f"size {size} != expected {offset + payload_len} (truncated or padded)")
@@ -188,7 +213,7 @@ def _read_header(f, path: Path, st: os.stat_result, model_sha256: str | None, sa
     return Header(path=path, model_sha256=file_model, salt=file_salt, model_name=str(h.get("model_name", "")),
                   tokens=a.tolist(), payload_len=payload_len, payload_crc32=crc, payload_offset=offset,
                   created=float(h.get("created", 0.0)), size=size, preview=str(h.get("preview", "")),
-                  ident=(st.st_dev, st.st_ino))
+                  ident=(st.st_dev, st.st_ino), blocks=blocks, block_tokens=block_tokens, state_len=state_len)
 
 
 def map_payload(hdr: Header) -> memoryview:
@@ -256,4 +281,5 @@ def quick_info(path: Path) -> dict | None:
     except (OSError, CacheFileError):
         return None
     return {"model_sha256": hdr.model_sha256, "model_name": hdr.model_name, "salt": hdr.salt,
-            "n_tokens": len(hdr.tokens), "size": hdr.size, "created": hdr.created, "preview": hdr.preview}
+            "n_tokens": len(hdr.tokens), "size": hdr.size, "created": hdr.created, "preview": hdr.preview,
+            "blocks": list(hdr.blocks), "block_tokens": hdr.block_tokens, "state_len": hdr.state_len}

@@ -7,6 +7,12 @@ the engine calls ``peek`` (best candidate, nothing read yet), ``load`` (read
 and verify it), ``record_hit``/``record_refused``/``record_corrupt``/``record_miss``
 and ``store`` from its loop thread only.
 
+Saved states go into a block pool (:mod:`ollapy.cache.blocks`): a state that
+:mod:`ollapy.cache.kvstate` can cut becomes an entry of block names plus a
+tail, its blocks held once in RAM and on disk however many entries share
+them; a state it cannot cut is kept whole, as before. A restore joins the
+chain back into llama.cpp's bytes (:meth:`BoundCache.load`).
+
 This module keeps the entries, the block index and the two tiers in sync;
 *what* is worth keeping and writing is decided by
 :class:`~ollapy.cache.policy.AdmissionPolicy` (the rules are in
@@ -22,7 +28,8 @@ model's sha256 is known the cache offers nothing and keeps what the engine
 stores in memory (at most the RAM tier's bytes); it is indexed, and written
 where the policy says so, once the sha256 arrives. Entries, index and RAM
 tier are read and changed under one lock, never held across a directory
-listing or a payload read.
+listing, a payload read, copying a state out of llama.cpp (``get_state``) or
+joining blocks: ``snapshot()`` (``/api/ps``, ``/metrics``) never waits on those.
 
 Lifecycle: :meth:`BoundCache.close` (called by ``LoadedModel.close`` after the
 engine loop was joined) waits for the model's sha256, writes back, drains the
@@ -40,18 +47,28 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ollapy import config
+from ollapy.cache.blocks import BLOCK_TOKENS, Split
 from ollapy.cache.candidate import Candidate, Hit
 from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
 from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
 from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
-from ollapy.cache.tiers import LAYOUT, DiskTier, Entry, RamTier
+from ollapy.cache.tiers import LAYOUT, DiskTier, Entry, Parts, RamTier
 from ollapy.cache.writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
+
+
+def default_splitter():
+    """:mod:`ollapy.cache.kvstate` (cuts and joins llama.cpp states), or None where it is not available."""
+    try:
+        from ollapy.cache import kvstate
+    except ImportError:
+        return None
+    return kvstate
 __all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit", "PromptCache", "open_prompt_cache"]
 
 
@@ -65,7 +82,13 @@ class PromptCache:
 
     def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
                  disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain,
-                 write_back: bool = False) -> None:
+                 write_back: bool = False, block_tokens: int = BLOCK_TOKENS, splitter=default_splitter,
+                 queue_bytes: int | None = None) -> None:
+        """``block_tokens``: positions per KV block (a multiple of ``block``; 0 keeps every state whole);
+        ``splitter``: a callable returning an object with ``split_state``/``join_state`` (the API of
+        :mod:`ollapy.cache.kvstate`), or None; ``queue_bytes``: the disk writer's byte budget."""
+        if block_tokens and block_tokens % block:
+            raise ValueError(f"block_tokens {block_tokens} is not a multiple of the index block {block}")
         self.ref = ref
         self.options = options
         self.root = Path(root) if root is not None else config.cache_dir()
@@ -74,6 +97,9 @@ class PromptCache:
         self.block = block
         self.hash_fn = hash_fn
         self.write_back = write_back
+        self.block_tokens = block_tokens
+        self.splitter = splitter() if callable(splitter) and not hasattr(splitter, "split_state") else splitter
+        self.queue_bytes = queue_bytes
 
     def bind(self, loaded_model) -> BoundCache:
         """Attach to a loaded model (its backend gives the KV settings)."""
@@ -105,6 +131,8 @@ class BoundCache:
         self.model_path = model_path
         self.write_back = parent.write_back
         self.piece = piece
+        self.block_tokens = parent.block_tokens if parent.splitter is not None else 0
+        self.kv = parent.splitter
         self.policy = AdmissionPolicy(self.block, trimmable)
         self.stats = Stats(self.root)
         self._lock = threading.RLock()
@@ -152,7 +180,8 @@ class BoundCache:
         skey = salt_key(self.salt)
         directory = self.root / LAYOUT / f"{self._sha[:16]}-{skey}"
         seed = hashlib.blake2b((self._sha + json.dumps(self.salt, sort_keys=True)).encode(), digest_size=16).digest()
-        disk = DiskTier(self.root, directory, self._sha, self.salt, self.model_name, self.parent.disk_bytes)
+        disk = DiskTier(self.root, directory, self._sha, self.salt, self.model_name, self.parent.disk_bytes,
+                        block_tokens=self.block_tokens or BLOCK_TOKENS, queue_bytes=self.parent.queue_bytes)
         listing = disk.listing()
         fresh = {name: e for name, (path, _, _) in listing.items() if (e := disk.open_entry(name, path)) is not None}
         with self._lock:
@@ -234,9 +263,9 @@ class BoundCache:
             self.index.remove(e)
         self.ram.drop(e)
 
-    def _ram_put(self, e: Entry, payload) -> None:
-        """Hold ``e``'s payload in the RAM tier; entries it evicts that exist nowhere else are forgotten."""
-        for dropped in self.ram.put(e, payload):
+    def _ram_put(self, e: Entry, payload, blocks=None) -> None:
+        """Hold ``e``'s payload (and blocks) in the RAM tier; entries it evicts that exist nowhere else are forgotten."""
+        for dropped in self.ram.put(e, payload, blocks):
             if not dropped.persisted:
                 self._forget(dropped)
 
@@ -284,25 +313,52 @@ class BoundCache:
         e = cand.entry
         with self._lock:
             if e.payload is not None:
-                return Hit(cand.n_tokens, list(e.tokens), "ram", e, e.payload)
-            if not e.on_disk or e.path is None:
+                if not e.blocks:
+                    return Hit(cand.n_tokens, list(e.tokens), "ram", e, e.payload)
+                blocks, tail = self.ram.blocks_of(e), e.payload
+            elif not e.on_disk or e.path is None:
                 return None
+            else:
+                blocks = tail = None
+        if blocks is not None:  # joined outside the lock: the references keep the blocks alive
+            state = self._join(e, blocks, tail)
+            return None if state is None else Hit(cand.n_tokens, list(e.tokens), "ram", e, state, n_blocks=len(blocks))
         data = self.disk.load(e, defer_check=defer_check)  # outside the lock: /api/ps never waits on a disk read
         if data is None:
             with self._lock:
-                self.stats.add(corrupt=1)
+                if not e.blocks:  # a missing block is a miss, not corruption (counted where a check failed)
+                    self.stats.add(corrupt=1)
                 self._forget(e)
             return None
+        if isinstance(data, Parts):
+            state = self._join(e, data.blocks, data.tail)
+            if state is None:
+                return None
+            return Hit(cand.n_tokens, list(e.tokens), "disk", e, state, data.check, data.header, parts=data,
+                       n_blocks=len(data.blocks))
         if defer_check:
             view, check, header = data
             return Hit(cand.n_tokens, list(e.tokens), "disk", e, view, check, header)
         return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
 
+    def _join(self, e: Entry, blocks, tail):
+        """``e``'s state joined from its blocks and tail; None (the entry forgotten) when they do not fit together."""
+        try:
+            return self.kv.join_state(blocks, tail)
+        except ValueError as exc:  # kvstate.KVStateError
+            log.debug("prompt cache: entry %s does not join: %s", e.name, exc)
+            with self._lock:
+                self.stats.add(corrupt=1)
+                self._forget(e)
+            return None
+
     def record_corrupt(self, hit: Hit) -> None:
         """A deferred checksum failed after the engine restored ``hit``: counted as corrupt; the file is deleted
         unless another process rewrote it since it was mapped."""
         e = hit.entry
-        if hit.header is not None:
+        if hit.parts is not None:
+            self.disk.condemn_parts(e, hit.parts)
+        elif hit.header is not None:
             self.disk.condemn(e, hit.header, "payload checksum mismatch")
         with self._lock:
             self.stats.add(corrupt=1, misses=1)
@@ -330,14 +386,17 @@ class BoundCache:
             if hit.tier == "disk":
                 self.stats.add(hits_disk=1, tokens_reused=hit.n_tokens)
                 if e.payload is None and self.entries.get(e.name) is e:
-                    self._ram_put(e, hit.payload)
+                    if hit.parts is not None:
+                        self._ram_put(e, hit.parts.tail, hit.parts.blocks)
+                    else:
+                        self._ram_put(e, hit.payload)
             else:
                 self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
             on_disk = e.on_disk
             if not on_disk and not e.pending and e.payload is not None \
                     and self.policy.worth_promoting(self.index, e, hit.n_tokens):
                 log.debug("prompt cache: promoting %s (%d tokens reused) to disk", e.name, hit.n_tokens)
-                self._persist(e, e.payload, self.policy.replaced_by(self.index, e.tokens, True, e.pinned))
+                self._persist(e, e.payload, self._replaced(e, True))
         if on_disk:  # mtime (LRU) and the .hit sidecar, on the writer thread
             self.disk.writer.submit(lambda _check: self.disk.touch(e), counts_as_state=False)
         hit.payload = None
@@ -358,23 +417,45 @@ class BoundCache:
         self.stats.add(misses=1)
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
-              persist: bool = False) -> None:
+              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
         """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
 
         ``persist`` (or ``pinned``) writes through to disk; otherwise the
         state stays in RAM until reuse proves it worth a file
         (:mod:`ollapy.cache.policy`). Before the model's sha256 is known the
-        state is kept aside in memory and indexed once it is.
+        state is kept aside in memory and indexed once it is. ``state_size``
+        (optional) gives the state's bytes before anything is copied: a state
+        no tier would take is never copied out of llama.cpp. The state is
+        copied and cut into blocks without the cache's lock.
         """
         if len(tokens) < self.block or self._closed:
             return
         tokens = list(tokens)
+        persist = persist or pinned
         with self._lock:
             if self.index is None:
                 if not self._sync.ready.is_set():
                     self._keep_early(tokens, get_state, pinned, persist)
                 return
-            self._store_locked(tokens, get_state, pinned, persist)
+            kept = self.policy.already_kept(self.index, tokens, persist)
+            if kept:
+                if pinned and not any(e.pinned for e in kept):
+                    self.disk.set_pin(kept[0], True)
+                self.stats.add(skipped_stores=1)
+                return
+        if state_size is not None:
+            size = state_size()
+            if size <= 0 or (size > self.ram.cap and not (persist and size <= self.disk.cap)):
+                log.debug("prompt cache: state of %d bytes fits no tier; not copied", size)
+                return
+        payload = get_state()
+        if not payload:
+            return
+        split = self._split(tokens, payload)
+        with self._lock:
+            if self._closed:
+                return
+            self._insert(tokens, payload, split, pinned, persist)
 
     def _keep_early(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
         payload = get_state()
@@ -385,37 +466,74 @@ class BoundCache:
             self._early.pop(0)
 
     def _store_locked(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
+        """Store a state kept aside before the sha256 was known (under the lock: load time or the sync thread)."""
         persist = persist or pinned
-        kept = self.policy.already_kept(self.index, tokens, persist)
-        if kept:
-            if pinned and not any(e.pinned for e in kept):
-                self.disk.set_pin(kept[0], True)
+        if self.policy.already_kept(self.index, tokens, persist):
             self.stats.add(skipped_stores=1)
             return
         payload = get_state()
-        if not payload:
-            return
+        if payload:
+            self._insert(tokens, payload, self._split(tokens, payload), pinned, persist)
+
+    def _split(self, tokens: list[int], payload) -> Split | None:
+        """``payload`` cut into blocks named by the index's chain hashes, or None (kept whole: the splitter does
+        not recognise the state, or it holds other cells than ``tokens``)."""
+        b = self.block_tokens
+        if not b or self.kv is None or len(tokens) < b or self.index is None:
+            return None
+        try:
+            cut = self.kv.split_state(payload, b)
+        except Exception:  # noqa: BLE001 - an unrecognised state is kept whole, never a failed request
+            log.debug("prompt cache: state not split", exc_info=True)
+            cut = None
+        if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(tokens) // b:
+            self.stats.add(whole_states=1)
+            return None
+        step = b // self.block
+        chain = self.index.chain(tokens, limit=len(cut.blocks) * step)
+        names = [chain[(i + 1) * step - 1].hex() for i in range(len(cut.blocks))]
+        return Split(names, list(cut.blocks), cut.tail, len(payload))
+
+    def _replaced(self, e: Entry, persist: bool) -> list[Entry]:
+        """Strict prefixes a new entry makes redundant: whole states only (a block entry's prefix costs its
+        tail, and serves the next conversation that shares it)."""
+        replaced = self.policy.replaced_by(self.index, e.tokens, persist, e.pinned)
+        return [r for r in replaced if not r.blocks] if e.blocks else replaced
+
+    def _insert(self, tokens: list[int], payload, split: Split | None, pinned: bool, persist: bool) -> None:
         e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
                   preview=self._preview(tokens))
+        if split is not None:
+            e.blocks, e.block_tokens = tuple(split.names), self.block_tokens
         old = self.entries.get(e.name)
         if old is not None:
             self._forget(old)
-        replaced = self.policy.replaced_by(self.index, tokens, persist, pinned)
+        replaced = self._replaced(e, persist)
         for r in replaced:
             r.superseded = True
             self._forget(r)
         self.entries[e.name] = e
         self.index.add(e)
-        self._ram_put(e, payload)
+        if split is not None:
+            self._ram_put(e, split.tail, split.blocks)
+        else:
+            self._ram_put(e, payload)
         self.stats.add(stores=1, bytes_stored=len(payload))
         if persist:
-            self._persist(e, payload, replaced)
+            self._persist(e, e.payload if e.payload is not None else (split.tail if split else payload), replaced,
+                          split.blocks if split is not None else None)
         elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
             self._forget(e)
 
-    def _persist(self, e: Entry, payload, replaced: list[Entry]) -> None:
-        if self.disk.write_async(e, payload, replaced):
-            self.stats.add(bytes_written=len(payload), files_written=1)
+    def _persist(self, e: Entry, payload, replaced: list[Entry], blocks=None) -> None:
+        if e.blocks and blocks is None:
+            blocks = self.ram.blocks_of(e)
+            if blocks is None:
+                return
+        counts = self.disk.write_async(e, payload, replaced, blocks)
+        if counts is not None:
+            self.stats.add(bytes_written=counts.nbytes, files_written=1, blocks_written=counts.blocks_written,
+                           blocks_reused=counts.blocks_reused)
 
     def _preview(self, tokens: list[int]) -> str:
         if self.piece is None:
@@ -454,7 +572,7 @@ class BoundCache:
             for e in self.policy.write_back(self.index, list(self.entries.values()), newest):
                 if e.superseded:  # replaced by a longer one written just now
                     continue
-                replaced = self.policy.replaced_by(self.index, e.tokens, True, e.pinned)
+                replaced = self._replaced(e, True)
                 for r in replaced:
                     r.superseded = True
                     self._forget(r)
@@ -464,13 +582,14 @@ class BoundCache:
 
     def snapshot(self) -> CacheStats:
         """This process's counters and the bytes it holds now (RAM tier read under its lock)."""
-        with self._lock:
-            ram_bytes = self.ram.bytes
-            ram_entries = len(self.ram.entries)
-            pinned = self.ram.pinned_bytes()
-            entries = len(self.entries)
-        return self.stats.snapshot(ram_bytes=ram_bytes, ram_entries=ram_entries, ram_pinned_bytes=pinned,
-                                   entries=entries)
+        with self._lock:  # held only for short bookkeeping: never across a state copy, a join or a disk read
+            ram = self.ram
+            gauges = dict(ram_bytes=ram.bytes, ram_entries=len(ram.entries), ram_pinned_bytes=ram.pinned_bytes(),
+                          entries=len(self.entries), ram_blocks=len(ram.pool), ram_block_bytes=ram.pool.bytes,
+                          ram_shared_bytes=ram.pool.shared_bytes(), ram_logical_bytes=ram.logical_bytes(),
+                          blocks_evicted=ram.blocks_evicted,
+                          queued_bytes=self.disk.writer.queued_bytes if self.disk is not None else 0)
+        return self.stats.snapshot(**gauges)
 
     def info(self) -> dict:
         """Entries and bytes of this model's cache as this process sees it (a dict of :meth:`snapshot`)."""

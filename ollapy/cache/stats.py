@@ -24,7 +24,8 @@ from ollapy.fsutil import write_atomically
 _HOST = socket.gethostname()
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
-            "bytes_stored", "bytes_written", "files_written", "corrupt")
+            "bytes_stored", "bytes_written", "files_written", "corrupt", "blocks_written", "blocks_reused",
+            "whole_states")
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,16 @@ class CacheStats:
     ``stores``/``bytes_stored`` (states saved to the RAM tier: what a
     write-everything policy would put on disk), ``skipped_stores`` (already
     covered), ``bytes_written``/``files_written`` (admitted to the disk tier),
-    ``corrupt`` (files that failed a check). Gauges: ``ram_bytes``,
-    ``ram_entries``, ``ram_pinned_bytes``, ``entries`` (known to this process).
+    ``corrupt`` (files that failed a check), ``blocks_written`` (block files
+    queued because the disk lacked them), ``blocks_reused`` (blocks an entry
+    written to disk found there already), ``whole_states`` (states the splitter
+    did not recognise, kept whole). Gauges: ``ram_bytes``, ``ram_entries``,
+    ``ram_pinned_bytes``, ``entries`` (known to this process), ``ram_blocks``
+    and ``ram_block_bytes`` (the RAM tier's blocks), ``ram_shared_bytes``
+    (blocks two or more entries hold), ``ram_logical_bytes`` (the RAM tier's
+    entries as whole states: divided by ``ram_bytes``, the dedupe ratio),
+    ``blocks_evicted`` (RAM blocks freed since the cache was bound),
+    ``queued_bytes`` (held by the disk writer's queue).
     """
 
     hits_ram: int = 0
@@ -55,6 +64,20 @@ class CacheStats:
     ram_entries: int = 0
     ram_pinned_bytes: int = 0
     entries: int = 0
+    blocks_written: int = 0
+    blocks_reused: int = 0
+    whole_states: int = 0
+    ram_blocks: int = 0
+    ram_block_bytes: int = 0
+    ram_shared_bytes: int = 0
+    ram_logical_bytes: int = 0
+    blocks_evicted: int = 0
+    queued_bytes: int = 0
+
+    @property
+    def dedupe_ratio(self) -> float:
+        """The RAM tier's entries as whole states over the bytes it holds (1.0 when empty)."""
+        return self.ram_logical_bytes / self.ram_bytes if self.ram_bytes else 1.0
 
     def as_dict(self) -> dict[str, int]:
         """Field name -> value."""

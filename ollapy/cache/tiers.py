@@ -1,11 +1,16 @@
 """The two tiers of the prompt cache: an in-process RAM LRU and a shared disk directory.
 
-RAM tier: entries holding their payload bytes, bounded in bytes, least
-recently used first, entries that served hits kept over ones that never did,
-pinned entries last.
+RAM tier: entries holding their payload bytes (a whole state, or the tail of
+a chain of blocks held once in its :class:`~ollapy.cache.blocks.BlockPool`),
+bounded in bytes (tails plus blocks), least recently used first, entries that
+served hits kept over ones that never did, pinned entries last. An evicted
+entry lets go of its blocks; a block no entry holds is freed.
 
 Disk tier: one directory per (model sha256, KV salt) under
-``<root>/v1/``; one file per entry, named by a hash of its tokens, written
+``<root>/v2/`` (``v1/``, the whole-state layout of earlier versions, is left
+alone: a process of that version deletes files of a version it does not
+know); one file per entry, named by a hash of its tokens, plus one file per
+block (:mod:`ollapy.cache.blocks`), written
 by a :class:`~ollapy.cache.writer.CacheWriter` thread (tmp name + rename) so
 decoding never waits on disk.
 The index is derived from the directory listing and the file headers: no
@@ -28,6 +33,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ollapy.cache.blocks import (
+    BLOCK_SUFFIX,
+    BlockFileError,
+    BlockPool,
+    ChecksumsCheck,
+    block_path,
+    map_block,
+    write_block,
+)
+from ollapy.cache.diskcap import (
+    HIT,
+    LAYOUT,
+    PIN,
+    delete_entry_files,
+    disk_usage,
+    enforce_disk_cap,
+    iter_state_files,
+)
+from ollapy.cache.diskcap import unlink_quietly as _unlink
 from ollapy.cache.fileformat import (
     SUFFIX,
     TMP_PREFIX,
@@ -35,22 +59,20 @@ from ollapy.cache.fileformat import (
     FileReplaced,
     Header,
     PayloadCheck,
+    UnknownFormat,
     map_payload,
     read_header,
     read_payload,
     write_file,
 )
-from ollapy.cache.tempfiles import pid_alive, reapable
+from ollapy.cache.tempfiles import pid_alive
 from ollapy.cache.writer import CacheWriter, DrainResult
 
-__all__ = ["DiskTier", "Entry", "RamTier", "condemn", "delete_entry_files", "disk_usage", "enforce_disk_cap",
-           "iter_state_files", "pid_alive"]
+__all__ = ["HIT", "LAYOUT", "PIN", "DiskTier", "Entry", "Parts", "RamTier", "condemn", "delete_entry_files",
+           "disk_usage", "enforce_disk_cap", "iter_state_files", "pid_alive"]
 
 log = logging.getLogger("ollapy.cache")
 
-LAYOUT = "v1"
-PIN = ".pin"
-HIT = ".hit"
 
 
 @dataclass(eq=False)
@@ -71,28 +93,13 @@ class Entry:
     header: object = None
     preview: str = ""
     refused: bool = False  # llama.cpp refused it in this process (e.g. longer than num_ctx): skipped, kept on disk
+    blocks: tuple[str, ...] = ()  # names of the blocks its payload (then a tail) joins; () for a whole state
+    block_tokens: int = 0
 
     @property
     def persisted(self) -> bool:
         """On disk, or queued to be written."""
         return self.on_disk or self.pending
-
-
-def _unlink(p: Path) -> None:
-    try:
-        os.unlink(p)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        log.debug("could not delete %s: %s", p, exc)
-
-
-def delete_entry_files(path: Path, keep_pin: bool = False) -> None:
-    """Delete a state file and its sidecars (missing files are fine)."""
-    _unlink(path)
-    _unlink(path.with_suffix(HIT))
-    if not keep_pin:
-        _unlink(path.with_suffix(PIN))
 
 
 def condemn(path: Path, ident: tuple[int, int] | None, why: str) -> bool:
@@ -125,25 +132,43 @@ class RamTier:
     def __init__(self, cap: int, lock=None) -> None:
         self.cap = cap
         self.entries: dict[str, Entry] = {}
-        self.bytes = 0
+        self.pool = BlockPool()
+        self.tail_bytes = 0
+        self.blocks_evicted = 0  # blocks freed because their last entry was evicted or dropped
         self._lock = lock
 
+    @property
+    def bytes(self) -> int:
+        """Bytes held: every entry's payload (whole state or tail) plus each block once."""
+        return self.tail_bytes + self.pool.bytes
+
     def _check(self) -> None:
-        """Invariants: bytes == sum of held payloads, every held entry has one, mutations hold the owner's lock."""
+        """Invariants: bytes == held payloads + blocks, every held entry has one, mutations hold the owner's lock."""
         assert self._lock is None or self._lock._is_owned(), "RAM tier mutated without its owner's lock"
         assert all(e.payload is not None for e in self.entries.values()), "an entry in the RAM tier lost its payload"
-        assert self.bytes == sum(len(e.payload) for e in self.entries.values()), self.bytes
+        assert self.tail_bytes == sum(len(e.payload) for e in self.entries.values()), self.tail_bytes
+        self.pool.check()
 
-    def put(self, e: Entry, payload) -> list[Entry]:
-        """Hold ``payload`` for ``e``; returns the entries whose payloads were dropped to fit the cap."""
+    def blocks_of(self, e: Entry) -> list | None:
+        """The RAM copies of ``e``'s blocks (None when ``e`` is not held)."""
+        if e.name not in self.entries:
+            return None
+        return [self.pool.get(n) for n in e.blocks]
+
+    def put(self, e: Entry, payload, blocks=None) -> list[Entry]:
+        """Hold ``payload`` for ``e`` (a tail: then ``blocks`` are the data of ``e.blocks``, kept once per name);
+        returns the entries whose payloads were dropped to fit the cap."""
         if e.name in self.entries:
             self.drop(e)
-        if len(payload) > self.cap:
+        new = sum(len(b) for n, b in zip(e.blocks, blocks or ()) if n not in self.pool)
+        if len(payload) + new > self.cap:
             self._check()
             return []
         e.payload = payload
         self.entries[e.name] = e
-        self.bytes += len(payload)
+        self.tail_bytes += len(payload)
+        if e.blocks:
+            self.pool.acquire(e.blocks, blocks)
         out = self.fit(keep=e)
         assert self.bytes <= self.cap and self.entries.get(e.name) is e, (self.bytes, self.cap)
         return out
@@ -166,109 +191,74 @@ class RamTier:
         held = self.entries.pop(e.name, None)
         assert held is None or held is e, f"two entries named {e.name}"
         if held is not None:
-            self.bytes -= len(e.payload)
+            self.tail_bytes -= len(e.payload)
+            self.blocks_evicted += self.pool.release(e.blocks)
         e.payload = None
         self._check()
 
     def pinned_bytes(self) -> int:
-        """Bytes of pinned entries held in RAM."""
-        return sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
+        """Bytes of pinned entries held in RAM (their tails, and their blocks once)."""
+        names = {n for e in self.entries.values() if e.pinned for n in e.blocks}
+        return (sum(len(e.payload) for e in self.entries.values() if e.pinned and e.payload is not None)
+                + sum(len(self.pool.get(n)) for n in names))
+
+    def logical_bytes(self) -> int:
+        """What the held entries would take as whole states (the numerator of the dedupe ratio)."""
+        return sum(e.nbytes for e in self.entries.values())
 
 
-def _reap_temp(f: os.DirEntry, dir_mtime: float) -> None:
-    """Delete temporary file ``f`` when its writer is gone (rules of :mod:`.tempfiles`)."""
-    try:
-        mtime = f.stat().st_mtime
-    except OSError:
-        return
-    if reapable(f.name, mtime, dir_mtime):  # a writer killed mid-write
-        _unlink(Path(f.path))
+@dataclass
+class Parts:
+    """A block entry read from disk: its ``tail``, the data of its ``blocks`` (mapped), the running checksums."""
+
+    tail: memoryview
+    blocks: list
+    check: ChecksumsCheck
+    header: Header
 
 
-def iter_state_files(root: Path):
-    """Yield ``(path, stat, pinned, hit)`` for every state file under ``root`` (all models); reaps orphaned temp files."""
-    base = root / LAYOUT
-    try:
-        dirs = list(os.scandir(base))
-    except OSError:
-        return
-    for d in dirs:
-        if not d.is_dir(follow_symlinks=False):
-            continue
-        try:
-            names = list(os.scandir(d.path))
-            dir_mtime = d.stat().st_mtime
-        except OSError:
-            continue
-        present = {n.name for n in names}
-        for f in names:
-            if f.name.startswith(TMP_PREFIX):
-                _reap_temp(f, dir_mtime)
-                continue
-            if not f.name.endswith(SUFFIX):
-                continue
-            try:
-                st = f.stat()
-            except OSError:
-                continue
-            stem = f.name[: -len(SUFFIX)]
-            yield Path(f.path), st, (stem + PIN) in present, (stem + HIT) in present
+@dataclass
+class WriteCounts:
+    """What queueing one entry write costs: bytes and blocks new to the disk, blocks already there."""
 
-
-def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset()) -> list[Path]:
-    """Delete unpinned state files, least valuable first, until all files total ≤ ``cap``.
-
-    Order: never-hit before hit, then oldest mtime (last use) first. Files
-    named in ``protect`` (just written) go last. Returns the deleted paths.
-    """
-    files = list(iter_state_files(root))
-    total = sum(st.st_size for _, st, _, _ in files)
-    if total <= cap:
-        return []
-    victims = sorted((f for f in files if not f[2]), key=lambda f: (f[0].name in protect, f[3], f[1].st_mtime))
-    deleted = []
-    for path, st, _, _ in victims:
-        if total <= cap:
-            break
-        delete_entry_files(path)
-        total -= st.st_size
-        deleted.append(path)
-    if deleted:
-        log.debug("disk cap %d: evicted %d file(s)", cap, len(deleted))
-    return deleted
-
-
-def disk_usage(root: Path) -> dict:
-    """Bytes and file counts on disk: total, pinned."""
-    total = pinned = n = n_pinned = 0
-    for _, st, pin, _ in iter_state_files(root):
-        total += st.st_size
-        n += 1
-        if pin:
-            pinned += st.st_size
-            n_pinned += 1
-    return {"disk_bytes": total, "disk_files": n, "pinned_bytes": pinned, "pinned_files": n_pinned}
-
-
+    nbytes: int = 0
+    blocks_written: int = 0
+    blocks_reused: int = 0
 
 
 class DiskTier:
-    """The directory of one (model, KV salt), plus its :class:`CacheWriter`."""
+    """The directory of one (model, KV salt), plus its :class:`CacheWriter`.
 
-    def __init__(self, root: Path, directory: Path, model_sha256: str, salt: dict, model_name: str, cap: int) -> None:
+    ``block_tokens``: the positions per block of the entries it writes;
+    ``queue_bytes``: the writer's byte budget (:class:`~ollapy.cache.writer.CacheWriter`).
+    """
+
+    def __init__(self, root: Path, directory: Path, model_sha256: str, salt: dict, model_name: str, cap: int,
+                 block_tokens: int = 256, queue_bytes: int | None = None) -> None:
         self.root = root
         self.dir = directory
         self.model_sha256 = model_sha256
         self.salt = salt
         self.model_name = model_name
         self.cap = cap
-        self.writer = CacheWriter()
+        self.block_tokens = block_tokens
+        self.writer = CacheWriter(budget=queue_bytes)
         self.writer.tmp_dirs.add(directory)
+        self.writer.tmp_dirs.add(block_path(directory, block_tokens, "x").parent)
+        self.known_blocks: set[str] = set()  # block names on disk or queued, as far as this process knows
+        self._queued_blocks: set[str] = set()  # block names queued with their bytes
 
     # ---- reading ---------------------------------------------------------------------------
     def listing(self) -> dict[str, tuple[Path, float, bool]]:
-        """``name -> (path, mtime, pinned)`` of the files in this directory now."""
+        """``name -> (path, mtime, pinned)`` of the entry files in this directory now (also refreshes the
+        names of the blocks on disk)."""
         out = {}
+        try:
+            bdir = block_path(self.dir, self.block_tokens, "x").parent
+            self.known_blocks = {n[: -len(BLOCK_SUFFIX)] for n in os.listdir(bdir) if n.endswith(BLOCK_SUFFIX)
+                                 and not n.startswith(TMP_PREFIX)} | self.known_blocks_pending()
+        except OSError:
+            pass
         try:
             items = list(os.scandir(self.dir))
         except OSError:
@@ -289,12 +279,17 @@ class DiskTier:
         """Read and check a file's header; a bad file is deleted (:func:`condemn`; debug log says why)."""
         try:
             hdr = read_header(path, self.model_sha256, self.salt)
+        except UnknownFormat:
+            return None  # another version's file: skipped, never deleted
         except CacheFileError as exc:
             condemn(path, exc.ident, str(exc))
             return None
         except OSError:
             return None  # vanished (another process evicted it)
-        return Entry(name=name, tokens=hdr.tokens, nbytes=hdr.payload_len, path=path, on_disk=True, header=hdr)
+        if hdr.blocks and hdr.block_tokens != self.block_tokens:
+            return None  # blocks of another size: another configuration's entry, left alone
+        return Entry(name=name, tokens=hdr.tokens, nbytes=hdr.state_len or hdr.payload_len, path=path, on_disk=True,
+                     header=hdr, blocks=hdr.blocks, block_tokens=hdr.block_tokens)
 
     def load(self, e: Entry, defer_check: bool = False):
         """The entry's payload from disk, checked; None on any failure (a bad file is deleted).
@@ -311,6 +306,8 @@ class DiskTier:
             try:
                 if e.header is None:
                     e.header = read_header(e.path, self.model_sha256, self.salt)
+                if e.header.blocks:
+                    return self._load_parts(e, e.header, defer_check)
                 if defer_check:
                     view = map_payload(e.header)
                     return view, PayloadCheck(view, e.header.payload_crc32), e.header
@@ -324,6 +321,48 @@ class DiskTier:
             except OSError:
                 return None  # vanished (another process evicted it)
         return None
+
+    def _load_parts(self, e: Entry, hdr: Header, defer_check: bool) -> Parts | None:
+        """Map a block entry's tail and blocks; the checksums run on their own thread (:class:`Parts`).
+
+        None when a block file vanished (a miss, not corruption), failed its
+        header check (deleted when still the same file) or is of another format
+        (left alone). Raises what :func:`map_payload` raises for the entry file.
+        """
+        tail = map_payload(hdr)
+        items = [("tail", tail, hdr.payload_crc32)]
+        views = []
+        for name in hdr.blocks:
+            path = block_path(self.dir, hdr.block_tokens, name)
+            try:
+                view, crc = map_block(path)
+            except FileNotFoundError:
+                log.debug("prompt cache: block %s of %s vanished", name, e.name)
+                return None
+            except BlockFileError as exc:
+                if not exc.unknown:
+                    _unlink(path)
+                    self.known_blocks.discard(name)
+                log.debug("prompt cache: block %s: %s", name, exc)
+                return None
+            except OSError:
+                return None
+            views.append(view)
+            items.append((name, view, crc))
+        parts = Parts(tail, views, ChecksumsCheck(items), hdr)
+        if not defer_check and not parts.check.ok():
+            self.condemn_parts(e, parts)
+            return None
+        return parts
+
+    def condemn_parts(self, e: Entry, parts: Parts) -> None:
+        """Delete what failed ``parts``' checksums: block files by name, the entry file unless rewritten since."""
+        for name in parts.check.bad:
+            if name == "tail":
+                self.condemn(e, parts.header, "tail checksum mismatch")
+            else:
+                _unlink(block_path(self.dir, parts.header.block_tokens, name))
+                self.known_blocks.discard(name)
 
     def condemn(self, e: Entry, hdr: Header, why: str) -> bool:
         """Delete ``e``'s file, read through ``hdr``, that failed a check, unless it was rewritten since."""
@@ -369,27 +408,62 @@ class DiskTier:
             e.on_disk = False
 
     # ---- writing ---------------------------------------------------------------------------
-    def write_async(self, e: Entry, payload, replaced: list[Entry]) -> bool:
-        """Queue a write of ``e`` (then deletion of the entries it replaces, then the cap); False when refused."""
-        if len(payload) > self.cap:
-            log.debug("prompt cache: state of %d bytes exceeds the disk cap; not written", len(payload))
-            return False
+    def known_blocks_pending(self) -> set[str]:
+        """Names of blocks queued for writing (kept known while a listing runs)."""
+        return set(self._queued_blocks)
+
+    def write_async(self, e: Entry, payload, replaced: list[Entry], blocks=None) -> WriteCounts | None:
+        """Queue a write of ``e`` (then deletion of the entries it replaces, then the cap); None when refused.
+
+        ``payload`` is a whole state, or ``e``'s tail when ``e.blocks`` names
+        blocks whose data ``blocks`` gives: only the blocks this process does
+        not know on disk are queued with their bytes (the writer writes a block
+        only where its file is missing, and touches the others). The writer's
+        queue is bounded in bytes: a write that does not fit is refused.
+        """
+        new = [(n, b) for n, b in zip(e.blocks, blocks or (), strict=False) if n not in self.known_blocks]
+        counts = WriteCounts(len(payload) + sum(len(b) for _, b in new), len(new), len(e.blocks) - len(new))
+        if counts.nbytes > self.cap or (e.blocks and e.nbytes > self.cap):
+            log.debug("prompt cache: state of %d bytes exceeds the disk cap; not written", e.nbytes)
+            return None
         e.path = self.dir / f"{e.name}{SUFFIX}"
         e.pending = True
-        if not self.writer.submit(lambda check: self._write(e, payload, replaced, check)):
+        data = dict(new)
+        if not self.writer.submit(lambda check: self._write(e, payload, replaced, check, data), nbytes=counts.nbytes):
             e.pending = False
-            return False
+            return None
+        self.known_blocks.update(data)
+        self._queued_blocks.update(data)
+        return counts
+
+    def _write_blocks(self, e: Entry, data: dict, check) -> bool:
+        """Write ``e``'s blocks that are missing on disk (touch the others); False when one is missing and this
+        process no longer holds its bytes (the entry is then not written: it would name a missing block)."""
+        for name in e.blocks:
+            path = block_path(self.dir, e.block_tokens, name)
+            if name in data:
+                write_block(path, data[name], self.writer.tmp_prefix, check)
+                continue
+            try:
+                os.utime(path)
+            except FileNotFoundError:
+                log.debug("prompt cache: block %s vanished before %s was written; entry not written", name, e.name)
+                self.known_blocks.discard(name)
+                return False
         return True
 
-    def _write(self, e: Entry, payload, replaced: list[Entry], check) -> None:
+    def _write(self, e: Entry, payload, replaced: list[Entry], check, data: dict | None = None) -> None:
         try:
             if e.superseded:
                 return
             if e.pinned:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 e.path.with_suffix(PIN).touch()
+            if e.blocks and not self._write_blocks(e, data or {}, check):
+                return
             write_file(e.path, self.model_sha256, self.salt, self.model_name, e.tokens, payload, e.preview,
-                       check=check, tmp_prefix=self.writer.tmp_prefix)
+                       check=check, tmp_prefix=self.writer.tmp_prefix, blocks=e.blocks,
+                       block_tokens=e.block_tokens, state_len=e.nbytes if e.blocks else 0)
             e.on_disk = True
             for r in replaced:
                 if r.path is not None and r.path != e.path and not r.pending:
@@ -400,6 +474,8 @@ class DiskTier:
             log.debug("prompt cache: could not write %s: %s", e.path, exc)
         finally:
             e.pending = False
+            if data:
+                self._queued_blocks.difference_update(data)
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Wait until queued writes are done (at most ``timeout`` seconds); True when drained."""

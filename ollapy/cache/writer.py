@@ -34,6 +34,7 @@ from ollapy.cache.tempfiles import writer_prefix
 
 log = logging.getLogger("ollapy.cache")
 
+QUEUE_BYTES = 1 << 30  # default byte budget of a writer's queue
 _BUSY: set[CacheWriter] = set()
 _BUSY_LOCK = threading.Lock()
 
@@ -84,7 +85,11 @@ class CacheWriter:
     Jobs are callables ``job(abort_check)``; a write job calls
     ``abort_check()`` between chunks, which raises :class:`Aborted` once the
     writer is closing after a timeout or Ctrl-C. ``counts_as_state`` marks
-    jobs whose loss is reported as an unsaved state. Write jobs name their
+    jobs whose loss is reported as an unsaved state. The queue is bounded in
+    bytes (``budget``, default :data:`QUEUE_BYTES`): a job declares the bytes it
+    holds (``nbytes``) and one that would take the queue past its budget is
+    refused, so after the RAM tier let go of a state the writer never holds
+    more than its budget. Write jobs name their
     temporary files with ``tmp_prefix`` (unique to this writer:
     :func:`~ollapy.cache.tempfiles.writer_prefix`); ``tmp_dirs`` lists the
     directories where an aborted write may leave one. Giving up removes only
@@ -92,9 +97,12 @@ class CacheWriter:
     the directory (two model names on one GGUF file).
     """
 
-    def __init__(self, name: str = "ollapy-cache-writer") -> None:
+    def __init__(self, name: str = "ollapy-cache-writer", budget: int | None = None) -> None:
         self.name = name
-        self._jobs: collections.deque[tuple[Callable, bool]] = collections.deque()
+        self.budget = QUEUE_BYTES if budget is None else budget
+        self.queued_bytes = 0  # bytes the queued and running jobs hold
+        self.refused = 0  # jobs refused because they did not fit the budget
+        self._jobs: collections.deque[tuple[Callable, bool, int]] = collections.deque()
         self._cv = threading.Condition()
         self._running = 0  # jobs taken but not finished (0 or 1)
         self._running_state = False
@@ -109,12 +117,19 @@ class CacheWriter:
         self.last_result = DrainResult()
 
     # ---- producer side -----------------------------------------------------------------------
-    def submit(self, job: Callable[[Callable[[], None]], None], counts_as_state: bool = True) -> bool:
-        """Queue ``job``; False (job dropped) when the writer is already closed."""
+    def submit(self, job: Callable[[Callable[[], None]], None], counts_as_state: bool = True, nbytes: int = 0) -> bool:
+        """Queue ``job``, which holds ``nbytes`` until it ran; False (job dropped) when the writer is already
+        closed or the job would take the queue past its byte budget."""
         with self._cv:
             if self._closing:
                 return False
-            self._jobs.append((job, counts_as_state))
+            if nbytes and self.queued_bytes + nbytes > self.budget:
+                self.refused += 1
+                log.debug("prompt cache writer: %d bytes queued, %d more refused (budget %d)",
+                          self.queued_bytes, nbytes, self.budget)
+                return False
+            self.queued_bytes += nbytes
+            self._jobs.append((job, counts_as_state, nbytes))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
@@ -145,11 +160,12 @@ class CacheWriter:
                     self._cv.wait()
                 if not self._jobs or self._abort.is_set():
                     self._jobs.clear()
+                    self.queued_bytes = 0
                     self._cv.notify_all()
                     if self._closing:
                         return
                     continue
-                job, self._running_state = self._jobs.popleft()
+                job, self._running_state, held = self._jobs.popleft()
                 self._running = 1
             try:
                 job(self._check_abort)
@@ -159,7 +175,9 @@ class CacheWriter:
             except Exception:  # noqa: BLE001 - a cache write never fails anything else
                 log.debug("prompt cache job failed", exc_info=True)
             finally:
+                del job  # let go of the bytes it held before counting them free
                 with self._cv:
+                    self.queued_bytes = max(0, self.queued_bytes - held)
                     self._running = 0
                     self._cv.notify_all()
                     empty = not self._jobs
@@ -219,11 +237,12 @@ class CacheWriter:
     def _abandon(self) -> DrainResult:
         """Abort the running write, drop the queue, delete our temporary files."""
         with self._cv:
-            queued = sum(1 for _, is_state in self._jobs if is_state)
+            queued = sum(1 for _, is_state, _ in self._jobs if is_state)
             running = bool(self._running and self._running_state)
             written = self.written
             self._abort.set()
             self._jobs.clear()
+            self.queued_bytes = 0
             self._cv.notify_all()
         t = self._thread
         if t is not None:

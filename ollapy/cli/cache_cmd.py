@@ -1,5 +1,10 @@
 """``ollapy cache``: list, count, prune, clear, warm (compute and pin a prefix) and unpin prompt-cache entries.
 
+An entry is a chain of KV blocks (stored once however many entries share
+them) plus a tail; ``ls`` shows each entry's blocks (``whole`` for a state
+kept whole because the block splitter did not recognise its layout), ``stats``
+the blocks, the bytes they share and the dedupe ratio.
+
 Everything but ``warm`` works from the file headers alone and never loads
 llama.cpp.
 """
@@ -79,7 +84,7 @@ def _model_shas(model: str) -> set[str]:
 @cache_app.command("ls")
 def ls(model: str | None = typer.Argument(None, help="Only entries of this model (name, path or sha256 prefix)."),
        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List saved prefixes: model, tokens, bytes, last used, pinned, first words."""
+    """List saved prefixes: model, tokens, blocks, bytes (the entry file), last used, pinned, first words."""
     rows = _entries(model)
     if as_json:
         typer.echo(json.dumps([{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows], indent=1))
@@ -87,23 +92,26 @@ def ls(model: str | None = typer.Argument(None, help="Only entries of this model
     if not rows:
         typer.echo("no prompt-cache entries", err=True)
         return
-    typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'SIZE':>9} {'LAST USED':>10} {'PIN':<3}  PREFIX")
+    typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'BLOCKS':>6} {'SIZE':>9} {'LAST USED':>10} {'PIN':<3}  PREFIX")
     for r in rows:
         name = (r["model_name"] or r["model_sha256"][:12])[:28]
         pin = "yes" if r["pinned"] else ""
-        typer.echo(f"{name:<28} {r['salt'].get('type_k', '?'):<5} {r['n_tokens']:>7} {_human(r['bytes']):>9} "
+        blocks = str(len(r["blocks"])) if r.get("blocks") else "whole"
+        typer.echo(f"{name:<28} {r['salt'].get('type_k', '?'):<5} {r['n_tokens']:>7} {blocks:>6} {_human(r['bytes']):>9} "
                    f"{_ago(r['last_used']):>10} {pin:<3}  {r['preview'][:60]}")
 
 
 @cache_app.command("stats")
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Hits and misses by tier, tokens reused, bytes held (disk, pinned), over every process."""
+    """Hits and misses by tier, tokens reused, bytes held (disk, pinned), blocks and dedupe, over every process."""
+    from ollapy.cache.diskcap import block_usage
     from ollapy.cache.stats import aggregate
     from ollapy.cache.tiers import disk_usage
 
     root = config.cache_dir()
     data = aggregate(root)
     data.update(disk_usage(root))
+    data.update({f"disk_{k}": v for k, v in block_usage(root).items()})
     data["disk_cap"] = config.cache_disk_bytes()
     data["ram_cap"] = config.cache_ram_bytes()
     data["directory"] = str(root)
@@ -121,6 +129,12 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     typer.echo(f"disk held:      {_human(data['disk_bytes'])} in {data['disk_files']} file(s) "
                f"(cap {_human(data['disk_cap'])})")
     typer.echo(f"pinned:         {_human(data['pinned_bytes'])} in {data['pinned_files']} file(s) (never evicted)")
+    typer.echo(f"entries:        {data['disk_entries']} ({data['disk_whole_entries']} kept whole: a state layout the "
+               f"block splitter does not know), {data['disk_unknown_files']} file(s) of another version left alone")
+    typer.echo(f"blocks:         {data['disk_blocks']} ({_human(data['block_bytes'])}), {_human(data['disk_shared_bytes'])} "
+               f"shared by two or more entries; written {data['blocks_written']}, reused {data['blocks_reused']}")
+    typer.echo(f"dedupe:         {data['disk_dedupe_ratio']:.2f}x ({_human(data['disk_logical_bytes'])} of whole states "
+               f"held in {_human(data['disk_held_bytes'])})")
     typer.echo(f"ram cap:        {_human(data['ram_cap'])} per process")
 
 
@@ -168,6 +182,9 @@ def clear(model: str | None = typer.Argument(None, help="Only this model's entri
                 continue
             delete_entry_files(r["path"])
             n += 1
+    from ollapy.cache.diskcap import collect_unreferenced
+
+    collect_unreferenced(config.cache_dir(), grace=0.0)  # the blocks only the removed entries referenced
     typer.echo(f"removed {n} entr{'y' if n == 1 else 'ies'}", err=True)
 
 

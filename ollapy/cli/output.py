@@ -212,7 +212,8 @@ def format_stats(m: dict, *, with_load: bool = True) -> str:
         *([f"load duration:        {_dur(m['load_duration'])}"] if with_load else []),
         f"prompt eval count:    {m['prompt_eval_count']} token(s)",
         f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused"
-        + (f" ({m['prefix_source']})" if m.get("prefix_source") not in (None, "", "none") else ""),
+        + (f" ({m['prefix_source']}" + (f", {m['prompt_cache_blocks']} blocks joined" if m.get("prompt_cache_blocks")
+                                         else "") + ")" if m.get("prefix_source") not in (None, "", "none") else ""),
         *([f"image encode duration: {_dur(m['image_encode_duration'])}"] if m.get("image_encode_duration") else []),
         f"prompt eval duration: {_dur(m['prompt_eval_duration'])}",
         f"prompt eval rate:     {pe_rate:.2f} tokens/s",

@@ -67,6 +67,7 @@ class SlotAssigner:
         b = self.engine.backend
         prompt = req.tokens
         use_cache = self.engine.cache is not None and req.cache
+        self.joined = 0  # KV blocks the cache restore joined (shown by --verbose)
         excluded: set[str] = set()
         holed: set[int] = set()
         while True:
@@ -108,6 +109,7 @@ class SlotAssigner:
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
+        req.metrics.prompt_cache_blocks = self.joined if plan.kind == "cache" and reuse else 0
         text_only = [t for t in prompt if t >= 0] if req.media else prompt  # no image placeholder ids
         slot.sampler = Sampler(b, req.options, req.grammar, text_only)
         slot.begin(req, self.engine.resolve_keep(req.keep, req.options))
@@ -144,5 +146,6 @@ class SlotAssigner:
                 return False
             slot.tokens = list(hit.tokens)
             slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
+            self.joined = getattr(hit, "n_blocks", 0)
             self.engine.cache.record_hit(hit)
         return True

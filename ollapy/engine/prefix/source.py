@@ -101,7 +101,8 @@ class PrefixSource(Protocol):
         ...
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
-              persist: bool = False) -> None:
+              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
         """Offer the state of ``tokens`` (``get_state()`` copies it out of llama.cpp, called now or never);
-        ``persist`` asks for a disk copy, ``pinned`` for one that is never evicted."""
+        ``persist`` asks for a disk copy, ``pinned`` for one that is never evicted; ``state_size()`` (optional)
+        gives the state's bytes without copying it, so a state no tier would take is never copied."""
         ...
