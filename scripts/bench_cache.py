@@ -30,6 +30,12 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
   (ollapy/engine/prefix/evalorder.py) against the same prefill with it inside the last chunk (the order before it),
   driven on the backend in alternating pairs; target < 5% slower.
 
+* block pool (``--blocks``, or ``--blocks-only``; scripts/bench_cache_blocks.py, both models, through
+  ``ollapy serve`` and ``/metrics``, greedy, num_ctx 8192): one conversation of 10 turns writes <= 1.25x its
+  final state; 10 conversations x 3 turns sharing a system prompt write <= 1.5x and hold (disk, RAM) <= 1.5x
+  the distinct tokens' KV; the next turn evaluates only the new message (row-invariant build); a 6,000-token
+  restore of blocks from disk takes <= 1.2x the whole state's.
+
 The script exits 1 when any target row is MISSED. ``--busy N`` runs everything while N
 ``python -c "while True: pass"`` processes compete for the CPU (always stopped at the end, also on
 SIGTERM). The header prints the load average before and after: timings from a busy machine are noisy.
@@ -614,6 +620,15 @@ def verify_admission(args) -> None:
 
 
 # ---- main ---------------------------------------------------------------------------------------------
+def block_pool_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """The block-pool rows of scripts/bench_cache_blocks.py, for SmolLM2 (``--model``) and Gemma 3."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_cache_blocks import block_rows
+
+    for case, value, detail, target, verdict in block_rows(tmp, [("smollm2", args.model), ("gemma", GEMMA_MODEL)]):
+        rows.append(Row(case, value, detail, target, verdict))
+
+
 def start_busy(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
@@ -648,6 +663,8 @@ def main() -> int:
     ap.add_argument("--skip-admission", action="store_true", help="leave out the admission rows")
     ap.add_argument("--admission-only", action="store_true", help="only the admission rows")
     ap.add_argument("--exactness-only", action="store_true", help="only the exactness rows")
+    ap.add_argument("--blocks", action="store_true", help="add the block-pool rows (both models, ollapy serve)")
+    ap.add_argument("--blocks-only", action="store_true", help="only the block-pool rows")
     ap.add_argument("--busy", type=int, default=0, help="run N CPU busy loops for the whole benchmark")
     ap.add_argument("--keep", action="store_true", help="keep the temporary cache directories")
     ap.add_argument("--verify-admission", metavar="DIR", help=argparse.SUPPRESS)
@@ -666,7 +683,11 @@ def main() -> int:
     phases: list[tuple[str, float]] = []
     phase_list = [("in-process rows", ttft_rows), ("new-process rows", process_rows),
                   ("exactness rows", exactness_rows), ("admission rows", admission_rows)]
-    if args.admission_only:
+    if args.blocks or args.blocks_only:
+        phase_list.append(("block-pool rows", block_pool_rows))
+    if args.blocks_only:
+        phase_list = phase_list[-1:]
+    elif args.admission_only:
         phase_list = phase_list[3:]
     elif args.exactness_only:
         phase_list = phase_list[2:3]

@@ -39,6 +39,7 @@ HELD_SHARED_MAX = 1.5
 RESTORE_MAX = 1.2
 NUM_CTX = 8192
 NUM_PREDICT = 40
+THREADS = int(os.environ.get("BENCH_THREADS", "0"))  # 0: ollapy's default
 
 
 def system_text() -> str:
@@ -210,7 +211,7 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
     from ollapy.options import Options
     from ollapy.runner.loader import PathRef
 
-    opts = Options(num_ctx=NUM_CTX, temperature=0, num_predict=1)
+    opts = Options(num_ctx=NUM_CTX, temperature=0, num_predict=1, num_parallel=1, num_thread=THREADS)
     ref = PathRef(name=tag, path=path)
     times: dict[str, list[float]] = {"blocks": [], "whole": []}
     with LoadedModel(path, opts, name=tag) as m:

@@ -136,7 +136,7 @@ class FakeCache:
     def record_miss(self):
         self.events.append("miss")
 
-    def store(self, tokens, get_state, pinned=False, persist=False):
+    def store(self, tokens, get_state, pinned=False, persist=False, state_size=None):
         self.stored.append((len(tokens), persist))
 
     def close(self, timeout=120.0):

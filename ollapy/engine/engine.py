@@ -577,6 +577,7 @@ class Engine:
         if s.exact < len(s.tokens):  # decode-shaped or shifted cells: never cached (see evalorder)
             return
         try:
-            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist)
+            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist,
+                             state_size=lambda: self.backend.state_size(s.id))
         except Exception:  # noqa: BLE001 - a cache failure never fails a request
             log.exception("prompt cache store failed")

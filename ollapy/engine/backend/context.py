@@ -360,6 +360,10 @@ class Backend:
         """Largest position held by ``seq`` (-1 when empty)."""
         return C.llama_memory_seq_pos_max(self.mem, seq)
 
+    def state_size(self, seq: int) -> int:
+        """Bytes of ``seq``'s serialized KV state (``llama_state_seq_get_size``), without copying it."""
+        return int(C.llama_state_seq_get_size(self.ctx, seq))
+
     def state_get(self, seq: int) -> bytearray:
         """Serialized KV state of ``seq`` as a bytearray (empty when it cannot be saved).
 
