@@ -59,8 +59,9 @@ def test_claude_gets_the_server_and_model(api, agents):
     # the prompt stays the same from request to request (a cache hit from its top)
     assert env["CLAUDE_CODE_ATTRIBUTION_HEADER"] == "0" and env["CLAUDE_CODE_TOTAL_TOKENS_REMINDER"] == "off"
     # the model's real context (32768 in its Modelfile), and a quarter of it for the output
-    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768"
-    assert env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    assert env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"] == "32768" and env["CLAUDE_CODE_MAX_OUTPUT_TOKENS"] == "8192"
+    # Claude Code takes no compaction window under 100k: it compacts at 24% of 100k, before 32768 - 8192 tokens
+    assert env["CLAUDE_CODE_AUTO_COMPACT_WINDOW"] == "100000" and env["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] == "24"
     assert p.stderr.decode().strip() == f"launching claude with big:latest (context 32768, output up to 8192) at {api.url}"
 
 
@@ -185,3 +186,11 @@ def test_config_prints_what_it_would_set_and_runs_nothing(api, agents, tmp_path)
     assert p.returncode == 1
     assert p.stderr.decode() == ("Error: no ollapy serve answers at http://127.0.0.1:9 (start one (ollapy serve), or run "
                                  "launch without --config to start it)\n")
+
+
+def test_claude_compaction_for_contexts_below_and_above_its_minimum_window():
+    from ollapy.cli.launch_cmd import claude_compaction
+
+    assert claude_compaction(32768) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "24"}
+    assert claude_compaction(8192) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "6"}
+    assert claude_compaction(131072) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "131072"}

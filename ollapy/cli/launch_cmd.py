@@ -13,9 +13,10 @@ conversation before it overflows, and the output it may ask for is bounded to wh
   ``--model M``. What keeps its prompt the same from request to request (a prompt cache hit from the top):
   ``CLAUDE_CODE_ATTRIBUTION_HEADER=0`` (no per-request attribution line in the system prompt) and
   ``CLAUDE_CODE_TOTAL_TOKENS_REMINDER=off`` (no token countdown inserted into the conversation), as
-  ``ollama launch claude`` sets. The context: ``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` (the window it compacts in;
-  Claude Code 2.1 clamps it to the model's window) and ``CLAUDE_CODE_MAX_CONTEXT_TOKENS`` (the window itself,
-  which Claude Code reads where compaction is off); the output: ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``.
+  ``ollama launch claude`` sets. The context: Claude Code 2.1 takes no compaction window under 100k tokens, so a
+  smaller context is the percentage of that window where it compacts (:func:`claude_compaction`), and
+  ``CLAUDE_CODE_MAX_CONTEXT_TOKENS`` (the window itself, which Claude Code reads where compaction is off); the
+  output: ``CLAUDE_CODE_MAX_OUTPUT_TOKENS``.
 * Codex (``codex``, npm ``@openai/codex``) in its Ollama mode: ``OLLAMA_HOST``, ``CODEX_OSS_BASE_URL``,
   ``--oss --local-provider=ollama -m M`` and ``-c model_context_window=N -c model_auto_compact_token_limit=L``
   (after ``exec`` when ARGS start with it), and ``CODEX_HOME`` outside the temporary directory (Codex refuses
@@ -169,6 +170,23 @@ class LaunchPlan:
         return "\n".join(lines)
 
 
+CLAUDE_MIN_WINDOW = 100_000
+"""The smallest compaction window Claude Code 2.1 accepts (``CLAUDE_CODE_AUTO_COMPACT_WINDOW`` below it is read as
+it, with a warning)."""
+
+
+def claude_compaction(context: int) -> dict[str, str]:
+    """Claude Code's variables that make it compact a conversation before ``context`` tokens: the window
+    (``CLAUDE_CODE_AUTO_COMPACT_WINDOW``, at least :data:`CLAUDE_MIN_WINDOW`) and, for a smaller context, the
+    percentage of that window where compaction fires (``CLAUDE_AUTOCOMPACT_PCT_OVERRIDE``), which leaves
+    :func:`output_bound` tokens of the context for the answer."""
+    window = max(context, CLAUDE_MIN_WINDOW)
+    out = {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(window)}
+    if context < window:
+        out["CLAUDE_AUTOCOMPACT_PCT_OVERRIDE"] = str(max(1, 100 * (context - output_bound(context)) // window))
+    return out
+
+
 def _claude(exe: str, url: str, model: str, context: int, args: list[str], env: dict, key: str | None) -> LaunchPlan:
     s = dict(ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN=key or "ollapy", ANTHROPIC_MODEL=model,
              ANTHROPIC_SMALL_FAST_MODEL=model, ANTHROPIC_DEFAULT_OPUS_MODEL=model, ANTHROPIC_DEFAULT_SONNET_MODEL=model,
@@ -176,9 +194,9 @@ def _claude(exe: str, url: str, model: str, context: int, args: list[str], env: 
              CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
              # the same prompt request after request: no attribution line, no token countdown
              CLAUDE_CODE_ATTRIBUTION_HEADER="0", CLAUDE_CODE_TOTAL_TOKENS_REMINDER="off",
-             # the model's real context, and the output it leaves
-             CLAUDE_CODE_AUTO_COMPACT_WINDOW=str(context), CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
-             CLAUDE_CODE_MAX_OUTPUT_TOKENS=_bounded(env, "CLAUDE_CODE_MAX_OUTPUT_TOKENS", output_bound(context)))
+             CLAUDE_CODE_MAX_CONTEXT_TOKENS=str(context),
+             CLAUDE_CODE_MAX_OUTPUT_TOKENS=_bounded(env, "CLAUDE_CODE_MAX_OUTPUT_TOKENS", output_bound(context)),
+             **claude_compaction(context))
     # a real Anthropic key would be sent to ollapy and preferred over the token
     return LaunchPlan([exe, "--model", model, *args], s, unset=["ANTHROPIC_API_KEY"])
 
