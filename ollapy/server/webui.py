@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import APIRouter, Request
-from fastapi.responses import FileResponse, PlainTextResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 
 from ollapy.web import ROOT
 
@@ -71,6 +71,7 @@ def _file(name: str) -> Response:
 @router.head("/web/{name:path}", include_in_schema=False)
 async def web_file(name: str, request: Request):
     if not enabled(request) or name not in FILES:
-        return PlainTextResponse(f"no page file {name!r}" if enabled(request) else "the chat page is off (--no-webui)",
-                                 status_code=404, headers={"X-Content-Type-Options": "nosniff"})
+        # Ollama's error shape, as every other route outside /v1 answers a 404
+        return JSONResponse({"error": f"no page file {name!r}" if enabled(request) else "the chat page is off (--no-webui)"},
+                            status_code=404, headers={"X-Content-Type-Options": "nosniff"})
     return _file(name)
