@@ -3,24 +3,30 @@
 llama.cpp's own copy of the same state in the same run; every target row prints ``ok`` or ``MISSED``.
 
 For each model and KV type (SmolLM2 and Gemma 3; f16 with flash attention off, so V is transposed, and q8_0
-with it on): prefill ``--tokens`` random tokens (default 6,000) into a sequence, then, best of ``--repeat``:
+with it on): prefill ``--prefill`` random tokens (default 256), tile that state's KV to ``--tokens`` cells
+(default 6,144; positions 0..n-1; a copy costs by its bytes, not their values, and a 6,000-token prefill takes
+minutes on a shared 2-core machine), restore it into the sequence, then time the median of ``--repeat``
+rounds, each running every operation once (so that load from other processes hits them alike):
 
 * ``get``: ``llama_state_seq_get_data`` (Backend.state_get), the baseline of a save;
-* ``set``: ``llama_state_seq_set_data`` (Backend.state_set) of that state, the baseline of a restore;
+* ``set``: ``llama_state_seq_set_data`` (Backend.state_set), the baseline of a restore;
+* ``memcpy``: one copy of the state into an already mapped buffer (for scale; a fresh buffer costs more here:
+  mapping its pages as it fills took about as long as get itself);
 * ``split B``: split_state(state, B) for each ``--blocks`` size; target: at most ``--split-max`` x ``get``;
 * ``join_into B``: join_into of those blocks and tail into a reused buffer; target: at most ``--join-max`` x
-  ``set``; and the joined bytes equal the state (else MISSED). ``join_state`` (a new buffer) and a plain
-  memcpy of the state are printed beside it.
+  ``set``, and the joined bytes equal the state (else MISSED); ``join_state`` (a new buffer) beside it.
 
-It prints the bytes per cell of the blockable part, the tail's size, and exits 1 when any row is MISSED.
-Timings on a shared machine are noisy: the header prints the load average.
+It prints the bytes per cell of the blockable part and the tail's size, and exits 1 when a row is MISSED.
 
-Usage: python scripts/bench_kvstate.py [--tokens N] [--repeat N] [--blocks 64,256] [--models smollm2,gemma3]
+Usage: python scripts/bench_kvstate.py [--tokens N] [--prefill N] [--repeat N] [--blocks 64,256]
+                                       [--models smollm2,gemma3] [--split-max X] [--join-max X]
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
+import statistics
 import sys
 import time
 from array import array
@@ -31,21 +37,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ollapy.cache.kvstate import join_into, join_state, split_state  # noqa: E402
+from ollapy.cache import kvstate  # noqa: E402
+from ollapy.cache.kvstate import join_into, join_state, parse_layout, split_state  # noqa: E402
 from ollapy.engine.backend.context import Backend, ContextConfig  # noqa: E402
 
 MODELS = {"smollm2": Path.home() / ".cache/ollapy/test-models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "gemma3": Path.home() / ".cache/ollapy/test-models/gemma-3-270m-q4_k_m.gguf"}
 KV = [("f16", "off"), ("q8_0", "on")]
-
-
-def best_ms(fn, repeat: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3, out
 
 
 def prefill(b: Backend, seq: int, toks: list[int]) -> None:
@@ -55,50 +53,71 @@ def prefill(b: Backend, seq: int, toks: list[int]) -> None:
                  array("b", [0] * len(chunk)))
 
 
+def tiled_state(state: bytes, n_cells: int) -> bytearray:
+    """``state`` (n cells, n dividing ``n_cells``) with its blockable part's KV repeated to ``n_cells`` cells."""
+    s = split_state(state, parse_layout(state).n_cells)
+    layout = dataclasses.replace(s.layout, n_cells=n_cells)
+    rest = memoryview(s.tail)[len(s.tail) - s.layout.rest_len:]
+    return join_state(s.blocks * (n_cells // s.n_cells), kvstate._encode_tail(layout, s.n_cells, [], rest))
+
+
 def run_one(name: str, kv: str, fa: str, args) -> bool:
     ok = True
     with Backend(MODELS[name], ContextConfig(n_parallel=1, num_ctx=args.tokens + 64, kv_cache_type=kv,
                                              flash_attn=fa)) as b:
-        toks = np.random.default_rng(0).integers(10, b.n_vocab, args.tokens).tolist()
+        toks = np.random.default_rng(0).integers(10, b.n_vocab, args.prefill).tolist()
         t0 = time.perf_counter()
         prefill(b, 0, toks)
         prefill_s = time.perf_counter() - t0
-        get_ms, state = best_ms(lambda: b.state_get(0), args.repeat)
-        state = bytes(state)
-        set_ms, _ = best_ms(lambda: b.state_set(0, bytearray(state)), args.repeat)  # a writable copy: no extra copy inside
-        print(f"{name} {kv} flash {fa}: {args.tokens} tokens, state {len(state) / 1e6:.1f} MB, prefill {prefill_s:.0f} s, "
-              f"get {get_ms:.1f} ms, set {set_ms:.1f} ms")
-        buf = bytearray(len(state))
-        copy_ms, _ = best_ms(lambda: buf.__setitem__(slice(None), state), args.repeat)
-        print(f"  memcpy of the state into a mapped buffer: {copy_ms:.1f} ms")
-        for bt in args.blocks:
-            split_ms, s = best_ms(lambda bt=bt: split_state(state, bt), args.repeat)
-            if s is None:
-                print(f"  B={bt}: split_state returned None  MISSED")
-                ok = False
-                continue
-            join_ms, joined = best_ms(lambda s=s: join_state(s.blocks, s.tail), args.repeat)
-            into_ms, _ = best_ms(lambda s=s: join_into(s.blocks, s.tail, buf), args.repeat)
-            same = joined == state and buf == state
-            split_ok = split_ms <= args.split_max * get_ms
-            join_ok = into_ms <= args.join_max * set_ms and same
+        if not b.state_set(0, tiled_state(bytes(b.state_get(0)), args.tokens)):
+            print(f"{name} {kv}: llama.cpp refused the tiled state  MISSED")
+            return False
+        state = bytes(b.state_get(0))
+        buf, fresh = bytearray(len(state)), bytearray(state)
+        view = memoryview(buf)  # a bytearray slice assignment from bytes would copy the bytes first
+        splits = {bt: split_state(state, bt) for bt in args.blocks}
+        if any(v is None for v in splits.values()):
+            print(f"{name} {kv}: split_state returned None  MISSED")
+            return False
+        ops = {"get": lambda: b.state_get(0), "set": lambda: b.state_set(0, fresh),
+               "memcpy": lambda: view.__setitem__(slice(None), state)}
+        for bt, sp in splits.items():
+            ops[f"split {bt}"] = lambda bt=bt: split_state(state, bt)
+            ops[f"join_into {bt}"] = lambda sp=sp: join_into(sp.blocks, sp.tail, buf)
+            ops[f"join_state {bt}"] = lambda sp=sp: join_state(sp.blocks, sp.tail)
+        times = {k: [] for k in ops}
+        for _ in range(args.repeat):  # one round runs every operation once: noise from other processes hits all alike
+            for k, fn in ops.items():
+                t0 = time.perf_counter()
+                fn()
+                times[k].append((time.perf_counter() - t0) * 1e3)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"{name} {kv} flash {fa}: {args.tokens} cells, state {len(state) / 1e6:.1f} MB, prefill of {args.prefill} "
+              f"{prefill_s:.0f} s; median of {args.repeat} interleaved rounds: get {med['get']:.1f} ms, "
+              f"set {med['set']:.1f} ms, memcpy {med['memcpy']:.1f} ms")
+        for bt, sp in splits.items():
+            same = join_state(sp.blocks, sp.tail) == state
+            join_into(sp.blocks, sp.tail, buf)
+            same = same and buf == state
+            sm, jm, js = med[f"split {bt}"], med[f"join_into {bt}"], med[f"join_state {bt}"]
+            split_ok, join_ok = sm <= args.split_max * med["get"], jm <= args.join_max * med["set"] and same
             ok = ok and split_ok and join_ok
-            print(f"  B={bt}: {len(s.blocks)} blocks of {len(s.blocks[0]) if s.blocks else 0} B "
-                  f"({s.layout.bytes_per_cell} B/cell, {s.layout.n_parts} part(s)), tail {len(s.tail) / 1e6:.2f} MB")
-            print(f"    split      {split_ms:7.1f} ms = {split_ms / get_ms:.2f} x get, {split_ms / copy_ms:.2f} x memcpy "
+            print(f"  B={bt}: {len(sp.blocks)} blocks of {len(sp.blocks[0]) if sp.blocks else 0} B "
+                  f"({sp.layout.bytes_per_cell} B/cell, {sp.layout.n_parts} part(s)), tail {len(sp.tail) / 1e6:.2f} MB")
+            print(f"    split      {sm:7.1f} ms = {sm / med['get']:.2f} x get, {sm / med['memcpy']:.2f} x memcpy "
                   f"(target <= {args.split_max} x get)  {'ok' if split_ok else 'MISSED'}")
-            print(f"    join_into  {into_ms:7.1f} ms = {into_ms / set_ms:.2f} x set, {into_ms / copy_ms:.2f} x memcpy "
-                  f"(target <= {args.join_max} x set), bytes {'equal' if same else 'DIFFER'}  "
-                  f"{'ok' if join_ok else 'MISSED'}")
-            print(f"    join_state {join_ms:7.1f} ms = {join_ms / set_ms:.2f} x set, {join_ms / copy_ms:.2f} x memcpy "
-                  f"(a new buffer: its pages are mapped as it fills)")
+            print(f"    join_into  {jm:7.1f} ms = {jm / med['set']:.2f} x set, {jm / med['memcpy']:.2f} x memcpy "
+                  f"(target <= {args.join_max} x set), bytes {'equal' if same else 'DIFFER'}  {'ok' if join_ok else 'MISSED'}")
+            print(f"    join_state {js:7.1f} ms = {js / med['set']:.2f} x set, {js / med['memcpy']:.2f} x memcpy "
+                  f"(a new buffer, its pages mapped as it fills)")
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tokens", type=int, default=6000)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=6144)
+    ap.add_argument("--prefill", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--blocks", type=lambda v: [int(x) for x in v.split(",")], default=[64, 256])
     ap.add_argument("--models", type=lambda v: v.split(","), default=list(MODELS))
     ap.add_argument("--split-max", type=float, default=1.0)

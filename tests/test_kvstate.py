@@ -58,6 +58,7 @@ def model(request):
     path = request.getfixturevalue("smollm2_path" if name == "smollm2" else "gemma_path")
     b = Backend(path, ContextConfig(n_parallel=3, num_ctx=1024, kv_cache_type=kv, flash_attn=fa))
     b.name = name
+    b.full = (name, kv, fa) != ("smollm2", "f16", "on")  # V not transposed in f16: the round trip covers it
     yield b
     b.close()
 
@@ -82,6 +83,8 @@ def test_split_join_round_trips_real_states(model, n, seed, seq):
 
 
 def test_joined_state_restores_into_another_slot_bit_for_bit(model):
+    if not model.full:
+        pytest.skip("the round trip covers f16 with flash attention on")
     toks = np.random.default_rng(7).integers(10, model.n_vocab, 300).tolist()
     model.seq_clear(1)
     prefill(model, 1, toks[:-1])
@@ -100,6 +103,8 @@ def test_joined_state_restores_into_another_slot_bit_for_bit(model):
 def test_prefix_state_restores_like_a_cold_prefill(model, n=250, k=2):
     """``prefix_state`` of k blocks of 64 is the state a cold prefill of those k*64 tokens leaves (Gemma too, while
     the whole sequence fits its sliding window: the SWA cache then holds every position and is cut alike)."""
+    if not model.full:
+        pytest.skip("the round trip covers f16 with flash attention on")
     toks = np.random.default_rng(n).integers(10, model.n_vocab, n + 1).tolist()
     s = split_state(take_state(model, toks[:n]), 64)
     pre = prefix_state(s.blocks, s.tail, k)
@@ -131,6 +136,8 @@ def test_prefix_state_refuses_a_window_that_moved(model):
 
 
 def test_holes_and_shifted_positions_are_not_split(model):
+    if not model.full:
+        pytest.skip("the round trip covers f16 with flash attention on")
     toks = np.random.default_rng(11).integers(10, model.n_vocab, 120).tolist()
     model.seq_clear(1)
     prefill(model, 1, toks)

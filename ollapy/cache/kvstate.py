@@ -41,6 +41,7 @@ import numpy as np
 SEQ_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic
 TAIL_MAGIC = b"OKVT"
 TAIL_VERSION = 1
+BLOCK_LAYOUT = 1  # the byte order inside a block (module docstring); a pool keeps blocks of another one apart
 
 # ggml types a KV cache can hold: type id -> (elements per block, bytes per block) (ggml/src/ggml.c type_traits)
 _GGML_TYPES = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
