@@ -62,6 +62,17 @@ log = logging.getLogger("ollapy.cache")
 BLOCK = 64
 
 
+def _populated(size: int):
+    """A writable anonymous mapping of ``size`` bytes whose pages are faulted in at once (Linux MAP_POPULATE)."""
+    import mmap
+
+    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
+    try:
+        return mmap.mmap(-1, size, flags=flags)
+    except (OSError, ValueError):
+        return bytearray(size)
+
+
 def default_splitter():
     """:mod:`ollapy.cache.kvstate` (cuts and joins llama.cpp states), or None where it is not available."""
     try:
@@ -141,6 +152,7 @@ class BoundCache:
         self.disk: DiskTier | None = None
         self.entries: dict[str, Entry] = {}
         self._early: list[tuple[list[int], object, bool, bool]] = []  # stores before the sha256 was known
+        self._restore_buf = None  # the buffer block entries are joined into (see _join)
         self._closed = False
         self.last_drain = DrainResult()
         self._sha: str | None = digest or memoized_sha256(model_path, self.root)
@@ -342,9 +354,22 @@ class BoundCache:
         return Hit(cand.n_tokens, list(e.tokens), "disk", e, data)
 
     def _join(self, e: Entry, blocks, tail):
-        """``e``'s state joined from its blocks and tail; None (the entry forgotten) when they do not fit together."""
+        """``e``'s state joined from its blocks and tail; None (the entry forgotten) when they do not fit together.
+
+        The state is joined into this cache's restore buffer (the engine thread restores one state at a
+        time and llama.cpp copies it out before the next load): an anonymous mapping populated in one call
+        (``MAP_POPULATE``) and reused while it is large enough, so a restore does not fault in a fresh
+        buffer page by page. Without ``join_into`` (another splitter) a new buffer is joined.
+        """
         try:
-            return self.kv.join_state(blocks, tail)
+            if not hasattr(self.kv, "join_into"):
+                return self.kv.join_state(blocks, tail)
+            size = self.kv.joined_size(tail)
+            buf = self._restore_buf
+            if buf is None or len(buf) < size:
+                self._restore_buf = buf = _populated(size)
+            n = self.kv.join_into(blocks, tail, buf)
+            return memoryview(buf)[:n]
         except ValueError as exc:  # kvstate.KVStateError
             log.debug("prompt cache: entry %s does not join: %s", e.name, exc)
             with self._lock:
@@ -625,6 +650,7 @@ class BoundCache:
                 for e in list(self.ram.entries.values()):
                     self.ram.drop(e)
                 self._early.clear()
+                self._restore_buf = None
         if self.last_drain.unsaved:
             log.debug("prompt cache: %d state(s) not saved", self.last_drain.unsaved)
         return self.last_drain
