@@ -8,11 +8,11 @@ runs ``--clients`` clients for ``--minutes``. Each client loops over a mix of re
 streams cancelled after their first chunk, Anthropic's ``/v1/messages`` (half of them streamed) and
 ``/v1/responses`` (stored, each client chaining up to four turns with ``previous_response_id``).
 
-A second-model phase (from 40% to 60% of the run, server started here only): every client asks for
-``soak-b`` instead. With one model allowed, its load waits (503 "busy" answers, counted apart, retried after
-``Retry-After``) until ``soak``'s requests in flight end, then ``soak`` is unloaded and ``soak-b`` loaded while
-traffic goes on; at 60% the clients switch back. The loads seen in ``/api/ps`` are reported and judged (at
-least the two switches).
+A second-model phase (from 40% of the run until ``soak-b`` has served for a tenth of it, 80% at the latest;
+server started here only): every client asks for ``soak-b`` instead. With one model allowed, its load waits
+(503 "busy" answers, counted apart, retried after ``Retry-After``) until ``soak``'s requests in flight and
+queued end, then ``soak`` is unloaded and ``soak-b`` loaded while traffic goes on; then the clients switch
+back. The loads seen in ``/api/ps`` are reported and judged (at least the two switches).
 
 Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
 503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
@@ -269,16 +269,27 @@ def server_pid(url: str) -> int:
 
 async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
                second: str | None = None) -> tuple[Tally, dict, dict]:
-    """Run the clients (asking for ``second`` from 40% to 60% of the run, when given); sample the server after the
+    """Run the clients (asking for ``second`` in the second-model phase, when given); sample the server after the
     warm-up and after the load."""
     tally = Tally()
     start = time.monotonic()
     stop_at = start + seconds
     warmup = min(60.0, max(15.0, seconds / 10))
 
+    loaded_at: list[float] = []  # when /api/ps first showed the second model
+
     def model_at() -> str:
-        frac = (time.monotonic() - start) / seconds
-        return second if second and 0.4 <= frac < 0.6 else model
+        """``second`` from 40% of the run until it has served for a tenth of the run (or 80% at the latest):
+        its load waits for every queued request of the first model to end, which takes minutes on a loaded
+        machine."""
+        now = time.monotonic()
+        frac = (now - start) / seconds
+        if not second or frac < 0.4:
+            return model
+        if not loaded_at and any(second in names for names in tally.switches):
+            loaded_at.append(now)
+        done = bool(loaded_at) and now - loaded_at[0] >= seconds / 10
+        return model if done or frac >= 0.8 else second
 
     tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
     tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
