@@ -38,6 +38,7 @@ WRITE_SHARED_MAX = 1.5
 HELD_SHARED_MAX = 1.5
 RESTORE_MAX = 1.2
 NUM_CTX = 8192
+SIZES = (64, 128, 256)  # block sizes the restore row times (the pool uses 256)
 NUM_PREDICT = 40
 THREADS = int(os.environ.get("BENCH_THREADS", "0"))  # 0: ollapy's default
 
@@ -201,6 +202,15 @@ def shared_system(tmp: Path, path: Path, tag: str, sys_tokens: int) -> list:
              f"<= {HELD_SHARED_MAX}x distinct KV", m <= HELD_SHARED_MAX)]
 
 
+def system_tokens(path: Path) -> int:
+    """Tokens of the system prompt as the chat template renders it (BOS + system turn)."""
+    from ollapy.engine.model import LoadedModel
+    from ollapy.options import Options
+
+    with LoadedModel(path, Options(num_ctx=NUM_CTX, num_parallel=1), name="t") as m:
+        return m.chat_prompt([{"role": "system", "content": system_text()}, {"role": "user", "content": ""}]).keep
+
+
 def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) -> list:
     """Row 4: a 6,000-token state restored from disk by a new cache: blocks joined vs the whole state.
 
@@ -213,7 +223,8 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
 
     opts = Options(num_ctx=NUM_CTX, temperature=0, num_predict=1, num_parallel=1, num_thread=THREADS)
     ref = PathRef(name=tag, path=path)
-    times: dict[str, list[float]] = {"blocks": [], "whole": []}
+    kinds = {"whole": 0, **{f"B={bt}": bt for bt in SIZES}}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
     with LoadedModel(path, opts, name=tag) as m:
         facts["sys_tokens"] = m.chat_prompt([{"role": "system", "content": system_text()},
                                              {"role": "user", "content": ""}]).keep
@@ -227,7 +238,7 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
         toks = list(prompt.tokens[:n_tok])
         state = bytes(b.state_get(0))
         caches = {}
-        for kind, bt in (("blocks", 256), ("whole", 0)):
+        for kind, bt in kinds.items():
             c = PromptCache(ref, opts, root=tmp / f"restore-{tag}-{kind}", block_tokens=bt)
             with c.bind(m) as bc:
                 bc.store(toks, lambda: bytearray(state), persist=True)
@@ -235,7 +246,7 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
                 caches[kind] = (c, len(next(iter(bc.entries.values())).blocks))
         probe = toks + [toks[-1]]
         for _ in range(pairs):
-            for kind in ("whole", "blocks"):
+            for kind in kinds:
                 c, _ = caches[kind]
                 with c.bind(m) as bc:  # a new cache: empty RAM tier, the files from disk
                     bc.refresh()
@@ -246,19 +257,23 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
                     assert ok and hit.tier == "disk", kind
                     hit.payload = None
         b.seq_clear(0)
-    tw, tb = statistics.median(times["whole"]), statistics.median(times["blocks"])
-    ratio = tb / tw
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["B=256"] / med["whole"]
+    sizes = ", ".join(f"{k} {med[k] * 1000:.0f} ms ({caches[k][1]} blocks)" for k in kinds if k != "whole")
     return [(f"{tag}: {n_tok}-token restore from disk, blocks vs whole state", f"{ratio:.2f}x",
-             f"blocks ({caches['blocks'][1]} joined) {tb * 1000:.0f} ms, whole {tw * 1000:.0f} ms, "
-             f"{len(state) / 1e6:.0f} MB, median of {pairs}", f"<= {RESTORE_MAX}x", ratio <= RESTORE_MAX)]
+             f"whole {med['whole'] * 1000:.0f} ms; {sizes}; {len(state) / 1e6:.0f} MB, median of {pairs}",
+             f"<= {RESTORE_MAX}x", ratio <= RESTORE_MAX)]
 
 
-def block_rows(tmp: Path, models: list[tuple[str, Path]], restore_only: bool = False) -> list:
+def block_rows(tmp: Path, models: list[tuple[str, Path]], restore_only: bool = False, skip_restore: bool = False) -> list:
     """Every block-pool row for each ``(tag, gguf path)``."""
     out = []
     for tag, path in models:
         facts: dict = {}
-        out += restore_row(tmp, path, tag, facts)
+        if skip_restore:
+            facts["sys_tokens"] = system_tokens(path)
+        else:
+            out += restore_row(tmp, path, tag, facts)
         if restore_only:
             continue
         rows, _ = one_conversation(tmp, path, tag)
@@ -276,13 +291,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", choices=["both", "smollm2", "gemma"], default="both")
     ap.add_argument("--restore-only", action="store_true")
+    ap.add_argument("--skip-restore", action="store_true")
     args = ap.parse_args()
     home = Path.home() / ".cache/ollapy/test-models"
     models = [("smollm2", home / "SmolLM2-135M-Instruct.Q4_1.gguf"), ("gemma", home / "gemma-3-270m-q4_k_m.gguf")]
     models = [m for m in models if args.models in ("both", m[0])]
     tmp = Path(tempfile.mkdtemp(prefix="bench-blocks-"))
     try:
-        rows = block_rows(tmp, models, args.restore_only)
+        rows = block_rows(tmp, models, args.restore_only, args.skip_restore)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     w = max(len(r[0]) for r in rows)
