@@ -22,7 +22,7 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PYTHON:-$ROOT/.venv/bin/python}
 DIR=${OLLAPY_CLIENTS_DIR:-$HOME/.cache/ollapy/clients}
-MAX_OUT=${MAX_OUT:-64}
+MAX_OUT=${MAX_OUT:-256}  # the agents' output cap: a tools-on answer is a JSON call, longer than a word
 AGENT_TURNS=${AGENT_TURNS:-3}
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-2400}  # seconds an install may take (Open WebUI pulls torch & co.)
 ONLY=${ONLY:-"sdk js llm aider continue opencode agents openwebui"}
@@ -258,12 +258,13 @@ if want agents; then
     local label=$1; shift
     local b a
     b=$(metrics)
-    (cd "$WORK/project" && timeout 1800 "$PY" -m ollapy.cli.main launch "$@" < /dev/null > "$WORK/agent.out" 2> "$WORK/agent.err")
+    local log=$WORK/agent-${label// /-}
+    (cd "$WORK/project" && timeout 1800 "$PY" -m ollapy.cli.main launch "$@" < /dev/null > "$log.out" 2> "$log.err")
     local rc=$?
     a=$(metrics)
     read -r n0 p0 c0 <<< "$b"; read -r n1 p1 c1 <<< "$a"
     local line="$label: $((n1 - n0)) requests, prompt tokens $((p1 - p0 + c1 - c0)), reused from the cache $((c1 - c0)), prefilled $((p1 - p0))"
-    if [ $rc = 0 ]; then ok "$line"; else fail "$line" "exit $rc: $(tail -c 300 "$WORK/agent.err" | tr '\n' ' ')"; fi
+    if [ $rc = 0 ]; then ok "$line"; else fail "$line" "exit $rc: $(cat "$log.out" "$log.err" | grep -v -e '^launching' -e 'AUTO_COMPACT' -e 'unrecognized_model' | tail -c 300 | tr '\n' ' ')"; fi
   }
   agent_turn "claude turn 1" claude --model gemma3-agents -- -p "Reply with one word: ready"
   for i in $(seq 2 "$AGENT_TURNS"); do
@@ -281,7 +282,7 @@ if want openwebui; then
     fail "open-webui" "not installed (pip install $OWUI_PKG failed or took over ${INSTALL_TIMEOUT}s here)"
   else
     WPORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    (cd "$WORK" && env DATA_DIR="$WORK/owui" OLLAMA_BASE_URL="$URL" ENABLE_OPENAI_API=False WEBUI_AUTH=False \
+    (cd "$WORK" && exec env DATA_DIR="$WORK/owui" OLLAMA_BASE_URL="$URL" ENABLE_OPENAI_API=False WEBUI_AUTH=False \
       HF_HUB_OFFLINE=1 OFFLINE_MODE=True RAG_EMBEDDING_ENGINE=ollama RAG_EMBEDDING_MODEL=smol:latest \
       ENABLE_VERSION_UPDATE_CHECK=False ANONYMIZED_TELEMETRY=False \
       "$DIR/open-webui/bin/open-webui" serve --host 127.0.0.1 --port "$WPORT" > "$WORK/owui.log" 2>&1) &
@@ -295,8 +296,9 @@ if want openwebui; then
 import json, sys, httpx
 w, what = sys.argv[1], sys.argv[2]
 c = httpx.Client(base_url=w, timeout=600)
-tok = c.get("/api/v1/auths/").json().get("token") or ""  # WEBUI_AUTH=False: an admin session without a login
-c.headers["Authorization"] = f"Bearer {tok}"
+tok = c.get("/api/v1/auths/").json().get("token")  # WEBUI_AUTH=False: no login; a token when it gives one
+if tok:
+    c.headers["Authorization"] = f"Bearer {tok}"
 msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 if what == "models":
     ids = [m["id"] for m in c.get("/api/models").json()["data"]]
