@@ -364,3 +364,38 @@ def test_block_pool_counts():
     assert pool.release(["a", "b"]) == 1 and pool.refs("a") == 1
     assert pool.release(["a", "c"]) == 2 and pool.bytes == 0
     pool.check()
+
+
+def test_snapshot_never_waits_for_a_state_being_copied(tmp_path):
+    """/api/ps and /metrics call snapshot() on the event loop: the cache lock is not held while get_state copies
+    a state out of llama.cpp (here: blocked until released)."""
+    c = _bound(tmp_path)
+    toks = list(range(1, 3 * B))
+    copying, release = threading.Event(), threading.Event()
+
+    def slow_state():
+        copying.set()
+        release.wait(30)
+        return fake_state(toks)
+
+    t = threading.Thread(target=c.store, args=(toks, slow_state))
+    t.start()
+    assert copying.wait(30)
+    done = threading.Event()
+    threading.Thread(target=lambda: (c.snapshot(), done.set()), daemon=True).start()
+    assert done.wait(5), "snapshot() waited for a state copy"
+    release.set()
+    t.join(30)
+    assert c.snapshot().ram_entries == 1
+    c.close()
+
+
+def test_verbose_says_how_many_blocks_a_restore_joined():
+    from ollapy.cli.output import format_stats
+
+    m = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 2661, "prompt_cache_tokens": 2560,
+         "prefix_source": "cache disk", "prompt_cache_blocks": 10, "prompt_eval_duration": 50 * 10**6,
+         "eval_count": 4, "eval_duration": 10**8}
+    assert "prompt cache:         2560 token(s) reused (cache disk, 10 blocks joined)" in format_stats(m)
+    m["prompt_cache_blocks"] = 0
+    assert "2560 token(s) reused (cache disk)\n" in format_stats(m) + "\n"
