@@ -126,8 +126,8 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     typer.echo(f"tokens reused:  {data['tokens_reused']}")
     typer.echo(f"stores:         {data['stores']} ({data['skipped_stores']} skipped as already covered), "
                f"{data['corrupt']} bad file(s) dropped")
-    typer.echo(f"disk held:      {_human(data['disk_bytes'])} in {data['disk_files']} file(s) "
-               f"(cap {_human(data['disk_cap'])})")
+    typer.echo(f"disk held:      {_human(data['disk_bytes'])} in {data['disk_files']} entry file(s) and "
+               f"{data['block_files']} block file(s) (cap {_human(data['disk_cap'])})")
     typer.echo(f"pinned:         {_human(data['pinned_bytes'])} in {data['pinned_files']} file(s) (never evicted)")
     typer.echo(f"entries:        {data['disk_entries']} ({data['disk_whole_entries']} kept whole: a state layout the "
                f"block splitter does not know), {data['disk_unknown_files']} file(s) of another version left alone")
