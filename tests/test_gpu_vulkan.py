@@ -122,7 +122,7 @@ def test_a_default_run_with_only_a_software_device_keeps_every_layer_on_the_cpu(
     """Issue 38 (4): lavapipe decodes far slower than the CPU backend. By default the model gets no device at all:
     0 of 31 layers offloaded and no Vulkan buffer (not the weights' host buffer, not the KV, not a compute buffer for
     a prompt's products), the CPU build's greedy text. ``-o num_gpu=4`` asks for the device and gets 4 layers on it;
-    a server (whose runner children inherit ollapy's own ``GGML_VK_VISIBLE_DEVICES``) does the same."""
+    a server running its models in child processes (``OLLAPY_RUNNER=process``) does the same."""
     _software_only(monkeypatch)
     expected = cpu_text("smollm2_path")
     vulkan_buffer = re.compile(rb"^.*Vulkan\w*.*buffer size.*$", re.M)
@@ -135,7 +135,7 @@ def test_a_default_run_with_only_a_software_device_keeps_every_layer_on_the_cpu(
     assert _offloaded(asked.stderr) == (4, 31)
     assert any(b"Vulkan0" in ln for ln in vulkan_buffer.findall(asked.stderr)), asked.stderr.decode(errors="replace")[-3000:]
     assert asked.stdout == expected
-    with live_server(tmp_path, "--allow-paths") as url:
+    with live_server(tmp_path, "--allow-paths", env={"OLLAPY_RUNNER": "process"}) as url:
         for options, processor in (({}, "100% CPU"), ({"num_gpu": 4}, "87%/13% CPU/GPU")):
             body = {"model": str(smollm2_path), "options": options}  # no prompt: load only
             r = httpx.post(f"{url}/api/generate", json=body, timeout=HANG_GUARD_S)
