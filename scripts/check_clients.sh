@@ -296,9 +296,9 @@ if want openwebui; then
 import json, sys, httpx
 w, what = sys.argv[1], sys.argv[2]
 c = httpx.Client(base_url=w, timeout=600)
-tok = c.get("/api/v1/auths/").json().get("token")  # WEBUI_AUTH=False: no login; a token when it gives one
-if tok:
-    c.headers["Authorization"] = f"Bearer {tok}"
+# WEBUI_AUTH=False: Open WebUI signs anyone in as its single admin (admin@localhost), and its API still wants the token
+tok = c.post("/api/v1/auths/signin", json={"email": "admin@localhost", "password": "admin"}).json()["token"]
+c.headers["Authorization"] = f"Bearer {tok}"
 msgs = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 if what == "models":
     ids = [m["id"] for m in c.get("/api/models").json()["data"]]
