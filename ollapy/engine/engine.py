@@ -143,7 +143,9 @@ class Engine:
         limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)
-        save_points = grid_points(save_points, self.align)  # every chunk starts on the grid (evalorder)
+        # every chunk starts on the grid (evalorder); an answer-reuse build needs none, and the end of the previous
+        # turn, 2 tokens past the reused answer, stays a save point (the conversation is written through there)
+        save_points = grid_points(save_points, self.reuse_align)
         if cache and self.cache is not None and self.backend.n_swa:  # context checkpoints (evalorder)
             save_points = tuple(sorted(set(save_points) | set(swa_checkpoints(len(tokens)))))
         if media:  # a saved state never ends inside an image
