@@ -196,7 +196,9 @@ class Speculator:
             st.drafter.reset(prompt)  # its last NGRAM_WINDOW tokens
         elif mode == MODEL:
             st.idle = st.probe_wait  # nothing learned yet: the first step probes (PROBE_STEPS) if it would not draft
-            self.draft_model.follow(slot)  # the slot's tokens only grow from here: each step compares the new ones
+            follow = getattr(self.draft_model, "follow", None)  # optional: a drafter that keeps no prefix has none
+            if follow is not None:
+                follow(slot)  # the slot's tokens only grow from here: each step compares the new ones
         return mode
 
     def end(self, slot: int) -> None:
@@ -204,8 +206,9 @@ class Speculator:
         st = self.slots[slot]
         if st.mode == NGRAM or len(st.drafter):
             st.drafter.reset(())
-        if self.draft_model is not None:
-            self.draft_model.unfollow(slot)
+        unfollow = getattr(self.draft_model, "unfollow", None)
+        if unfollow is not None:
+            unfollow(slot)
         st.mode = OFF
 
     def accept(self, slot: int, token: int) -> None:
