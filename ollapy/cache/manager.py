@@ -426,6 +426,22 @@ class BoundCache:
             self.disk.writer.submit(lambda _check: self.disk.touch(e), counts_as_state=False)
         hit.payload = None
 
+    def record_reuse(self, tokens: list[int], n_tokens: int) -> None:
+        """A slot served ``tokens[:n_tokens]`` from its own KV: the RAM-only entry sharing most of that prefix
+        is marked used and promoted to disk when the policy says it is worth it (as :meth:`record_hit` does).
+
+        With answer reuse a continuing conversation never passes its previous turn's save point (the slot
+        holds the answer too), so this is how the finished turn's state reaches the disk."""
+        with self._lock:
+            e, n = self.index.best(tokens[:n_tokens], accept=lambda x: not x.on_disk and x.payload is not None)
+            if e is None:
+                return
+            e.last_used = time.time()
+            if e.pending or self.entries.get(e.name) is not e or not self.policy.worth_promoting(self.index, e, n):
+                return
+            log.debug("prompt cache: promoting %s (%d tokens reused by a slot) to disk", e.name, n)
+            self._persist(e, e.payload, self._replaced(e, True))
+
     def record_refused(self, hit: Hit) -> None:
         """llama.cpp refused the state (it returns 0 when a state cannot fit): a miss; the entry is kept.
 

@@ -106,6 +106,8 @@ class SlotAssigner:
         # seq_pos_max + 1 == len(tokens); not yet asserted for SWA models: after a Gemma checkpoint restore
         # llama.cpp reported an empty sequence for a slot holding 1024 tokens (test_cache_exactness, gemma_partial)
         slot.check(None if b.n_swa else b.seq_pos_max(slot.id) + 1)
+        if use_cache and reuse and plan.kind in ("slot", "copy"):
+            self.engine.cache.record_reuse(prompt, reuse)  # a RAM-only state of this prefix reaches the disk
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"

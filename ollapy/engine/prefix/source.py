@@ -100,6 +100,12 @@ class PrefixSource(Protocol):
         """No candidate was offered for a request."""
         ...
 
+    def record_reuse(self, tokens: list[int], n_tokens: int) -> None:
+        """A slot's own KV (or a copy of another slot's) served the first ``n_tokens`` of ``tokens`` without a
+        restore. A saved RAM-only state of that prefix counts as reused: a conversation that continues this way
+        still reaches the disk (where a new process finds it), as a restored one does."""
+        ...
+
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
               persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
         """Offer the state of ``tokens`` (``get_state()`` copies it out of llama.cpp, called now or never);
