@@ -2,8 +2,9 @@
 
 Why. The draft policy (:class:`ollapy.engine.spec.policy.StepCost`) prices a verification by the median step time
 measured for each batch size. A new process (every ``ollapy run``) would start from the prior and spend its first
-steps finding out what 2, 3 or 4 rows cost, drafting less well meanwhile (docs/benchmarks.md). So the engine writes
-its measured steps when the model is unloaded and the next process that loads the same model the same way starts from them; its own steps replace
+steps finding out what 2, 3 or 4 rows cost, drafting less well meanwhile (docs/benchmarks.md). So the engine
+writes its measured steps when the model is unloaded and the next process that loads the same model the same way
+starts from them; its own steps replace
 them as they come (the policy keeps the last 16 per batch size).
 
 Where: ``step-costs/KEY.json`` beside the prompt cache's root (``config.step_costs_dir``). KEY hashes what a step's
