@@ -136,6 +136,9 @@ class FakeCache:
     def record_miss(self):
         self.events.append("miss")
 
+    def record_reuse(self, tokens, n_tokens):
+        self.events.append("reuse")
+
     def store(self, tokens, get_state, pinned=False, persist=False, state_size=None):
         self.stored.append((len(tokens), persist))
 
@@ -187,7 +190,7 @@ def test_cache_refused_after_planning_falls_back_to_the_copy_without_both(engine
     # the cache was planned and refused (its state cleared), then ONE source applied: the copy, with no
     # restore between the queued copy and the decode that performs it
     assert i_set < i_cp < next_decode and "state_set" not in names[i_cp:next_decode]
-    assert cache.events == ["refused"]
+    assert cache.events == ["refused", "reuse"]  # the copy that served the prefix is reported
     assert last.metrics.prefix_source == "copy" and last.metrics.prompt_cache_tokens == 100
 
 
@@ -311,7 +314,7 @@ def test_close_order_engine_then_cache_then_backend():
     cache = FakeCache([1] * 20)
     m = LoadedModel.__new__(LoadedModel)  # the real close() over fake parts (no model file)
     m.name, m.backend, m.cache, m.unsaved_states, m._closed = "fake", b, cache, 0, False
-    m._embedder, m._embedder_lock, m.draft_backend = None, threading.Lock(), None
+    m._embedder, m._embedder_lock, m.draft_backend, m.media = None, threading.Lock(), None, None
     m.engine = Engine(b, cache=cache)
     orig_stop = m.engine.stop
 
