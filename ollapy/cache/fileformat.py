@@ -20,7 +20,7 @@ version may share the directory).
 Files are written to a temporary name in the same directory and renamed, so
 readers see a whole file or none. Every check that fails raises
 :class:`CacheFileError` with the reason; callers treat it as a miss and delete
-the file. The payload checksum is zlib's crc32 (about 3 GB/s here), the small
+the file. The payload checksum is zlib's crc32 (fast next to the restore itself), the small
 parts use blake2b.
 """
 from __future__ import annotations
@@ -255,7 +255,7 @@ class PayloadCheck:
     the longer of the two instead of their sum (bench_cache.py's restore row).
     The caller must not trust what it restored until :meth:`ok` returns True;
     on False it clears what it restored and treats the file as corrupt.
-    The thread is joined by :meth:`ok` (about 20 ms for 50 MB); it holds no
+    The thread is joined by :meth:`ok`; it holds no
     other resource.
     """
 
