@@ -65,24 +65,7 @@ def model_dirs(root: Path) -> list[Path]:
 def iter_state_files(root: Path):
     """Yield ``(path, stat, pinned, hit)`` for every entry file under ``root`` (all models); reaps orphaned temp files."""
     for d in model_dirs(root):
-        try:
-            names = list(os.scandir(d))
-            dir_mtime = d.stat().st_mtime
-        except OSError:
-            continue
-        present = {n.name for n in names}
-        for f in names:
-            if f.name.startswith(TMP_PREFIX):
-                _reap_temp(f, dir_mtime)
-                continue
-            if not f.name.endswith(SUFFIX):
-                continue
-            try:
-                st = f.stat()
-            except OSError:
-                continue
-            stem = f.name[: -len(SUFFIX)]
-            yield Path(f.path), st, (stem + PIN) in present, (stem + HIT) in present
+        yield from iter_state_files_in(d, reap=True)
 
 
 def entry_blocks(path: Path) -> tuple[str, ...] | None:
@@ -210,15 +193,21 @@ def block_usage(root: Path) -> dict:
     return out
 
 
-def iter_state_files_in(d: Path):
-    """:func:`iter_state_files` of one model directory (no reaping)."""
+def iter_state_files_in(d: Path, reap: bool = False):
+    """Yield ``(path, stat, pinned, hit)`` for every entry file of one model directory; with ``reap``, temporary
+    files that no live writer owns are deleted on the way (:func:`_reap_temp`)."""
     try:
         names = list(os.scandir(d))
+        dir_mtime = d.stat().st_mtime
     except OSError:
         return
     present = {n.name for n in names}
     for f in names:
-        if f.name.startswith(TMP_PREFIX) or not f.name.endswith(SUFFIX):
+        if f.name.startswith(TMP_PREFIX):
+            if reap:
+                _reap_temp(f, dir_mtime)
+            continue
+        if not f.name.endswith(SUFFIX):
             continue
         try:
             st = f.stat()

@@ -230,15 +230,22 @@ def _layout(mv: memoryview, base: _Cache, rest: _Cache | None) -> KVLayout:
                     1 if rest is None else 2, 0 if rest is None else rest.end - base.end, _cell_bytes(s))
 
 
-def parse_layout(state: bytes | bytearray | memoryview) -> KVLayout | None:
-    """The layout of ``state`` (see the module docstring), or None when it is not one this module splits."""
+def _parsed_layout(state: bytes | bytearray | memoryview) -> tuple[memoryview, _Cache, KVLayout] | None:
+    """``(view of state, its blockable cache, layout)`` of a state this module splits (cells from position 0),
+    else None."""
     try:
         mv, base, rest = _parse(state)
     except (_Unparsed, struct.error, ValueError):
         return None
     if base.n_cells == 0 or not base.from_zero:
         return None
-    return _layout(mv, base, rest)
+    return mv, base, _layout(mv, base, rest)
+
+
+def parse_layout(state: bytes | bytearray | memoryview) -> KVLayout | None:
+    """The layout of ``state`` (see the module docstring), or None when it is not one this module splits."""
+    parsed = _parsed_layout(state)
+    return parsed[2] if parsed else None
 
 
 def split_state(state: bytes | bytearray | memoryview, block_tokens: int) -> SplitState | None:
@@ -249,13 +256,10 @@ def split_state(state: bytes | bytearray | memoryview, block_tokens: int) -> Spl
     """
     if block_tokens < 1:
         raise ValueError("block_tokens must be at least 1")
-    try:
-        mv, base, rest = _parse(state)
-    except (_Unparsed, struct.error, ValueError):
+    parsed = _parsed_layout(state)
+    if parsed is None:
         return None
-    if base.n_cells == 0 or not base.from_zero:
-        return None
-    layout = _layout(mv, base, rest)
+    mv, base, layout = parsed
     n, b = base.n_cells, block_tokens
     n_blocks = n // b
     trans = _trans_views(mv, base)

@@ -243,7 +243,6 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     by path (``show`` reports it). Raises UsageError, ModelNotFound.
     """
     from ollapy.chat.gotemplate import jinja_template
-    from ollapy.store.download import link_blob
     from ollapy.store.modelfile import parse_modelfile
     from ollapy.store.pull import extra_layers
 
@@ -255,16 +254,7 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     if not src_path.is_absolute():
         src_path = base_dir / src_path
     if src_path.is_file():
-        h = hashlib.sha256()
-        with open(src_path, "rb") as f:
-            while block := f.read(1 << 20):
-                h.update(block)
-        hexd = h.hexdigest()
-        layer: dict[str, Any] = {"mediaType": MT_MODEL, "digest": f"sha256:{hexd}", "size": src_path.stat().st_size,
-                                 "filename": src_path.name}
-        if not link_blob(own, hexd, src_path, symlink=False):
-            layer["from"] = str(src_path.resolve())
-        layers, base = [layer], ModelRef(name=str(src_path), path=src_path)
+        layers, base = [_file_layer(own, src_path, MT_MODEL)], ModelRef(name=str(src_path), path=src_path)
         source = f"created from {src_path.resolve()}"
     else:
         base = resolve_model(mf.from_, pull=True, quiet=quiet)
@@ -294,7 +284,6 @@ def _projector_layer(own, given: str, base_dir: Path) -> dict[str, Any]:
     """The projector layer of a Modelfile's second FROM (a path, relative to the Modelfile's directory); the file
     is linked into the store like the model. Raises UsageError when it is missing or not a projector GGUF."""
     from ollapy.errors import UsageError
-    from ollapy.store.download import link_blob
     from ollapy.store.info import read_gguf_header
 
     path = Path(given).expanduser()
@@ -309,12 +298,20 @@ def _projector_layer(own, given: str, base_dir: Path) -> dict[str, Any]:
     if arch != "clip":
         raise UsageError(f"projector {given}: not a vision projector (mmproj) GGUF",
                          hint="the second FROM names the model's projector, e.g. mmproj-MODEL-f16.gguf")
+    return _file_layer(own, path, MT_PROJECTOR)
+
+
+def _file_layer(own, path: Path, media_type: str) -> dict[str, Any]:
+    """A manifest layer for a local file, hard-linked into the store ``own`` as its blob where possible, else
+    referenced by its absolute path (``from``). Reads the whole file once for its sha256."""
+    from ollapy.store.download import link_blob
+
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             h.update(block)
     hexd = h.hexdigest()
-    layer: dict[str, Any] = {"mediaType": MT_PROJECTOR, "digest": f"sha256:{hexd}", "size": path.stat().st_size,
+    layer: dict[str, Any] = {"mediaType": media_type, "digest": f"sha256:{hexd}", "size": path.stat().st_size,
                              "filename": path.name}
     if not link_blob(own, hexd, path, symlink=False):
         layer["from"] = str(path.resolve())
