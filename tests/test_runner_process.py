@@ -71,7 +71,7 @@ def test_isolated_greedy_output_and_counts_equal_in_process(smollm2_path):
 
 def test_parent_of_an_isolated_model_never_imports_llama_cpp(smollm2_path):
     code = (
-        "import sys\nfrom pathlib import Path\nfrom ollapy import loader\nfrom ollapy.options import Options\n"
+        "import sys\nfrom pathlib import Path\nfrom ollapy.runner import loader\nfrom ollapy.options import Options\n"
         f"ref = loader.PathRef(name='smol', path=Path({str(smollm2_path)!r}))\n"
         "o = Options(num_ctx=512, temperature=0, num_predict=4)\n"
         "with loader.open_model(ref, o, cache=False, isolated=True) as m:\n"
