@@ -28,7 +28,7 @@ def _run(model, *extra: str, env: dict | None = None):
 
 
 def _reused(stderr: bytes) -> tuple[int, str]:
-    m = re.search(rb"^prompt cache: +(\d+) token\(s\) reused(?: \(([a-z ]+)\))?", stderr, re.M)
+    m = re.search(rb"^prompt cache: +(\d+) token\(s\) reused(?: \(([a-z ]+)(?:, [^)]*)?\))?", stderr, re.M)
     assert m, stderr.decode(errors="replace")[-1500:]
     return int(m.group(1)), (m.group(2) or b"none").decode()
 
