@@ -47,9 +47,9 @@ follow it, so they compute every KV cell and the final logits identically):
    repacked weights, no longer binds a reused prefix; a sliding-window state
    needs its 64-token grid only once positions have left the window (a state of
    at most ``n_swa`` tokens keeps every cell from position 0, so nothing is
-   shifted: ``unshifted``). Measured before it was turned on: 20 three-turn
-   conversations per test model, turn 3 from the cache equal to turn 3 cold
-   (``tests/test_answer_reuse.py``).
+   shifted: ``unshifted``). ``tests/test_answer_reuse.py`` holds it to: turn 3
+   of 20 three-turn conversations per test model, from the cache, equals turn 3
+   cold.
 """
 from __future__ import annotations
 
@@ -63,8 +63,8 @@ SWA_ALIGN = 64
 SWA layers; restored, they sit from KV cell 0 instead of at their positions, so the attention sums over the KV
 dimension see every key shifted by the first kept position. The sums group keys by index (16 lanes, 4
 accumulators: ``GGML_F16_STEP`` 64 in ``vec_dot_f16``; ``KN`` 16 in tinyBLAS): a shift by a multiple of 64 keeps
-every key in its lane, and the masked keys before it add exact zeros. Measured: a Gemma 3 state of 958 tokens
-(shift 446) changed a greedy answer at its 30th token; states on this grid do not."""
+every key in its lane, and the masked keys before it add exact zeros; any other shift can change a greedy answer
+(``tests/test_cache_exactness.py`` checks states on this grid)."""
 
 
 def grid_for(n_swa: int) -> int:
