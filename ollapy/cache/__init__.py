@@ -2,6 +2,8 @@
 
 - :mod:`.manager`: :class:`~.manager.PromptCache` and :class:`~.manager.BoundCache`, the engine-facing facade
   (it satisfies :class:`ollapy.engine.prefix.source.PrefixSource`).
+- :mod:`.intake`: the facade's store path: a state copied out, cut into blocks, entered, written as the policy says.
+- :mod:`.catalog`: the facade's index kept in step with the disk directory (setup, then each listing).
 - :mod:`.candidate`: what a lookup hands the engine (a candidate, then a hit).
 - :mod:`.index`: the hash-chained block index (vLLM-style automatic prefix caching), confirmed token by token.
 - :mod:`.policy`: admission: which states are worth keeping, and which reach the disk tier.

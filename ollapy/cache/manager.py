@@ -13,8 +13,10 @@ tail, its blocks held once in RAM and on disk however many entries share
 them; a state it cannot cut is kept whole, as before. A restore joins the
 chain back into llama.cpp's bytes (:meth:`BoundCache.load`).
 
-This module keeps the entries, the block index and the two tiers in sync;
-*what* is worth keeping and writing is decided by
+This module keeps the entries, the block index and the two tiers in sync (the
+store path is :class:`~ollapy.cache.intake.StateIntake`'s, the index's sync
+with the directory :class:`~ollapy.cache.catalog.EntryCatalog`'s: both are
+bases of :class:`BoundCache`); *what* is worth keeping and writing is decided by
 :class:`~ollapy.cache.policy.AdmissionPolicy` (the rules are in
 :mod:`ollapy.cache.policy`).
 
@@ -38,8 +40,6 @@ writer at normal priority with a bounded wait and returns a
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
@@ -47,14 +47,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ollapy import config
-from ollapy.cache.blocks import BLOCK_TOKENS, Split
+from ollapy.cache.blocks import BLOCK_TOKENS
 from ollapy.cache.candidate import Candidate, Hit
+from ollapy.cache.catalog import EntryCatalog
 from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
+from ollapy.cache.intake import StateIntake
 from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
-from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend, salt_key
+from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
-from ollapy.cache.tiers import LAYOUT, DiskTier, Entry, Parts, RamTier
+from ollapy.cache.tiers import DiskTier, Entry, Parts, RamTier
 from ollapy.cache.writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
@@ -125,7 +127,7 @@ class PromptCache:
                           piece=getattr(backend, "token_piece", None))
 
 
-class BoundCache:
+class BoundCache(StateIntake, EntryCatalog):
     """The prompt cache of one loaded model; satisfies :class:`ollapy.engine.prefix.source.PrefixSource`.
 
     Engine-facing methods run on its loop thread only. A context manager:
@@ -187,62 +189,6 @@ class BoundCache:
             return
         self._setup()
 
-    def _setup(self) -> None:
-        """Create the index and the disk tier, index the directory, then take in what was stored before."""
-        skey = salt_key(self.salt)
-        directory = self.root / LAYOUT / f"{self._sha[:16]}-{skey}"
-        seed = hashlib.blake2b((self._sha + json.dumps(self.salt, sort_keys=True)).encode(), digest_size=16).digest()
-        disk = DiskTier(self.root, directory, self._sha, self.salt, self.model_name, self.parent.disk_bytes,
-                        block_tokens=self.block_tokens or BLOCK_TOKENS, queue_bytes=self.parent.queue_bytes)
-        listing = disk.listing()
-        fresh = {name: e for name, (path, _, _) in listing.items() if (e := disk.open_entry(name, path)) is not None}
-        with self._lock:
-            self.disk = disk
-            self.index = BlockIndex(seed, self.block, self.parent.hash_fn)
-            self._apply_listing(listing, fresh, set())
-            early, self._early = self._early, []
-            for tokens, payload, pinned, persist in early:
-                self._store_locked(tokens, lambda p=payload: p, pinned, persist)
-
-    def _refresh(self) -> None:
-        """Sync the index with the disk directory (sync thread): new files in, vanished files out.
-
-        The listing and the header reads run without the lock; only entries
-        that were on disk before the listing started can be found vanished
-        (a write that lands during the listing is not mistaken for a deletion).
-        """
-        disk = self.disk
-        if disk is None:
-            return
-        with self._lock:
-            stable = {n for n, e in self.entries.items() if e.on_disk and not e.pending}
-            known = set(self.entries)
-        listing = disk.listing()
-        fresh = {name: e for name, (path, _, _) in listing.items()
-                 if name not in known and (e := disk.open_entry(name, path)) is not None}
-        with self._lock:
-            self._apply_listing(listing, fresh, stable)
-
-    def _apply_listing(self, listing: dict, fresh: dict[str, Entry], stable: set[str]) -> None:
-        for name in stable - listing.keys():
-            e = self.entries.get(name)
-            if e is not None and e.on_disk and not e.pending:
-                e.on_disk = False
-                if e.payload is None:
-                    self._forget(e)
-        for name, (path, mtime, pinned) in listing.items():
-            e = self.entries.get(name)
-            if e is None:
-                e = fresh.get(name)
-                if e is None:
-                    continue
-                self.entries[name] = e
-                self.index.add(e)
-            e.on_disk = True
-            e.path = path
-            e.pinned = e.pinned or pinned
-            e.last_used = max(e.last_used, mtime) if e.payload is not None else mtime
-
     def _ready(self) -> bool:
         """True once the index exists (never waits: the engine thread calls it)."""
         return self.index is not None
@@ -262,12 +208,6 @@ class BoundCache:
     def directory(self) -> Path | None:
         """This model's disk directory (waits for the background hash)."""
         return self.disk.dir if self._wait_ready() else None
-
-    def _name(self, tokens: list[int]) -> str:
-        from array import array
-
-        h = hashlib.blake2b(self.index.salt + array("i", tokens).tobytes(), digest_size=16)
-        return h.hexdigest()
 
     def _forget(self, e: Entry) -> None:
         self.entries.pop(e.name, None)
@@ -457,134 +397,6 @@ class BoundCache:
         """Nothing usable was found."""
         self.stats.add(misses=1)
 
-    def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
-              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
-        """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
-
-        ``persist`` (or ``pinned``) writes through to disk; otherwise the
-        state stays in RAM until reuse proves it worth a file
-        (:mod:`ollapy.cache.policy`). Before the model's sha256 is known the
-        state is kept aside in memory and indexed once it is. ``state_size``
-        (optional) gives the state's bytes before anything is copied: a state
-        no tier would take is never copied out of llama.cpp. The state is
-        copied and cut into blocks without the cache's lock.
-        """
-        if len(tokens) < self.block or self._closed:
-            return
-        tokens = list(tokens)
-        persist = persist or pinned
-        with self._lock:
-            if self.index is None:
-                if not self._sync.ready.is_set():
-                    self._keep_early(tokens, get_state, pinned, persist)
-                return
-            kept = self.policy.already_kept(self.index, tokens, persist)
-            if kept:
-                if pinned and not any(e.pinned for e in kept):
-                    self.disk.set_pin(kept[0], True)
-                self.stats.add(skipped_stores=1)
-                return
-        if state_size is not None:
-            size = state_size()
-            if size <= 0 or (size > self.ram.cap and not (persist and size <= self.disk.cap)):
-                log.debug("prompt cache: state of %d bytes fits no tier; not copied", size)
-                return
-        payload = get_state()
-        if not payload:
-            return
-        split = self._split(tokens, payload)
-        with self._lock:
-            if self._closed:
-                return
-            self._insert(tokens, payload, split, pinned, persist)
-
-    def _keep_early(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
-        payload = get_state()
-        if not payload or len(payload) > self.ram.cap:
-            return
-        self._early.append((tokens, payload, pinned, persist))
-        while sum(len(x[1]) for x in self._early) > self.ram.cap:
-            self._early.pop(0)
-
-    def _store_locked(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
-        """Store a state kept aside before the sha256 was known (under the lock: load time or the sync thread)."""
-        persist = persist or pinned
-        if self.policy.already_kept(self.index, tokens, persist):
-            self.stats.add(skipped_stores=1)
-            return
-        payload = get_state()
-        if payload:
-            self._insert(tokens, payload, self._split(tokens, payload), pinned, persist)
-
-    def _split(self, tokens: list[int], payload) -> Split | None:
-        """``payload`` cut into blocks named by the index's chain hashes, or None (kept whole: the splitter does
-        not recognise the state, or it holds other cells than ``tokens``)."""
-        b = self.block_tokens
-        if not b or self.kv is None or len(tokens) < b or self.index is None:
-            return None
-        try:
-            cut = self.kv.split_state(payload, b)
-        except Exception:  # noqa: BLE001 - an unrecognised state is kept whole, never a failed request
-            log.debug("prompt cache: state not split", exc_info=True)
-            cut = None
-        if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(tokens) // b:
-            self.stats.add(whole_states=1)
-            return None
-        step = b // self.block
-        chain = self.index.chain(tokens, limit=len(cut.blocks) * step)
-        names = [chain[(i + 1) * step - 1].hex() for i in range(len(cut.blocks))]
-        return Split(names, list(cut.blocks), cut.tail, len(payload))
-
-    def _replaced(self, e: Entry, persist: bool) -> list[Entry]:
-        """Strict prefixes a new entry makes redundant: whole states only (a block entry's prefix costs its
-        tail, and serves the next conversation that shares it)."""
-        replaced = self.policy.replaced_by(self.index, e.tokens, persist, e.pinned)
-        return [r for r in replaced if not r.blocks] if e.blocks else replaced
-
-    def _insert(self, tokens: list[int], payload, split: Split | None, pinned: bool, persist: bool) -> None:
-        e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
-                  preview=self._preview(tokens))
-        if split is not None:
-            e.blocks, e.block_tokens = tuple(split.names), self.block_tokens
-        old = self.entries.get(e.name)
-        if old is not None:
-            self._forget(old)
-        replaced = self._replaced(e, persist)
-        for r in replaced:
-            r.superseded = True
-            self._forget(r)
-        self.entries[e.name] = e
-        self.index.add(e)
-        if split is not None:
-            self._ram_put(e, split.tail, split.blocks)
-        else:
-            self._ram_put(e, payload)
-        self.stats.add(stores=1, bytes_stored=len(payload))
-        if persist:
-            self._persist(e, e.payload if e.payload is not None else (split.tail if split else payload), replaced,
-                          split.blocks if split is not None else None)
-        elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
-            self._forget(e)
-
-    def _persist(self, e: Entry, payload, replaced: list[Entry], blocks=None) -> None:
-        if e.blocks and blocks is None:
-            blocks = self.ram.blocks_of(e)
-            if blocks is None:
-                return
-        counts = self.disk.write_async(e, payload, replaced, blocks)
-        if counts is not None:
-            self.stats.add(bytes_written=counts.nbytes, files_written=1, blocks_written=counts.blocks_written,
-                           blocks_reused=counts.blocks_reused)
-
-    def _preview(self, tokens: list[int]) -> str:
-        if self.piece is None:
-            return ""
-        try:
-            raw = b"".join(self.piece(t) for t in tokens[:48])
-            return " ".join(raw.decode("utf-8", "replace").split())[:120]
-        except Exception:  # noqa: BLE001 - a preview is cosmetic
-            return ""
-
     # ---- maintenance -----------------------------------------------------------------------
     def refresh(self, timeout: float = 30.0) -> bool:
         """Sync the index with the directory now (waits for the sync thread, at most ``timeout`` s)."""
@@ -597,29 +409,6 @@ class BoundCache:
             ok = self.disk.flush(timeout) and ok
         self.stats.save()
         return ok
-
-    def write_back_now(self, newest: int | None = None) -> int:
-        """Queue disk writes of RAM-only entries that no persisted entry covers; returns how many.
-
-        ``newest``: only the ``newest`` most recently used such entries (``close``
-        writes back :data:`~ollapy.cache.policy.WRITE_BACK_NEWEST`: the
-        conversation a next process may continue, not every one-off answer of
-        an ``--each-line`` batch); None writes them all.
-        """
-        if not self._wait_ready():
-            return 0
-        n = 0
-        with self._lock:
-            for e in self.policy.write_back(self.index, list(self.entries.values()), newest):
-                if e.superseded:  # replaced by a longer one written just now
-                    continue
-                replaced = self._replaced(e, True)
-                for r in replaced:
-                    r.superseded = True
-                    self._forget(r)
-                self._persist(e, e.payload, replaced)
-                n += 1
-        return n
 
     def snapshot(self) -> CacheStats:
         """This process's counters and the bytes it holds now (RAM tier read under its lock)."""

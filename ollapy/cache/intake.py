@@ -1,0 +1,207 @@
+"""The store path of a bound prompt cache: :class:`StateIntake`.
+
+A state the engine hands :meth:`StateIntake.store` is copied out of llama.cpp
+(``get_state``) and cut into blocks (:mod:`ollapy.cache.kvstate`) without the
+cache's lock, then entered into the entries, the block index and the RAM tier
+under it; it is written to disk where :class:`~ollapy.cache.policy.AdmissionPolicy`
+says so (``persist``, a promotion, or :meth:`StateIntake.write_back_now`). The
+lookup and restore path, the index's sync with the directory and the lifecycle
+are :class:`~ollapy.cache.manager.BoundCache`'s (:mod:`ollapy.cache.manager`),
+which this class is a base of.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable
+
+from ollapy.cache.blocks import Split
+from ollapy.cache.index import BlockIndex
+from ollapy.cache.policy import AdmissionPolicy
+from ollapy.cache.stats import Stats
+from ollapy.cache.sync import IndexSync
+from ollapy.cache.tiers import DiskTier, Entry, RamTier
+
+log = logging.getLogger("ollapy.cache")
+
+
+class StateIntake:
+    """The store path of :class:`~ollapy.cache.manager.BoundCache` (a base class: the attributes below are set by
+    ``BoundCache.__init__``; ``_forget``, ``_ram_put`` and ``_wait_ready`` are its methods).
+
+    ``store`` runs on the engine's loop thread only; ``_store_locked`` runs under the lock (load time or the sync
+    thread); ``write_back_now`` on any thread.
+    """
+
+    block: int
+    block_tokens: int
+    kv: object | None
+    piece: Callable[[int], bytes] | None
+    policy: AdmissionPolicy
+    stats: Stats
+    ram: RamTier
+    index: BlockIndex | None
+    disk: DiskTier | None
+    entries: dict[str, Entry]
+    _lock: threading.RLock
+    _early: list[tuple[list[int], object, bool, bool]]
+    _closed: bool
+    _sync: IndexSync
+
+    def _name(self, tokens: list[int]) -> str:
+        from array import array
+
+        h = hashlib.blake2b(self.index.salt + array("i", tokens).tobytes(), digest_size=16)
+        return h.hexdigest()
+
+    def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
+              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
+        """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
+
+        ``persist`` (or ``pinned``) writes through to disk; otherwise the
+        state stays in RAM until reuse proves it worth a file
+        (:mod:`ollapy.cache.policy`). Before the model's sha256 is known the
+        state is kept aside in memory and indexed once it is. ``state_size``
+        (optional) gives the state's bytes before anything is copied: a state
+        no tier would take is never copied out of llama.cpp. The state is
+        copied and cut into blocks without the cache's lock.
+        """
+        if len(tokens) < self.block or self._closed:
+            return
+        tokens = list(tokens)
+        persist = persist or pinned
+        with self._lock:
+            if self.index is None:
+                if not self._sync.ready.is_set():
+                    self._keep_early(tokens, get_state, pinned, persist)
+                return
+            kept = self.policy.already_kept(self.index, tokens, persist)
+            if kept:
+                if pinned and not any(e.pinned for e in kept):
+                    self.disk.set_pin(kept[0], True)
+                self.stats.add(skipped_stores=1)
+                return
+        if state_size is not None:
+            size = state_size()
+            if size <= 0 or (size > self.ram.cap and not (persist and size <= self.disk.cap)):
+                log.debug("prompt cache: state of %d bytes fits no tier; not copied", size)
+                return
+        payload = get_state()
+        if not payload:
+            return
+        split = self._split(tokens, payload)
+        with self._lock:
+            if self._closed:
+                return
+            self._insert(tokens, payload, split, pinned, persist)
+
+    def _keep_early(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
+        payload = get_state()
+        if not payload or len(payload) > self.ram.cap:
+            return
+        self._early.append((tokens, payload, pinned, persist))
+        while sum(len(x[1]) for x in self._early) > self.ram.cap:
+            self._early.pop(0)
+
+    def _store_locked(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
+        """Store a state kept aside before the sha256 was known (under the lock: load time or the sync thread)."""
+        persist = persist or pinned
+        if self.policy.already_kept(self.index, tokens, persist):
+            self.stats.add(skipped_stores=1)
+            return
+        payload = get_state()
+        if payload:
+            self._insert(tokens, payload, self._split(tokens, payload), pinned, persist)
+
+    def _split(self, tokens: list[int], payload) -> Split | None:
+        """``payload`` cut into blocks named by the index's chain hashes, or None (kept whole: the splitter does
+        not recognise the state, or it holds other cells than ``tokens``)."""
+        b = self.block_tokens
+        if not b or self.kv is None or len(tokens) < b or self.index is None:
+            return None
+        try:
+            cut = self.kv.split_state(payload, b)
+        except Exception:  # noqa: BLE001 - an unrecognised state is kept whole, never a failed request
+            log.debug("prompt cache: state not split", exc_info=True)
+            cut = None
+        if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(tokens) // b:
+            self.stats.add(whole_states=1)
+            return None
+        step = b // self.block
+        chain = self.index.chain(tokens, limit=len(cut.blocks) * step)
+        names = [chain[(i + 1) * step - 1].hex() for i in range(len(cut.blocks))]
+        return Split(names, list(cut.blocks), cut.tail, len(payload))
+
+    def _replaced(self, e: Entry, persist: bool) -> list[Entry]:
+        """Strict prefixes a new entry makes redundant: whole states only (a block entry's prefix costs its
+        tail, and serves the next conversation that shares it)."""
+        replaced = self.policy.replaced_by(self.index, e.tokens, persist, e.pinned)
+        return [r for r in replaced if not r.blocks] if e.blocks else replaced
+
+    def _insert(self, tokens: list[int], payload, split: Split | None, pinned: bool, persist: bool) -> None:
+        e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
+                  preview=self._preview(tokens))
+        if split is not None:
+            e.blocks, e.block_tokens = tuple(split.names), self.block_tokens
+        old = self.entries.get(e.name)
+        if old is not None:
+            self._forget(old)
+        replaced = self._replaced(e, persist)
+        for r in replaced:
+            r.superseded = True
+            self._forget(r)
+        self.entries[e.name] = e
+        self.index.add(e)
+        if split is not None:
+            self._ram_put(e, split.tail, split.blocks)
+        else:
+            self._ram_put(e, payload)
+        self.stats.add(stores=1, bytes_stored=len(payload))
+        if persist:
+            self._persist(e, e.payload if e.payload is not None else (split.tail if split else payload), replaced,
+                          split.blocks if split is not None else None)
+        elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
+            self._forget(e)
+
+    def _persist(self, e: Entry, payload, replaced: list[Entry], blocks=None) -> None:
+        if e.blocks and blocks is None:
+            blocks = self.ram.blocks_of(e)
+            if blocks is None:
+                return
+        counts = self.disk.write_async(e, payload, replaced, blocks)
+        if counts is not None:
+            self.stats.add(bytes_written=counts.nbytes, files_written=1, blocks_written=counts.blocks_written,
+                           blocks_reused=counts.blocks_reused)
+
+    def _preview(self, tokens: list[int]) -> str:
+        if self.piece is None:
+            return ""
+        try:
+            raw = b"".join(self.piece(t) for t in tokens[:48])
+            return " ".join(raw.decode("utf-8", "replace").split())[:120]
+        except Exception:  # noqa: BLE001 - a preview is cosmetic
+            return ""
+
+    def write_back_now(self, newest: int | None = None) -> int:
+        """Queue disk writes of RAM-only entries that no persisted entry covers; returns how many.
+
+        ``newest``: only the ``newest`` most recently used such entries (``close``
+        writes back :data:`~ollapy.cache.policy.WRITE_BACK_NEWEST`: the
+        conversation a next process may continue, not every one-off answer of
+        an ``--each-line`` batch); None writes them all.
+        """
+        if not self._wait_ready():
+            return 0
+        n = 0
+        with self._lock:
+            for e in self.policy.write_back(self.index, list(self.entries.values()), newest):
+                if e.superseded:  # replaced by a longer one written just now
+                    continue
+                replaced = self._replaced(e, True)
+                for r in replaced:
+                    r.superseded = True
+                    self._forget(r)
+                self._persist(e, e.payload, replaced)
+                n += 1
+        return n
