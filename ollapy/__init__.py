@@ -11,7 +11,8 @@ Layers, top to bottom (imports point down only; ``tests/test_layering.py`` check
 - :mod:`.chat`: chat templates and the meaning of a reply.
 - :mod:`.web`: the chat page's static files, which :mod:`.server` shows a browser at ``/``.
 
-Shared by every layer: :mod:`.config` (settings), :mod:`.options` (model options), :mod:`.errors`,
+Shared by every layer: :mod:`.config` (settings read and checked), :mod:`.settings` (the table of ``OLLAPY_*``
+variables), :mod:`.options` (model options), :mod:`.errors`,
 :mod:`.duration`, :mod:`.fsutil`, :mod:`.rpc_endpoint`, :mod:`.tokens`.
 """
 __version__ = "0.1.0"

@@ -1,123 +1,56 @@
-"""Every ``OLLAPY_*`` setting as a typed accessor with a description.
+"""Every ``OLLAPY_*`` setting as a typed accessor: its value read, checked and converted.
 
-The table in README.md is generated from :data:`SETTINGS` by
-``scripts/gen_docs.py``. Paths come from platformdirs. Nothing here imports
-llama_cpp.
+The settings themselves (variable, default, description) are declared in :mod:`ollapy.settings`, whose names
+are re-exported here (``config.HOST``, ``config.SETTINGS``...); the table in README.md is generated from
+:data:`SETTINGS` by ``scripts/gen_docs.py``. Paths come from platformdirs. Nothing here imports llama_cpp.
 """
 from __future__ import annotations
 
-import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import platformdirs
 
 from ollapy.duration import parse_duration
+from ollapy.settings import (
+    ALLOWED_HOSTS,
+    API_KEY,
+    CACHE_DIR,
+    CACHE_DISK,
+    CACHE_ENABLED,
+    CACHE_RAM,
+    CATALOGUE,
+    DEBUG,
+    DRAFT_ROW_COST,
+    EXTRA_BUFTS,
+    HOST,
+    KEEP_ALIVE,
+    KV_CACHE_TYPE,
+    MAX_BODY,
+    MAX_LOADED,
+    MAX_MEMORY,
+    MAX_QUEUE,
+    MODELS,
+    NO_WEBUI,
+    NOHISTORY,
+    NUM_CTX,
+    NUM_PARALLEL,
+    NUM_THREAD,
+    ORIGINS,
+    PULL_RETRIES,
+    REGISTRY,
+    RESPONSES_STORE,
+    RPC,
+    RUNNER,
+    RUNNER_TIMEOUT,
+    SETTINGS,
+    TEST_MODELS,
+    Setting,
+    _setting,  # noqa: F401 - still importable here; declare new settings in ollapy.settings
+)
 
 APP = "ollapy"
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One environment setting: its variable, default (as text) and meaning."""
-
-    env: str
-    default: str
-    description: str
-
-    def raw(self) -> str:
-        """Return the variable's value, or the default when unset or empty."""
-        value = os.environ.get(self.env, "")
-        return value if value != "" else self.default
-
-
-SETTINGS: dict[str, Setting] = {}
-
-
-def _setting(env: str, default: str, description: str) -> Setting:
-    s = Setting(env, default, description)
-    SETTINGS[env] = s
-    return s
-
-
-HOST = _setting(
-    "OLLAPY_HOST",
-    "127.0.0.1:11435",
-    "Address of `ollapy serve` (host:port); the CLI uses a server there when one answers.",
-)
-MODELS = _setting("OLLAPY_MODELS", "", "Model store directory (default: the platform's user data dir + /models).")
-CACHE_DIR = _setting("OLLAPY_CACHE_DIR", "", "Prompt-cache directory (default: the platform's user cache dir + /prompt-cache).")
-DEBUG = _setting("OLLAPY_DEBUG", "0", "1 shows debug logs (slot chosen, cache hits, shifts) and tracebacks on errors.")
-NUM_PARALLEL = _setting("OLLAPY_NUM_PARALLEL", "1", "Parallel slots per loaded model (each gets num_ctx tokens of KV cache).")
-NUM_CTX = _setting("OLLAPY_CONTEXT_LENGTH", "4096", "Default context length per slot (num_ctx).")
-MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot (per model), or for a model "
-                     "to load, before new ones get a 'busy' error (HTTP 503 with Retry-After).")
-EXTRA_BUFTS = _setting(
-    "OLLAPY_EXTRA_BUFTS",
-    "auto",
-    "CPU extra buffer types (weight repacking, AMX): auto (off: repacked weights multiply rows in groups of 4, so a "
-    "row would depend on the batch), on, off.",
-)
-DRAFT_ROW_COST = _setting("OLLAPY_DRAFT_ROW_COST", "",
-                          "Speculative decoding: what one more row costs in a decode step, as a fraction of a one-row "
-                          "step (0 to 1), for the draft policy; empty = measured from the engine's own steps (and "
-                          "remembered in step-costs/ beside the prompt cache for the next process).")
-NUM_THREAD = _setting("OLLAPY_NUM_THREAD", "0",
-                      "CPU threads for decoding. 0 = ollapy chooses from the process's own CPUs (its affinity mask, "
-                      "capped by a cgroup CPU quota): every one up to 4, half of them above (about the physical "
-                      "cores), and fewer for decode steps while other processes keep those CPUs busy; a number is "
-                      "used as it is.")
-KEEP_ALIVE = _setting(
-    "OLLAPY_KEEP_ALIVE",
-    "5m",
-    "How long a server keeps an idle model loaded (negative = forever, 0 = unload at once).",
-)
-MAX_LOADED = _setting("OLLAPY_MAX_LOADED_MODELS", "3", "Most models a server keeps loaded at once.")
-NOHISTORY = _setting("OLLAPY_NOHISTORY", "0", "1 disables the interactive chat history file.")
-TEST_MODELS = _setting("OLLAPY_TEST_MODELS", "", "Directory of the test GGUF models fetched by scripts/fetch_test_models.py.")
-REGISTRY = _setting(
-    "OLLAPY_REGISTRY",
-    "https://registry.ollama.ai",
-    "Ollama registry URL that names without a host are pulled from (a mirror may be set here).",
-)
-CATALOGUE = _setting(
-    "OLLAPY_CATALOGUE",
-    "",
-    "Directory of catalogue files (*.toml) mapping aliases like smollm2:135m to sources (default: the bundled models/).",
-)
-PULL_RETRIES = _setting(
-    "OLLAPY_PULL_RETRIES",
-    "6",
-    "Retries with backoff for a blob download after a network error or a 5xx answer.",
-)
-
-
-RPC = _setting(
-    "OLLAPY_RPC",
-    "",
-    "Default `rpc` option: RPC servers (host:port, comma-separated) whose devices take model layers; "
-    "such models run in a child runner process.",
-)
-RUNNER = _setting(
-    "OLLAPY_RUNNER",
-    "auto",
-    "Where models run: auto (in this process; models that use RPC servers in a child runner process), "
-    "or process (every model in a child runner process, so a crash in llama.cpp ends only that model).",
-)
-RUNNER_TIMEOUT = _setting(
-    "OLLAPY_RUNNER_TIMEOUT",
-    "120",
-    "Seconds a request waits for a runner child to answer a call (prompt building, accepting a generation, "
-    "embeddings) before it fails with a 502; a stopped runner never stalls other models.",
-)
-MAX_MEMORY = _setting(
-    "OLLAPY_MAX_MEMORY",
-    "",
-    "Memory the server's loaded models may take (weights + KV cache, e.g. 16GiB); loading past it unloads idle "
-    "models, least recently used first (default: the memory available when the model loads).",
-)
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -371,23 +304,6 @@ ACCESSORS: dict[str, Callable[[], object]] = {}
 
 
 # ---- prompt cache (ollapy/cache) ------------------------------------------------------------
-CACHE_RAM = _setting(
-    "OLLAPY_CACHE_RAM",
-    "1GiB",
-    "Prompt-cache RAM tier cap per process in bytes (suffixes K, M, G, KiB, MiB, GiB; 0 = no RAM tier).",
-)
-CACHE_DISK = _setting(
-    "OLLAPY_CACHE_DISK",
-    "10GiB",
-    "Prompt-cache disk tier cap in bytes, enforced on every write (pinned entries are not evicted).",
-)
-CACHE_ENABLED = _setting("OLLAPY_CACHE", "1", "0 turns the prompt cache (RAM and disk tiers) off for every run.")
-KV_CACHE_TYPE = _setting(
-    "OLLAPY_KV_CACHE_TYPE",
-    "f16",
-    "Default KV cache type: f16, q8_0 or q4_0 (quantized types turn flash attention on).",
-)
-
 _SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
                "t": 1000**4, "tb": 1000**4, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
 
@@ -433,33 +349,6 @@ def kv_cache_type() -> str:
 
 
 # ---- server (ollapy/server, ollapy/server/scheduler.py) ------------------------------------------------
-ORIGINS = _setting(
-    "OLLAPY_ORIGINS",
-    "",
-    "Extra CORS origins a server allows, comma separated (`*` wildcards); local origins are always allowed.",
-)
-ALLOWED_HOSTS = _setting(
-    "OLLAPY_ALLOWED_HOSTS",
-    "",
-    "Extra names a loopback-bound server answers in the Host header, comma separated (`*.example.com` wildcards, "
-    "`*` = any); loopback names, private addresses and the served address are always allowed (DNS rebinding guard).",
-)
-NO_WEBUI = _setting("OLLAPY_NO_WEBUI", "0", "1 turns off the chat page that `ollapy serve` shows a browser at `/` "
-                    "(as `serve --no-webui`); every client then gets `Ollama is running`.")
-MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
-RESPONSES_STORE = _setting(
-    "OLLAPY_RESPONSES_STORE",
-    "64MiB",
-    "Memory for /v1/responses stored with `store: true` (for previous_response_id); least recently used out first.",
-)
-API_KEY = _setting(
-    "OLLAPY_API_KEY",
-    "",
-    "API key: a server set with it answers 401 to any request but `GET /` without `Authorization: Bearer KEY` "
-    "or `x-api-key: KEY`; the CLI and `ollapy launch` (to the agent) send it (default: none, no authentication).",
-)
-
-
 _ORIGIN = re.compile(r"^(\*|[A-Za-z*][A-Za-z0-9+.*-]*://[^\s/?#]*)$")
 
 
