@@ -107,6 +107,28 @@ def test_prompt_describes_the_tools_and_writes_the_history_as_text():
     assert generic_messages(history[1:2], TOOLS)[0]["role"] == "system"  # a system message of its own
 
 
+def test_an_answer_comes_back_into_the_history_as_the_model_wrote_it():
+    # the grammar lets the model put a space or none at each point; new JSON would differ from its tokens
+    raw = ('{ "tool_calls": [ { "name": "get_weather", "arguments": { "city": "Oslo" } }, '
+           '{ "name": "get_time", "arguments": {} } ] }')
+    content, calls = _parse([raw[:9], raw[9:]], ids=True)
+    assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
+    sent = [{"id": "toolu_" + c.id.removeprefix("call_"), "type": "function",  # as Anthropic's API sends them back
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": sent}]
+    assert history_messages(history)[1]["content"] == raw
+    other = [{**sent[0], "id": "call_elsewhere"}]  # a call this process did not generate: written anew
+    assert json.loads(history_messages([{"role": "assistant", "content": "", "tool_calls": other}])[0]["content"]) == \
+        {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
+    # a response's text, sent back as the assistant's text, is written as the JSON the model wrote
+    raw = '{ "response": "It is \\"cold\\" there" }'
+    assert _parse([raw], ids=True) == ('It is "cold" there', [])
+    msgs = generic_messages([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": 'It is "cold" there'}],
+                            TOOLS)
+    assert msgs[-1] == {"role": "assistant", "content": raw}
+    assert history_messages([{"role": "assistant", "content": 'It is "cold" there'}])[0]["content"] == 'It is "cold" there'
+
+
 def test_response_store_evicts_least_recently_used_by_bytes():
     from ollapy.server.openai.responses.store import ResponseNotFound, ResponseStore, StoredResponse
 
