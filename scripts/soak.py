@@ -17,11 +17,16 @@ back. The loads seen in ``/api/ps`` are reported and judged (at least the two sw
 Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
 503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
 threads at the start (after a warm-up) and at the end (after the load stops), and p50/p99 time to first token
-of the streamed requests (it includes the wait for a slot: 64 clients share 4 slots). Judged: 0 errors, fds
-and threads flat (at most +8 each: worker pools come and go), RSS bounded (at most +10% + 64 MiB), every kind
-exercised. Each target prints one ``ok`` or ``MISSED`` line; the exit status is 1 when one is missed.
+of the streamed requests (it includes the wait for a slot: 64 clients share 4 slots). A memory timeline
+samples, every 1/40 of the run, RSS (anonymous and file-backed), the loaded models and the prompt cache's bytes
+from ``/metrics`` (RAM tier, restore buffer, disk writer's queue). Judged: 0 errors, fds and threads flat (at
+most +8 each: worker pools come and go), RSS net of the prompt cache bounded (at most +10% + 64 MiB; the cache
+bytes, read from ``/metrics`` at the same moment as RSS, are subtracted from both ends), the RAM tier within its
+``OLLAPY_CACHE_RAM``, every kind exercised. Each target prints one ``ok`` or ``MISSED`` line; the exit status
+is 1 when one is missed.
 
     python scripts/soak.py --minutes 10              # the issue's run: 64 clients, 4 slots
+    python scripts/soak.py --minutes 4 --no-swap     # no second-model phase (its memory told apart)
     python scripts/soak.py --minutes 2 --url http://127.0.0.1:11435 --model smol   # against a running server
 """
 from __future__ import annotations
@@ -50,14 +55,52 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
              "What color is the sky?"]
 KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled", "anthropic", "responses")
 CHAIN = 4  # turns a client chains with previous_response_id before it starts a new conversation
+CACHE_RAM_MIB = 256  # OLLAPY_CACHE_RAM of the server started here
+
+
+CACHE_GAUGES = {"cache_ram": "ollapy_prompt_cache_bytes", "restore_buf": "ollapy_prompt_cache_restore_buffer_bytes",
+                "queued": "ollapy_prompt_cache_queued_bytes"}
 
 
 def sample_process(pid: int) -> dict:
-    """RSS (bytes), open file descriptors and threads of process ``pid`` (Linux /proc)."""
+    """RSS (bytes; ``anon`` and ``file`` its anonymous and file-backed parts), open file descriptors and threads of
+    process ``pid`` (Linux /proc)."""
     status = Path(f"/proc/{pid}/status").read_text()
     fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-    return {"rss": int(fields["VmRSS"].split()[0]) * 1024, "fds": len(os.listdir(f"/proc/{pid}/fd")),
-            "threads": int(fields["Threads"])}
+    kib = {k: int(fields[v].split()[0]) * 1024 if v in fields else 0
+           for k, v in (("rss", "VmRSS"), ("anon", "RssAnon"), ("file", "RssFile"))}
+    return {**kib, "fds": len(os.listdir(f"/proc/{pid}/fd")), "threads": int(fields["Threads"])}
+
+
+def parse_cache_gauges(text: str) -> dict:
+    """The prompt cache's bytes in a ``/metrics`` text, summed over models: ``cache_ram`` (the RAM tier),
+    ``restore_buf`` (the restore buffer), ``queued`` (the disk writer's queue); 0 for a gauge not shown."""
+    out = dict.fromkeys(CACHE_GAUGES, 0)
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, metric in CACHE_GAUGES.items():
+            if name == metric and (key != "cache_ram" or 'tier="ram"' in line):
+                out[key] += int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
+async def sample_server(pid: int, http: httpx.AsyncClient | None) -> dict:
+    """:func:`sample_process` of ``pid`` and the cache gauges of its ``/metrics`` read right after (zeros when
+    ``http`` is None or /metrics does not answer)."""
+    out = sample_process(pid)
+    gauges = dict.fromkeys(CACHE_GAUGES, 0)
+    if http is not None:
+        try:
+            gauges = parse_cache_gauges((await http.get("/metrics")).text)
+        except (httpx.HTTPError, ValueError):
+            pass
+    return {**out, **gauges}
+
+
+def cache_held(sample: dict) -> int:
+    """Bytes of a sample's RSS that the bounded prompt-cache structures account for (RAM tier, restore buffer,
+    writer queue)."""
+    return sample["cache_ram"] + sample["restore_buf"] + sample["queued"]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -77,6 +120,7 @@ class Tally:
         self.busy = 0
         self.ttft: list[float] = []
         self.switches: list[str] = []  # the loaded model each time /api/ps showed another one
+        self.timeline: list[dict] = []  # samples of the server's memory and cache gauges (see sample_server)
 
     def error(self, kind: str, what: str) -> None:
         self.n_errors += 1
@@ -216,7 +260,7 @@ def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL=str(slots),
-               OLLAPY_MODELS=str(base / "models"), OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_CACHE_RAM="256MiB",
+               OLLAPY_MODELS=str(base / "models"), OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_CACHE_RAM=f"{CACHE_RAM_MIB}MiB",
                OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_KEEP_ALIVE="-1", OLLAPY_MAX_LOADED_MODELS="1")
     env.pop("OLLAPY_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env, cwd=str(ROOT),
@@ -291,13 +335,34 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
         done = bool(loaded_at) and now - loaded_at[0] >= seconds / 10
         return model if done or frac >= 0.8 else second
 
-    tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
-    tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
-    await asyncio.sleep(warmup)
-    first = sample_process(pid)
-    await asyncio.gather(*tasks)
-    await asyncio.sleep(12)  # cancelled requests' slots freed, the cache writer drained, idle pool workers gone
-    return tally, first, sample_process(pid)
+    async def timeline_row(http: httpx.AsyncClient, asked: str) -> dict:
+        """A sample of the server (:func:`sample_server`) with the time, the model asked for and those loaded."""
+        row = await sample_server(pid, http)
+        try:
+            loaded = ",".join(sorted(m["name"].removesuffix(":latest") for m in (await http.get("/api/ps")).json()["models"]))
+        except (httpx.HTTPError, ValueError, KeyError):
+            loaded = "?"
+        return {"t": time.monotonic() - start, "asked": asked, "loaded": loaded, **row}
+
+    async def watch_memory(http: httpx.AsyncClient) -> None:
+        """Sample the server every ``every`` s into ``tally.timeline`` until the clients stop."""
+        while time.monotonic() < stop_at:
+            tally.timeline.append(await timeline_row(http, model_at()))
+            await asyncio.sleep(every)
+
+    every = max(5.0, seconds / 40)
+    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+        tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
+        tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
+        tasks.append(asyncio.create_task(watch_memory(http)))
+        await asyncio.sleep(warmup)
+        first = await sample_server(pid, http)
+        await asyncio.gather(*tasks)
+        tally.timeline.append(await timeline_row(http, "(idle)"))
+        await asyncio.sleep(12)  # cancelled requests' slots freed, the cache writer drained, idle pool workers gone
+        last = await sample_server(pid, http)
+        tally.timeline.append(await timeline_row(http, "(end)"))
+    return tally, first, last
 
 
 def main() -> int:
@@ -307,6 +372,7 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=4, help="OLLAPY_NUM_PARALLEL of the server it starts (default 4)")
     ap.add_argument("--url", help="soak a running server instead (give --model too)")
     ap.add_argument("--model", help="model name on --url, or a GGUF path for the server it starts")
+    ap.add_argument("--no-swap", action="store_true", help="no second-model phase (to tell its memory apart)")
     args = ap.parse_args()
     proc = None
     tmp = tempfile.TemporaryDirectory(prefix="ollapy-soak-")
@@ -324,7 +390,7 @@ def main() -> int:
         print(f"soak: {args.clients} clients, {args.minutes:g} min, server pid {pid} at {url}, model {model}",
               flush=True)
         tally, first, last = asyncio.run(soak(url, model, args.clients, args.minutes * 60, pid,
-                                              None if args.url else "soak-b"))
+                                              None if args.url or args.no_swap else "soak-b"))
     finally:
         if proc is not None:
             proc.terminate()
@@ -334,22 +400,41 @@ def main() -> int:
     total = sum(tally.done.values())
     print("requests: " + ", ".join(f"{k} {v}" for k, v in tally.done.items()) + f" (total {total}, "
           f"{total / (args.minutes * 60):.1f}/s); 503 busy: {tally.busy}")
-    print(f"server at start (after warm-up): RSS {first['rss'] / mib:.0f} MiB, fds {first['fds']}, "
+    print(f"server at start (after warm-up): RSS {first['rss'] / mib:.0f} MiB (prompt cache "
+          f"{cache_held(first) / mib:.0f} MiB of it), fds {first['fds']}, "
           f"threads {first['threads']}")
-    print(f"server at end:                   RSS {last['rss'] / mib:.0f} MiB, fds {last['fds']}, "
+    print(f"server at end:                   RSS {last['rss'] / mib:.0f} MiB (prompt cache "
+          f"{cache_held(last) / mib:.0f} MiB of it), fds {last['fds']}, "
           f"threads {last['threads']}")
     print(f"TTFT of {len(tally.ttft)} streams (slot wait included): p50 {percentile(tally.ttft, 0.5):.2f} s, "
           f"p99 {percentile(tally.ttft, 0.99):.2f} s")
     print("loaded models seen in /api/ps, in order: " + " -> ".join(tally.switches))
+    print("memory timeline (MiB; cache = prompt-cache RAM tier + restore buffer + writer queue, from /metrics):")
+    print("     t  asked    loaded      RSS   anon   file  cache  RSS-cache")
+    for row in tally.timeline:
+        print(f"{row['t']:6.0f}  {row['asked'][:7]:7}  {row['loaded'][:8]:8}  {row['rss'] / mib:6.0f} "
+              f"{row['anon'] / mib:6.0f} {row['file'] / mib:6.0f} {cache_held(row) / mib:6.0f}  "
+              f"{(row['rss'] - cache_held(row)) / mib:8.0f}")
+    rows = tally.timeline + [first, last]
+    ram_peak = max(r["cache_ram"] for r in rows)
+
+    def net(sample: dict) -> int:
+        """RSS less the bounded prompt-cache bytes /metrics showed at the same moment (judged apart)."""
+        return sample["rss"] - cache_held(sample)
+
     checks = [
         (tally.n_errors == 0, f"errors: {tally.n_errors} (target 0; 503 busy apart: {tally.busy})"
          + (f"; first: {tally.errors}" if tally.errors else "")),
         (last["fds"] - first["fds"] <= 8, f"open fds flat: {first['fds']} -> {last['fds']} (target at most +8)"),
         (last["threads"] - first["threads"] <= 8,
          f"threads flat: {first['threads']} -> {last['threads']} (target at most +8: worker pools)"),
-        (last["rss"] <= first["rss"] * 1.10 + 64 * mib,
-         f"RSS bounded: {first['rss'] / mib:.0f} -> {last['rss'] / mib:.0f} MiB (target at most +10% + 64 MiB)"),
-        (args.url is not None or len(tally.switches) >= 3,
+        (net(last) <= net(first) * 1.10 + 64 * mib,
+         f"RSS bounded, net of the prompt cache: {net(first) / mib:.0f} -> {net(last) / mib:.0f} MiB (target at most "
+         f"+10% + 64 MiB; RSS {first['rss'] / mib:.0f} -> {last['rss'] / mib:.0f} MiB)"),
+        (args.url is not None or ram_peak <= CACHE_RAM_MIB * mib,
+         f"prompt-cache RAM tier within OLLAPY_CACHE_RAM: at most {ram_peak / mib:.0f} MiB seen (bound "
+         f"{CACHE_RAM_MIB} MiB); restore buffer at most {max(r['restore_buf'] for r in rows) / mib:.0f} MiB"),
+        (args.url is not None or args.no_swap or len(tally.switches) >= 3,
          f"second model loaded under traffic and back: {len(tally.switches) - 1} switches (target at least 2)"),
         (all(tally.done.values()), "every kind of request answered: " + ", ".join(
             k for k, v in tally.done.items() if v) + (" (missing: " + ", ".join(

@@ -82,6 +82,8 @@ def test_server_restart_keeps_the_prompt_cache_and_reports_it(smollm2_path, tmp_
         assert _metric(text, "ollapy_prompt_cache_written_bytes", model="smol:latest") > 1_000_000
         assert _metric(text, "ollapy_prompt_cache_bytes", model="smol:latest", tier="ram") > 1_000_000
         assert _metric(text, "ollapy_prompt_cache_tokens_reused", model="smol:latest") == 0
+        assert _metric(text, "ollapy_prompt_cache_restore_buffer_bytes", model="smol:latest") == 0  # nothing restored
+        assert _metric(text, "ollapy_prompt_cache_queued_bytes", model="smol:latest") >= 0
         ps = httpx.get(url + "/api/ps").json()["models"]
         assert ps[0]["prompt_cache"]["files_written"] == 1 and ps[0]["prompt_cache"]["misses"] == 1
     finally:

@@ -418,7 +418,8 @@ class BoundCache(StateIntake, EntryCatalog):
                           entries=len(self.entries), ram_blocks=len(ram.pool), ram_block_bytes=ram.pool.bytes,
                           ram_shared_bytes=ram.pool.shared_bytes(), ram_logical_bytes=ram.logical_bytes(),
                           blocks_evicted=ram.blocks_evicted,
-                          queued_bytes=self.disk.writer.queued_bytes if self.disk is not None else 0)
+                          queued_bytes=self.disk.writer.queued_bytes if self.disk is not None else 0,
+                          restore_buffer_bytes=len(self._restore_buf) if self._restore_buf is not None else 0)
         return self.stats.snapshot(**gauges)
 
     def info(self) -> dict:

@@ -46,7 +46,9 @@ class CacheStats:
     (blocks two or more entries hold), ``ram_logical_bytes`` (the RAM tier's
     entries as whole states: divided by ``ram_bytes``, the dedupe ratio),
     ``blocks_evicted`` (RAM blocks freed since the cache was bound),
-    ``queued_bytes`` (held by the disk writer's queue).
+    ``queued_bytes`` (held by the disk writer's queue), ``restore_buffer_bytes`` (the
+    buffer block entries are joined into for a restore: kept, as large as the largest
+    state joined, until the cache is closed).
     """
 
     hits_ram: int = 0
@@ -73,6 +75,7 @@ class CacheStats:
     ram_logical_bytes: int = 0
     blocks_evicted: int = 0
     queued_bytes: int = 0
+    restore_buffer_bytes: int = 0
 
     @property
     def dedupe_ratio(self) -> float:

@@ -17,3 +17,4 @@
 Import :class:`ollapy.engine.model.LoadedModel` lazily: importing this package does not load llama.cpp, but
 importing ``.model`` or ``.backend`` does.
 """
+- :mod:`.heap`: the C heap's free memory given back to the system after a model is unloaded.

@@ -29,6 +29,7 @@ from ollapy.engine.backend import bindings
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
 from ollapy.engine.engine import Engine
+from ollapy.engine.heap import release_free_heap
 from ollapy.engine.interface import ContextFacts, RunnerSnapshot
 from ollapy.engine.request import Prompt, Request
 from ollapy.engine.spec.draft_model import DraftModel
@@ -563,6 +564,7 @@ class LoadedModel:
                     self.draft_backend.close()
             else:
                 log.warning("engine loop of %s did not stop; its llama.cpp context is leaked, not freed", self.name)
+            release_free_heap()  # the cache's blocks and llama.cpp's buffers, freed above, leave the process
         if interrupted:
             raise KeyboardInterrupt
         return self.unsaved_states

@@ -96,6 +96,11 @@ class _RuntimeCollector:
         b_logical = GaugeMetricFamily("ollapy_prompt_cache_logical_bytes", "The RAM tier's entries as whole states "
                                       "(over ollapy_prompt_cache_bytes{tier=\"ram\"}: the dedupe ratio).",
                                       labels=["model"])
+        restore = GaugeMetricFamily("ollapy_prompt_cache_restore_buffer_bytes", "Bytes of the buffer a restore joins "
+                                    "blocks into (kept while the model is loaded, as large as the largest state "
+                                    "restored; not in ollapy_prompt_cache_bytes).", labels=["model"])
+        queued = GaugeMetricFamily("ollapy_prompt_cache_queued_bytes", "Bytes of states waiting in the disk writer's "
+                                   "queue (bounded by its budget; not in ollapy_prompt_cache_bytes).", labels=["model"])
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
@@ -121,5 +126,7 @@ class _RuntimeCollector:
             b_shared.add_metric([e.key], getattr(cs, "ram_shared_bytes", 0))
             b_held.add_metric([e.key], getattr(cs, "ram_block_bytes", 0))
             b_logical.add_metric([e.key], getattr(cs, "ram_logical_bytes", 0))
+            restore.add_metric([e.key], getattr(cs, "restore_buffer_bytes", 0))
+            queued.add_metric([e.key], getattr(cs, "queued_bytes", 0))
         yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
-                    b_evicted, b_shared, b_held, b_logical)
+                    b_evicted, b_shared, b_held, b_logical, restore, queued)
