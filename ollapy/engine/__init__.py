@@ -13,8 +13,8 @@
 - :mod:`.cpuload`, :mod:`.hardware`, :mod:`.interrupt`: threads under load, AMX and flash-attention choices,
   Ctrl-C inside C code.
 - :mod:`.system`: what this build offers (versions, devices, offload), for ``ollapy info`` and ``rpc-server``.
+- :mod:`.heap`: the C heap's free memory given back to the system after a model is unloaded.
 
 Import :class:`ollapy.engine.model.LoadedModel` lazily: importing this package does not load llama.cpp, but
 importing ``.model`` or ``.backend`` does.
 """
-- :mod:`.heap`: the C heap's free memory given back to the system after a model is unloaded.
