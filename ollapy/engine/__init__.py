@@ -4,6 +4,8 @@
 - :mod:`.model`: :class:`~.model.LoadedModel`, the in-process runner (backend + engine + chat template).
 - :mod:`.interface`: :class:`~.interface.ModelRunner`, the Protocol every caller holds.
 - :mod:`.engine`: :class:`~.engine.Engine`, ``n_parallel`` slots, continuous batching on one loop thread.
+- :mod:`.bookkeeping`: the engine's per-slot bookkeeping: sampling and emitting tokens, verifying drafts, ending
+  a request (trim, save, free the slot).
 - :mod:`.slot`, :mod:`.request`: a slot's state machine; a request and the chunks it streams back.
 - :mod:`.sampler`, :mod:`.text`: sampling (llama.cpp's sampler chain); UTF-8 detokenizing and stop strings.
 - :mod:`.context_shift`: context shift on overflow and prompt truncation.

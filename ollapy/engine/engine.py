@@ -20,6 +20,9 @@ on a build where they equal a chunk's (``answer_reuse``, evalorder rule 3): ther
 Speculative decoding: :mod:`ollapy.engine.spec.speculator` proposes drafted tokens for generating slots; they ride
 as extra rows of the same single ``llama_decode`` and are verified row by row with the slot's own sampler.
 
+Per-slot bookkeeping (sampling a row, emitting a token, verifying drafts, finishing, failing, trimming and
+saving a slot): :class:`~ollapy.engine.bookkeeping.SlotBookkeeping`, a base of :class:`Engine`.
+
 Lifecycle: :meth:`Engine.close` stops the loop and joins its thread; only a
 joined engine frees llama.cpp's context (a free under a running
 ``llama_decode`` crashes the process), so a join that times out leaks the
@@ -36,14 +39,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ollapy.engine.backend.context import Backend
+from ollapy.engine.bookkeeping import SlotBookkeeping
 from ollapy.engine.context_shift import make_room, truncate_prompt
 from ollapy.engine.cpuload import ThreadBudget
 from ollapy.engine.media import clip_chunk_end, points_outside, span_at
 from ollapy.engine.prefix.assignment import SlotAssigner
 from ollapy.engine.prefix.evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
 from ollapy.engine.prefix.source import PrefixSource
-from ollapy.engine.request import Chunk, Request
-from ollapy.engine.sampler import token_logprob
+from ollapy.engine.request import Request
 from ollapy.engine.slot import Slot, SlotState
 from ollapy.engine.spec.draft_model import PendingTokens
 from ollapy.engine.spec.speculator import Candidate, Speculator
@@ -56,7 +59,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ollapy.engine")
 
-class Engine:
+class Engine(SlotBookkeeping):
     """Serve generation requests over ``backend.n_parallel`` slots of one model.
 
     ``cache`` is an optional prompt cache, seen only through the
@@ -395,16 +398,6 @@ class Engine:
             else:
                 self._emit(s, self._sample(s, s.batch_row))
 
-    def _append_row(self, s: Slot, tok: int) -> None:
-        """Record a decode-shaped cell (a last prompt token, a generated or an accepted drafted token) of ``s``.
-
-        Exact (evalorder rule 3) only where :attr:`answer_reuse` holds and every cell before it is exact: a shifted
-        context stays inexact.
-        """
-        if self.answer_reuse and s.exact == len(s.tokens):
-            s.exact += 1
-        s.tokens.append(tok)
-
     def _plan_drafts(self, active: list[Slot]) -> dict[int, list[int]]:
         """Ask the speculator what each generating slot verifies in this step (rows fit ``n_batch``)."""
         decoding, others = [], 0
@@ -427,26 +420,6 @@ class Engine:
         decoding = [Candidate(c.slot, c.tokens, min(c.room, per_slot)) for c in decoding]
         return self.spec.plan(decoding, others)
 
-    def _verify(self, s: Slot) -> None:
-        """Sample a drafting slot's rows in order while they agree with its draft (verify_by_sampling), keep
-        the KV of the accepted rows, and remove the rejected rows' cells with ``seq_rm``."""
-        draft, req = s.draft, s.request
-        req.metrics.draft_tokens += len(draft)
-        n_acc = 0
-        for i in range(len(draft) + 1):
-            if i:
-                self._append_row(s, draft[i - 1])  # row i's input: an accepted draft token, its KV now valid
-            tok = self._sample(s, s.batch_row + i)
-            agrees = i < len(draft) and tok == draft[i]
-            if agrees:
-                n_acc += 1
-                req.metrics.draft_accepted += 1
-            if self._emit(s, tok) or not agrees:
-                break
-        self.spec.record(s.id, len(draft), n_acc)
-        if s.request is req:  # still running: drop the rejected rows (a finished request was trimmed)
-            self.backend.seq_rm(s.id, len(s.tokens), -1)
-
     def _set_threads(self, n_tokens: int) -> None:
         b = self.backend
         n_threads = self.thread_budget.threads(n_tokens)
@@ -454,42 +427,6 @@ class Engine:
             log.debug("decode threads %d -> %d (other runnable tasks on %d CPUs)", b.threads, n_threads,
                       self.thread_budget.n_cpu)
             b.set_threads(n_threads)
-
-    def _sample(self, s: Slot, row: int) -> int:
-        """Sample (and accept into the slot's sampler) a token from logits row ``row``; note its logprob."""
-        b = self.backend
-        req = s.request
-        tok = s.sampler.sample(b, row)
-        if req.logprobs >= 0 and not b.is_eog(tok):
-            req.pending_logprobs.append(token_logprob(b, row, tok, req.logprobs))
-        return tok
-
-    def _emit(self, s: Slot, tok: int) -> bool:
-        """Hand a sampled token to the request (text, stop strings, limits); True when the request ended."""
-        b = self.backend
-        req = s.request
-        limit = req.options.num_predict
-        if limit >= 0 and req.metrics.eval_count >= limit:
-            self._finish(s, "length")
-            return True
-        if b.is_eog(tok):
-            self._finish(s, "stop")
-            return True
-        req.output_tokens.append(tok)
-        req.metrics.eval_count += 1
-        text = s.detok.feed(b.token_piece(tok))
-        emit, stopped = s.stops.feed(text) if text else ("", False)
-        if emit:
-            req.push(Chunk(emit, logprobs=req.take_logprobs()))
-        if stopped:
-            self._finish(s, "stop", flush=False)
-            return True
-        if limit >= 0 and req.metrics.eval_count >= limit:
-            self._finish(s, "length")
-            return True
-        s.pending = tok
-        self.spec.accept(s.id, tok)
-        return False
 
     # ---- slot assignment --------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
@@ -526,60 +463,3 @@ class Engine:
             except Exception as exc:  # noqa: BLE001
                 log.exception("could not start request")
                 req.push(DecodeError(f"could not start request: {exc}"))
-
-    # ---- ending and saving ------------------------------------------------------------------
-    def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
-        req = s.request
-        tail = ""
-        if flush:
-            tail = s.detok.flush()
-            emit, stopped = s.stops.feed(tail) if tail else ("", False)
-            tail = emit + ("" if stopped else s.stops.flush())
-        now = time.perf_counter_ns()
-        m = req.metrics
-        if s.t_first:
-            m.eval_duration = now - s.t_first
-        m.total_duration = now - req.created_ns + m.load_duration
-        context = list(s.tokens)
-        matched = s.stops.matched if reason == "stop" and s.stops is not None else None
-        self._trim_inexact(s)
-        self._save(s, pinned=req.pin, persist=req.pin)
-        self.spec.end(s.id)
-        s.release()
-        self.requests_done += 1
-        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=context,
-                       logprobs=req.take_logprobs(), stop_sequence=matched))
-
-    def _trim_inexact(self, s: Slot) -> None:
-        """Drop the cells no later request may reuse (``tokens[exact:]``: decode-shaped or shifted).
-
-        Keeps ``tokens`` equal to the cells the sequence holds, and makes the
-        state a finished request leaves exactly its reusable prefix.
-        """
-        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it must end
-            s.exact -= s.exact % self.align  # on the grid once positions left its window (evalorder)
-        if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
-            del s.tokens[s.exact:]
-        elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable
-            self.backend.seq_clear(s.id)
-            s.tokens = []
-            s.exact = 0
-
-    def _fail(self, s: Slot, exc: BaseException) -> None:
-        req = s.request
-        self._trim_inexact(s)
-        self.spec.end(s.id)
-        s.release()
-        req.push(exc)
-
-    def _save(self, s: Slot, pinned: bool, persist: bool) -> None:
-        """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM)."""
-        if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
-            return
-        if s.exact < len(s.tokens):  # decode-shaped or shifted cells: never cached (see evalorder)
-            return
-        try:
-            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist,
-                             state_size=lambda: self.backend.state_size(s.id))
-        except Exception:  # noqa: BLE001 - a cache failure never fails a request
-            log.exception("prompt cache store failed")

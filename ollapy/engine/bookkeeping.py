@@ -1,0 +1,160 @@
+"""Per-slot bookkeeping of the engine: what happens to a slot's row after a decode, and how its request ends.
+
+:class:`SlotBookkeeping` is a base class of :class:`~ollapy.engine.engine.Engine` (:mod:`ollapy.engine.engine`
+builds each step's batches and runs the loop). Here, on the loop thread: a row's token is sampled with the slot's
+own sampler chain (with its log-probability when asked), drafted rows are verified in order
+(:mod:`ollapy.engine.spec.speculator`), a token is handed to the request (detokenized, stop strings, limits), and
+a request that ends (finished, failed, cancelled) has its slot's inexact cells trimmed
+(:mod:`ollapy.engine.prefix.evalorder`) and its exact state offered to the prompt cache before the slot is freed.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from ollapy.engine.request import Chunk
+from ollapy.engine.sampler import token_logprob
+
+if TYPE_CHECKING:
+    from ollapy.engine.backend.context import Backend
+    from ollapy.engine.prefix.source import PrefixSource
+    from ollapy.engine.slot import Slot
+    from ollapy.engine.spec.speculator import Speculator
+
+log = logging.getLogger("ollapy.engine")
+
+
+class SlotBookkeeping:
+    """Sampling, emitting, verifying drafts and ending requests for :class:`~ollapy.engine.engine.Engine` (a base
+    class: the attributes below are set by ``Engine.__init__``). Loop thread only."""
+
+    backend: Backend
+    cache: PrefixSource | None
+    spec: Speculator
+    answer_reuse: bool
+    unshifted: int
+    align: int
+    requests_done: int
+
+    def _append_row(self, s: Slot, tok: int) -> None:
+        """Record a decode-shaped cell (a last prompt token, a generated or an accepted drafted token) of ``s``.
+
+        Exact (evalorder rule 3) only where :attr:`answer_reuse` holds and every cell before it is exact: a shifted
+        context stays inexact.
+        """
+        if self.answer_reuse and s.exact == len(s.tokens):
+            s.exact += 1
+        s.tokens.append(tok)
+
+    def _verify(self, s: Slot) -> None:
+        """Sample a drafting slot's rows in order while they agree with its draft (verify_by_sampling), keep
+        the KV of the accepted rows, and remove the rejected rows' cells with ``seq_rm``."""
+        draft, req = s.draft, s.request
+        req.metrics.draft_tokens += len(draft)
+        n_acc = 0
+        for i in range(len(draft) + 1):
+            if i:
+                self._append_row(s, draft[i - 1])  # row i's input: an accepted draft token, its KV now valid
+            tok = self._sample(s, s.batch_row + i)
+            agrees = i < len(draft) and tok == draft[i]
+            if agrees:
+                n_acc += 1
+                req.metrics.draft_accepted += 1
+            if self._emit(s, tok) or not agrees:
+                break
+        self.spec.record(s.id, len(draft), n_acc)
+        if s.request is req:  # still running: drop the rejected rows (a finished request was trimmed)
+            self.backend.seq_rm(s.id, len(s.tokens), -1)
+
+    def _sample(self, s: Slot, row: int) -> int:
+        """Sample (and accept into the slot's sampler) a token from logits row ``row``; note its logprob."""
+        b = self.backend
+        req = s.request
+        tok = s.sampler.sample(b, row)
+        if req.logprobs >= 0 and not b.is_eog(tok):
+            req.pending_logprobs.append(token_logprob(b, row, tok, req.logprobs))
+        return tok
+
+    def _emit(self, s: Slot, tok: int) -> bool:
+        """Hand a sampled token to the request (text, stop strings, limits); True when the request ended."""
+        b = self.backend
+        req = s.request
+        limit = req.options.num_predict
+        if limit >= 0 and req.metrics.eval_count >= limit:
+            self._finish(s, "length")
+            return True
+        if b.is_eog(tok):
+            self._finish(s, "stop")
+            return True
+        req.output_tokens.append(tok)
+        req.metrics.eval_count += 1
+        text = s.detok.feed(b.token_piece(tok))
+        emit, stopped = s.stops.feed(text) if text else ("", False)
+        if emit:
+            req.push(Chunk(emit, logprobs=req.take_logprobs()))
+        if stopped:
+            self._finish(s, "stop", flush=False)
+            return True
+        if limit >= 0 and req.metrics.eval_count >= limit:
+            self._finish(s, "length")
+            return True
+        s.pending = tok
+        self.spec.accept(s.id, tok)
+        return False
+
+    def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
+        req = s.request
+        tail = ""
+        if flush:
+            tail = s.detok.flush()
+            emit, stopped = s.stops.feed(tail) if tail else ("", False)
+            tail = emit + ("" if stopped else s.stops.flush())
+        now = time.perf_counter_ns()
+        m = req.metrics
+        if s.t_first:
+            m.eval_duration = now - s.t_first
+        m.total_duration = now - req.created_ns + m.load_duration
+        context = list(s.tokens)
+        matched = s.stops.matched if reason == "stop" and s.stops is not None else None
+        self._trim_inexact(s)
+        self._save(s, pinned=req.pin, persist=req.pin)
+        self.spec.end(s.id)
+        s.release()
+        self.requests_done += 1
+        req.push(Chunk(tail, done=True, done_reason=reason, metrics=m, tokens=context,
+                       logprobs=req.take_logprobs(), stop_sequence=matched))
+
+    def _trim_inexact(self, s: Slot) -> None:
+        """Drop the cells no later request may reuse (``tokens[exact:]``: decode-shaped or shifted).
+
+        Keeps ``tokens`` equal to the cells the sequence holds, and makes the
+        state a finished request leaves exactly its reusable prefix.
+        """
+        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it must end
+            s.exact -= s.exact % self.align  # on the grid once positions left its window (evalorder)
+        if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
+            del s.tokens[s.exact:]
+        elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable
+            self.backend.seq_clear(s.id)
+            s.tokens = []
+            s.exact = 0
+
+    def _fail(self, s: Slot, exc: BaseException) -> None:
+        req = s.request
+        self._trim_inexact(s)
+        self.spec.end(s.id)
+        s.release()
+        req.push(exc)
+
+    def _save(self, s: Slot, pinned: bool, persist: bool) -> None:
+        """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM)."""
+        if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
+            return
+        if s.exact < len(s.tokens):  # decode-shaped or shifted cells: never cached (see evalorder)
+            return
+        try:
+            self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist,
+                             state_size=lambda: self.backend.state_size(s.id))
+        except Exception:  # noqa: BLE001 - a cache failure never fails a request
+            log.exception("prompt cache store failed")
