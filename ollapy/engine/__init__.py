@@ -2,6 +2,8 @@
 
 - :mod:`.backend`: the llama.cpp boundary, the ONLY package that imports ``llama_cpp``.
 - :mod:`.model`: :class:`~.model.LoadedModel`, the in-process runner (backend + engine + chat template).
+- :mod:`.prompt_builder`: the runner's prompt building: chat template rendering, tokens, ``num_keep`` and the
+  cache save points, truncation of a chat, grammars for ``format``.
 - :mod:`.interface`: :class:`~.interface.ModelRunner`, the Protocol every caller holds.
 - :mod:`.engine`: :class:`~.engine.Engine`, ``n_parallel`` slots, continuous batching on one loop thread.
 - :mod:`.bookkeeping`: the engine's per-slot bookkeeping: sampling and emitting tokens, verifying drafts, ending
