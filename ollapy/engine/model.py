@@ -28,6 +28,7 @@ from ollapy.chat import templates as chat
 from ollapy.engine.backend import bindings
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.engine import Engine
+from ollapy.engine.heap import release_free_heap
 from ollapy.engine.interface import ContextFacts, RunnerSnapshot
 from ollapy.engine.prompt_builder import PromptBuilder
 from ollapy.engine.request import Prompt, Request
@@ -336,6 +337,7 @@ class LoadedModel(PromptBuilder):
                     self.draft_backend.close()
             else:
                 log.warning("engine loop of %s did not stop; its llama.cpp context is leaked, not freed", self.name)
+            release_free_heap()  # the cache's blocks and llama.cpp's buffers, freed above, leave the process
         if interrupted:
             raise KeyboardInterrupt
         return self.unsaved_states
