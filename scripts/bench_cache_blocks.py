@@ -261,7 +261,8 @@ def restore_row(tmp: Path, path: Path, tag: str, facts: dict, pairs: int = 5) ->
     ratio = med["B=256"] / med["whole"]
     sizes = ", ".join(f"{k} {med[k] * 1000:.0f} ms ({caches[k][1]} blocks)" for k in kinds if k != "whole")
     return [(f"{tag}: {n_tok}-token restore from disk, blocks vs whole state", f"{ratio:.2f}x",
-             f"whole {med['whole'] * 1000:.0f} ms; {sizes}; {len(state) / 1e6:.0f} MB, median of {pairs}",
+             f"whole {med['whole'] * 1000:.0f} ms; {sizes}; {len(state) / 1e6:.0f} MB, median of {pairs}; blocks "
+             + ("read where they lie (llama_state_seq_set_data_segments)" if b.restores_segments else "joined first"),
              f"<= {RESTORE_MAX}x", ratio <= RESTORE_MAX)]
 
 

@@ -26,6 +26,10 @@
 # VENV/.ollapy-llama-patches, which ollapy reads (engine/backend/bindings.py, one_row_products_differ), keyed to
 # the llama-cpp-python version and the sha256 of the libggml-cpu.so installed here: after a `pip install -U
 # llama-cpp-python` the key no longer matches and ollapy treats the build as a stock one.
+#
+# A second patch (scripts/patch_state_segments.py) adds llama_state_seq_set_data_segments: the prompt cache restores
+# a state kept as KV blocks straight from the blocks, without joining them into one buffer first. ollapy looks
+# the symbol up and joins the blocks itself where a build lacks it.
 set -euo pipefail
 PY="${1:?usage: install_llama.sh VENV_PYTHON}"
 VERSION="${OLLAPY_LLAMA_VERSION:-0.3.36}"
@@ -43,7 +47,7 @@ libs = [f for f in dist.files or [] if "libggml-rpc" in f.name]
 sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
-PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot"
+PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot state-seq-segments"
 write_marker() {  # write_marker VENV_PYTHON FILE: $PATCHES with the installed version and libggml-cpu.so's sha256
   "$1" - "$2" "$PATCHES" <<'PYEOF'
 import hashlib, importlib.metadata as md, json, pathlib, sys
@@ -89,6 +93,7 @@ p.write_text(text.replace(guard, """\
         return false;
 """))
 PYEOF
+  "$PY" "$(dirname "$0")/patch_state_segments.py" "$SRC/vendor/llama.cpp"
   CMAKE_ARGS="$ARGS" "$PY" -m pip wheel -q --no-cache-dir --no-deps -w "$TMP" "$SRC"
   mkdir -p "$CACHE"
   mv "$TMP"/llama_cpp_python-*.whl "$CACHE"/

@@ -10,6 +10,7 @@
 - :mod:`.tiers`: the RAM LRU and the shared disk directory.
 - :mod:`.blocks`: the block pool: KV blocks named by chain hash, held once with reference counts, block files.
 - :mod:`.kvstate`: cuts a llama.cpp sequence state into blocks of cells and joins them back, bit for bit.
+- :mod:`.kvsegments`: a state kept as blocks, as the memory pieces llama.cpp reads it from without a join.
 - :mod:`.diskcap`: the disk tier's files as a whole: listing, usage, the byte cap, collecting unreferenced blocks.
 - :mod:`.fileformat`: the state file (header, token ids, payload, checksums).
 - :mod:`.salt`: what makes a saved state valid (model sha256, KV settings).

@@ -450,3 +450,11 @@ def _cut_cache(rest: memoryview, n: int, n_total: int) -> bytearray | None:
     out = bytearray(_cache_size(lay, n))
     _emit_cache(out, 0, lay, n, [(seg, n)])
     return out
+
+
+def join_segments(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | bytearray | memoryview):
+    """The state of ``blocks`` and ``tail`` as memory pieces, for a restore without a join
+    (:func:`ollapy.cache.kvsegments.join_segments`; raises KVStateError as :func:`join_state` does)."""
+    from ollapy.cache.kvsegments import join_segments as pieces
+
+    return pieces(blocks, tail)

@@ -124,7 +124,8 @@ class PromptCache:
         # skips SWA-masked cells), so such a state restores correctly only as a whole: never trimmed.
         return BoundCache(self, path, digest, salt_from_backend(backend), name,
                           trimmable=int(getattr(backend, "n_swa", 0) or 0) == 0,
-                          piece=getattr(backend, "token_piece", None))
+                          piece=getattr(backend, "token_piece", None),
+                          segments=bool(getattr(backend, "restores_segments", False)))
 
 
 class BoundCache(StateIntake, EntryCatalog):
@@ -135,7 +136,9 @@ class BoundCache(StateIntake, EntryCatalog):
     """
 
     def __init__(self, parent: PromptCache, model_path: Path, digest: str | None, salt: dict, model_name: str, *,
-                 trimmable: bool = True, piece: Callable[[int], bytes] | None = None) -> None:
+                 trimmable: bool = True, piece: Callable[[int], bytes] | None = None, segments: bool = False) -> None:
+        """``segments``: the backend restores a state given as memory pieces (``Backend.restores_segments``), so
+        a block entry is handed over as its pieces (:mod:`ollapy.cache.kvsegments`) instead of being joined."""
         self.parent = parent
         self.root = parent.root
         self.block = parent.block
@@ -146,6 +149,7 @@ class BoundCache(StateIntake, EntryCatalog):
         self.piece = piece
         self.block_tokens = parent.block_tokens if parent.splitter is not None else 0
         self.kv = parent.splitter
+        self.segments = segments and hasattr(self.kv, "join_segments")
         self.policy = AdmissionPolicy(self.block, trimmable)
         self.stats = Stats(self.root)
         self._lock = threading.RLock()
@@ -299,9 +303,13 @@ class BoundCache(StateIntake, EntryCatalog):
         The state is joined into this cache's restore buffer (the engine thread restores one state at a
         time and llama.cpp copies it out before the next load): an anonymous mapping populated in one call
         (``MAP_POPULATE``) and reused while it is large enough, so a restore does not fault in a fresh
-        buffer page by page. Without ``join_into`` (another splitter) a new buffer is joined.
+        buffer page by page. Without ``join_into`` (another splitter) a new buffer is joined. Where the
+        backend reads pieces (``segments``), nothing is joined: the state's pieces are returned
+        (:func:`ollapy.cache.kvsegments.join_segments`), pointing into the blocks and the tail.
         """
         try:
+            if self.segments:
+                return self.kv.join_segments(blocks, tail)
             if not hasattr(self.kv, "join_into"):
                 return self.kv.join_state(blocks, tail)
             size = self.kv.joined_size(tail)

@@ -234,6 +234,23 @@ def one_row_products_differ() -> bool:
     return build_has_llamafile() and "sgemm-one-row" not in build_patches()
 
 
+@functools.lru_cache(maxsize=1)
+def state_set_segments_fn():
+    """``llama_state_seq_set_data_segments`` (added by scripts/patch_state_segments.py), or None in a build without it.
+
+    ``fn(ctx, ptrs, sizes, n_segments, seq_id, flags) -> size_t``: reads a sequence state given as
+    ``n_segments`` pieces (``ptrs``: ``const uint8_t * const *``, ``sizes``: ``const size_t *``) without joining
+    them; returns the bytes read, 0 on failure.
+    """
+    lib = getattr(C, "_lib", None)
+    fn = getattr(lib, "llama_state_seq_set_data_segments", None) if lib is not None else None
+    if fn is None:
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int32, ctypes.c_uint32]
+    fn.restype = ctypes.c_size_t
+    return fn
+
+
 def build_has_amx() -> bool:
     """True when the loaded ggml CPU backend was built with AMX kernels."""
     info = system_info()

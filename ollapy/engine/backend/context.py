@@ -203,6 +203,8 @@ class Backend:
         self.n_stream = self.n_parallel
         plain_kv = self.n_swa == 0 and not C.llama_model_is_recurrent(self.model) and not C.llama_model_is_hybrid(self.model)
         self.state_layout = seqstate.PORTABLE if plain_kv else f"streams-{self.n_stream}"
+        # a state kept as KV blocks restores from the blocks where they lie (ollapy's patched build)
+        self.restores_segments = bindings.state_set_segments_fn() is not None
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
@@ -383,8 +385,17 @@ class Backend:
                 return bytearray()
         return out  # a bytearray: no extra copy of a state that can be tens of MB
 
-    def state_set(self, seq: int, data: bytes | bytearray | memoryview) -> bool:
-        """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it."""
+    def state_set(self, seq: int, data) -> bool:
+        """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it.
+
+        ``data``: a buffer, or the state as memory pieces (an object with uint64 arrays ``ptrs``/``sizes`` and a
+        ``join()`` method: :class:`ollapy.cache.kvsegments.StateSegments`), read where the pieces lie when
+        :attr:`restores_segments`, joined into one buffer first otherwise.
+        """
+        if hasattr(data, "ptrs"):
+            if self.restores_segments:
+                return self._state_set_segments(seq, data)
+            data = data.join()
         if self.state_layout == seqstate.PORTABLE:
             data = seqstate.from_portable(data, self.n_stream)
             if data is None:
@@ -395,6 +406,22 @@ class Backend:
         except TypeError:  # read-only bytes
             buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         n = C.llama_state_seq_set_data(self.ctx, buf, len(data), seq)
+        if n == 0:
+            self.seq_clear(seq)
+            return False
+        return True
+
+    def _state_set_segments(self, seq: int, data) -> bool:
+        ptrs, sizes, keep = data.ptrs, data.sizes, []
+        if self.state_layout == seqstate.PORTABLE:
+            conv = seqstate.from_portable_segments(ptrs, sizes, self.n_stream)
+            if conv is None:
+                return False
+            ptrs, sizes, keep = conv
+        assert ptrs.dtype == bindings.np.uint64 and sizes.dtype == bindings.np.uint64 and ptrs.shape == sizes.shape
+        self.seq_clear(seq)
+        n = bindings.state_set_segments_fn()(self.ctx, ptrs.ctypes.data, sizes.ctypes.data, len(ptrs), seq, 0)
+        del keep
         if n == 0:
             self.seq_clear(seq)
             return False

@@ -71,3 +71,30 @@ def from_portable(data, n_stream: int):
     _U32.pack_into(out, HEAD, n_stream)
     out[HEAD + 4:len(data)] = view[HEAD + 4:]
     return out
+
+
+def from_portable_segments(ptrs, sizes, n_stream: int):
+    """:func:`from_portable` for a state given as pieces (uint64 ``ptrs``/``sizes`` arrays, as
+    :class:`ollapy.cache.kvsegments.StateSegments` holds them): ``(ptrs, sizes, keep)``, or None when not portable.
+
+    The first piece must hold at least the header and the stream count (12 bytes). With one stream the pieces
+    are used as they are; otherwise the first piece is copied with the count rewritten, and the empty streams
+    are one more piece at the end. ``keep`` owns the memory of the pieces written here.
+    """
+    import ctypes
+
+    import numpy as np
+
+    if len(ptrs) == 0 or int(sizes[0]) < HEAD + 4:
+        return None
+    first = bytearray(ctypes.string_at(int(ptrs[0]), int(sizes[0])))
+    if _U32.unpack_from(first, 0)[0] != MAGIC or _U32.unpack_from(first, HEAD)[0] != 1:
+        return None
+    if n_stream == 1:
+        return ptrs, sizes, []
+    _U32.pack_into(first, HEAD, n_stream)
+    empty = bytearray(4 * (n_stream - 1))
+    keep = [np.frombuffer(first, np.uint8), np.frombuffer(empty, np.uint8)]
+    new_ptrs = np.concatenate([[keep[0].ctypes.data], ptrs[1:], [keep[1].ctypes.data]]).astype(np.uint64)
+    new_sizes = np.concatenate([sizes[:1], sizes[1:], [len(empty)]]).astype(np.uint64)
+    return new_ptrs, new_sizes, keep
