@@ -60,9 +60,10 @@ def _bind(m: LoadedModel, root):
     return cache
 
 
-def _decoded(last) -> int:
-    """Generated tokens whose KV a finished request holds: all but a token sampled at the num_predict limit."""
-    return last.metrics.eval_count - (last.done_reason == "length")
+def _decoded(m: LoadedModel, last) -> int:
+    """Generated tokens whose KV a finished request holds: all of them, a token sampled at the num_predict limit
+    too (one more decode row before the state is kept), except on a sliding-window model."""
+    return last.metrics.eval_count - (last.done_reason == "length" and m.backend.n_swa > 0)
 
 
 @pytest.mark.parametrize("model_fixture", ["smollm2_path", "gemma_path"])
@@ -87,7 +88,7 @@ def test_turn_three_from_the_cache_equals_turn_three_cold(request, tmp_path, mod
                 text, last = m.submit(p, OPTS).result()
                 if turn == 1:
                     asked = len(p.tokens)
-                    held = asked + _decoded(last)  # what turn 2's finished state holds
+                    held = asked + _decoded(m, last)  # what turn 2's finished state holds
                 if turn == 2:
                     # the restored prefix reaches into turn 2's answer (the old rule stops before its prompt's end)
                     reused = last.metrics.prompt_cache_tokens
@@ -141,7 +142,7 @@ def test_the_next_turn_prefills_only_the_new_message_and_its_turn_markers(tmp_pa
         b.close()
     with live_api(tmp_path, smollm2_path, {"smol": {}}) as api:
         msgs = [{"role": "system", "content": "You are a brief assistant."}]
-        prev = None
+        prev, cut = None, []
         for n, q in enumerate(questions):
             msgs.append({"role": "user", "content": q})
             r = httpx.post(api.url + "/api/chat", timeout=300, json={
@@ -150,12 +151,13 @@ def test_the_next_turn_prefills_only_the_new_message_and_its_turn_markers(tmp_pa
             assert r.status_code == 200, r.text
             out = r.json()
             if prev is not None:
-                # the previous answer's last token was never evaluated when num_predict cut it off
-                extra = prev["done_reason"] == "length"
-                assert out["prompt_cache_tokens"] == prev["prompt_eval_count"] + prev["eval_count"] - extra, (n, out)
-                assert out["prompt_eval_count"] - out["prompt_cache_tokens"] == expected[n] + extra, (n, out)
+                # the whole previous answer, the token a num_predict cut left too (decoded before the state is kept)
+                assert out["prompt_cache_tokens"] == prev["prompt_eval_count"] + prev["eval_count"], (n, out)
+                assert out["prompt_eval_count"] - out["prompt_cache_tokens"] == expected[n], (n, out)
+            cut.append(out["done_reason"] == "length")
             msgs.append({"role": "assistant", "content": out["message"]["content"]})
             prev = out
+        assert any(cut[:-1]), cut  # at least one answer cut by num_predict was continued
 
 
 def _reused(stderr: bytes) -> int:
@@ -219,3 +221,41 @@ def test_info_says_no_on_a_stock_build(tmp_path, monkeypatch):
         assert system_report("off")["answer_reuse"] == "no (stock build)"
     finally:
         bindings.patch_marker.cache_clear()
+
+
+def test_a_continued_turn_writes_one_state_and_reaches_the_disk(smollm2_path, tmp_path):
+    """A turn that continues from its slot's KV (the previous turn's finished state, RAM-only) writes one state:
+    its own turn end, a save point that extends the finished state. Writing the finished state first as well
+    (promoting it on reuse) wrote the same tail twice each turn (issue 36's 10-turn row). The conversation still
+    reaches the disk: a new cache on the directory (a new process) restores the last turn's prompt."""
+    opts = OPTS.merged({"num_ctx": 2048})
+    m = LoadedModel(smollm2_path, opts)
+    try:
+        cache = _bind(m, tmp_path)
+        system = " ".join(f"Rule {i}: answer politely and briefly, rule number {i}." for i in range(12))
+        msgs = [{"role": "system", "content": system}]
+        per_turn = []
+        for turn in range(3):  # each turn more than a block (256 tokens) past the last: worth promoting
+            notes = " ".join(f"Note {turn}.{i}: the reader borrowed volume {turn * 7 + i} on day {i}." for i in range(24))
+            msgs.append({"role": "user", "content": f"{notes} Which volume did I borrow last?"})
+            p = m.chat_prompt(msgs)
+            before = cache.stats.snapshot()
+            text, last = m.submit(p, opts).result()
+            cache.flush()
+            after = cache.stats.snapshot()
+            per_turn.append((after.files_written - before.files_written, last.metrics.prefix_source))
+            msgs.append({"role": "assistant", "content": text})
+        # turn 1: the system prompt and nothing else persisted (the one-off answer stays in RAM); turns 2, 3:
+        # continued from the slot, one state each (the previous turn's end, answer included)
+        assert per_turn == [(1, "none"), (1, "slot"), (1, "slot")], per_turn
+        cache.flush()
+        fresh = _bind(m, tmp_path)  # as a new process sees the directory
+        fresh.refresh()
+        _clear(m)
+        _, last = m.submit(p, opts).result()
+        # everything up to the last turn's user message: turn 2's end, answer included, was written by turn 3
+        assert last.metrics.prefix_source == "cache disk", last.metrics
+        assert max(p.save_points) - 4 <= last.metrics.prompt_cache_tokens <= max(p.save_points), (p.save_points,
+                                                                                                   last.metrics)
+    finally:
+        m.close()

@@ -127,7 +127,7 @@ class FakeCache:
     def record_corrupt(self, hit):
         self.events.append("corrupt")
 
-    def record_hit(self, hit):
+    def record_hit(self, hit, promote=True):
         self.events.append("hit")
 
     def record_refused(self, hit):
@@ -136,8 +136,8 @@ class FakeCache:
     def record_miss(self):
         self.events.append("miss")
 
-    def record_reuse(self, tokens, n_tokens):
-        self.events.append("reuse")
+    def record_reuse(self, tokens, n_tokens, promote=True):
+        self.events.append("reuse" if promote else "reuse-no-promote")
 
     def store(self, tokens, get_state, pinned=False, persist=False, state_size=None):
         self.stored.append((len(tokens), persist))

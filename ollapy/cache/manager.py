@@ -350,8 +350,9 @@ class BoundCache(StateIntake, EntryCatalog):
                 return hit
             bad.add(cand.entry.name)
 
-    def record_hit(self, hit: Hit) -> None:
-        """The engine restored ``hit``: count it, mark the entry used, keep it in RAM, promote it on reuse."""
+    def record_hit(self, hit: Hit, promote: bool = True) -> None:
+        """The engine restored ``hit``: count it, mark the entry used, keep it in RAM, promote it on reuse
+        (``promote`` False: the request writes a longer state of this prefix at a save point itself)."""
         e = hit.entry
         with self._lock:
             e.hits += 1
@@ -366,7 +367,7 @@ class BoundCache(StateIntake, EntryCatalog):
             else:
                 self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
             on_disk = e.on_disk
-            if not on_disk and not e.pending and e.payload is not None \
+            if promote and not on_disk and not e.pending and e.payload is not None \
                     and self.policy.worth_promoting(self.index, e, hit.n_tokens):
                 log.debug("prompt cache: promoting %s (%d tokens reused) to disk", e.name, hit.n_tokens)
                 self._persist(e, e.payload, self._replaced(e, True))
@@ -374,9 +375,10 @@ class BoundCache(StateIntake, EntryCatalog):
             self.disk.writer.submit(lambda _check: self.disk.touch(e), counts_as_state=False)
         hit.payload = None
 
-    def record_reuse(self, tokens: list[int], n_tokens: int) -> None:
+    def record_reuse(self, tokens: list[int], n_tokens: int, promote: bool = True) -> None:
         """A slot served ``tokens[:n_tokens]`` from its own KV: the RAM-only entry sharing most of that prefix
-        is marked used and promoted to disk when the policy says it is worth it (as :meth:`record_hit` does).
+        is marked used and promoted to disk when the policy says it is worth it (as :meth:`record_hit` does)
+        and ``promote`` is True.
 
         With answer reuse a continuing conversation never passes its previous turn's save point (the slot
         holds the answer too), so this is how the finished turn's state reaches the disk."""
@@ -385,7 +387,8 @@ class BoundCache(StateIntake, EntryCatalog):
             if e is None:
                 return
             e.last_used = time.time()
-            if e.pending or self.entries.get(e.name) is not e or not self.policy.worth_promoting(self.index, e, n):
+            if not promote or e.pending or self.entries.get(e.name) is not e \
+                    or not self.policy.worth_promoting(self.index, e, n):
                 return
             log.debug("prompt cache: promoting %s (%d tokens reused by a slot) to disk", e.name, n)
             self._persist(e, e.payload, self._replaced(e, True))

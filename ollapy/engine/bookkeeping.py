@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from ollapy.engine.request import Chunk
 from ollapy.engine.sampler import token_logprob
+from ollapy.engine.slot import SlotState
 
 if TYPE_CHECKING:
     from ollapy.engine.backend.context import Backend
@@ -97,25 +98,39 @@ class SlotBookkeeping:
             self._finish(s, "stop", flush=False)
             return True
         if limit >= 0 and req.metrics.eval_count >= limit:
-            self._finish(s, "length")
+            if self._keeps_answer(s):  # decode the last token first (one more row), so the state holds it
+                s.pending, s.state, s.t_done = tok, SlotState.FINISH, time.perf_counter_ns()
+            else:
+                self._finish(s, "length", last=tok)
             return True
         s.pending = tok
         self.spec.accept(s.id, tok)
         return False
 
-    def _finish(self, s: Slot, reason: str, flush: bool = True) -> None:
+    def _keeps_answer(self, s: Slot) -> bool:
+        """True when the state ``s`` leaves will be saved with its answer (answer reuse, the cache on for the
+        request, every cell exact): then the token a ``num_predict`` cut leaves undecoded is worth one more decode
+        row, or the next turn prefills it again. Not for a sliding-window model: its state serves only whole, and a
+        template that strips the answer's end (Gemma's trims a final newline) would leave it unusable."""
+        if self.cache is None or not s.request.cache or not self.answer_reuse or s.exact < len(s.tokens):
+            return False
+        return not self.backend.n_swa
+
+    def _finish(self, s: Slot, reason: str, flush: bool = True, last: int = -1) -> None:
+        """End ``s``'s request: its final chunk carries ``reason``, the metrics and the context (every prompt and
+        output token: the slot's cells and ``last``, an output token no cell holds); the exact state is saved."""
         req = s.request
         tail = ""
         if flush:
             tail = s.detok.flush()
             emit, stopped = s.stops.feed(tail) if tail else ("", False)
             tail = emit + ("" if stopped else s.stops.flush())
-        now = time.perf_counter_ns()
+        now = s.t_done or time.perf_counter_ns()  # a FINISH step's decode is not the answer's time
         m = req.metrics
         if s.t_first:
             m.eval_duration = now - s.t_first
         m.total_duration = now - req.created_ns + m.load_duration
-        context = list(s.tokens)
+        context = list(s.tokens) + ([last] if last >= 0 else [])
         matched = s.stops.matched if reason == "stop" and s.stops is not None else None
         self._trim_inexact(s)
         self._save(s, pinned=req.pin, persist=req.pin)

@@ -349,7 +349,12 @@ class Engine(SlotBookkeeping):
         in_batch: list[Slot] = []
         drafts = self._plan_drafts(active) if self.spec.active else {}
         for s in active:
-            if s.state is SlotState.GENERATE:
+            if s.state is SlotState.FINISH:
+                if len(s.tokens) + 1 > self.num_ctx:  # no cell left for it: end without it
+                    self._finish(s, "length")
+                    continue
+                tok = s.pending
+            elif s.state is SlotState.GENERATE:
                 if len(s.tokens) + 1 > self.num_ctx and not make_room(self, s):
                     continue
                 if s.state is not SlotState.GENERATE:  # re-prefill after a non-shiftable overflow
@@ -393,7 +398,9 @@ class Engine(SlotBookkeeping):
                     req.metrics.prompt_eval_duration = now - s.t_start
                     s.t_first = now
                 s.state = SlotState.GENERATE
-            if s.draft:
+            if s.state is SlotState.FINISH:  # its row's KV is kept; nothing more is sampled
+                self._finish(s, "length")
+            elif s.draft:
                 self._verify(s)
             else:
                 self._emit(s, self._sample(s, s.batch_row))
@@ -431,7 +438,7 @@ class Engine(SlotBookkeeping):
     # ---- slot assignment --------------------------------------------------------------------
     def _drop_cancelled(self) -> None:
         for s in self.slots:
-            if s.busy and s.request.cancelled:
+            if s.busy and s.request.cancelled and s.state is not SlotState.FINISH:  # FINISH ends this step
                 s.request.cancelled_in = s.state.value
                 self._fail(s, Cancelled("request cancelled"))
         if not self._waiting:  # the common case, read without the lock: submit() only appends

@@ -32,6 +32,7 @@ class SlotState(enum.Enum):
     IDLE = "idle"
     PREFILL = "prefill"
     GENERATE = "generate"
+    FINISH = "finish"  # the answer's last token (cut by num_predict) is decoded for the saved state, then it ends
 
 
 @dataclass
@@ -55,6 +56,7 @@ class Slot:
     batch_row: int = -1
     draft: list[int] = field(default_factory=list)  # drafted tokens verified in this step (engine/speculation.py)
     exact: int = 0
+    t_done: int = 0  # when the request's last token was handed over (a FINISH step follows)
 
     @property
     def usable(self) -> list[int]:
@@ -84,6 +86,7 @@ class Slot:
         self.stops = StopMatcher(req.options.stop)
         self.t_start = time.perf_counter_ns()
         self.t_first = 0
+        self.t_done = 0
         self.pending = -1
 
     def release(self) -> None:

@@ -24,6 +24,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("ollapy.engine")
 
 
+def persists_beyond(req: Request, reuse: int) -> bool:
+    """True when ``req`` has a save point after its first ``reuse`` tokens while the cache is on for it.
+
+    Save points are written to disk when the prefill reaches them, and each one's tokens extend the reused
+    prefix, so a RAM-only state of that prefix need not be written first: one write of the longer state instead
+    of two nearly alike (the previous turn's finished state, then the turn's end a few template tokens later).
+    """
+    return req.cache and any(p > reuse for p in req.save_points)
+
+
 class SlotAssigner:
     """Puts waiting requests into idle slots of ``engine`` (its backend, slots, cache and speculator)."""
 
@@ -62,6 +72,8 @@ class SlotAssigner:
             return None, None
         return cand, CacheOffer(cand.n_tokens, cand.nbytes, cand.tier)
 
+    promote = True  # whether the state a request reuses is worth writing to disk now (persists_beyond)
+
     def start(self, req: Request, idle: list[Slot]) -> None:
         """Plan the request's one prefix source (:func:`plan_prefix`), apply it, and start its prefill."""
         b = self.engine.backend
@@ -85,6 +97,7 @@ class SlotAssigner:
             if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
                 excluded.add(cand.name)  # not worth its bytes: a shorter saved prefix (a smaller state) may be
                 continue
+            self.promote = not persists_beyond(req, self._canonical(plan.reuse, len(prompt)))
             if self._apply(plan, prompt, cand):
                 break
             excluded.add(cand.name)  # unreadable or refused: plan again without it
@@ -106,8 +119,8 @@ class SlotAssigner:
         # seq_pos_max + 1 == len(tokens); not yet asserted for SWA models: after a Gemma checkpoint restore
         # llama.cpp reported an empty sequence for a slot holding 1024 tokens (test_cache_exactness, gemma_partial)
         slot.check(None if b.n_swa else b.seq_pos_max(slot.id) + 1)
-        if use_cache and reuse and plan.kind in ("slot", "copy"):
-            self.engine.cache.record_reuse(prompt, reuse)  # a RAM-only state of this prefix reaches the disk
+        if use_cache and reuse and plan.kind in ("slot", "copy"):  # a RAM-only state of this prefix reaches the
+            self.engine.cache.record_reuse(prompt, reuse, promote=not persists_beyond(req, reuse))  # disk
         req.metrics.prompt_eval_count = len(prompt)
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
@@ -149,5 +162,5 @@ class SlotAssigner:
             slot.tokens = list(hit.tokens)
             slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
             self.joined = getattr(hit, "n_blocks", 0)
-            self.engine.cache.record_hit(hit)
+            self.engine.cache.record_hit(hit, promote=self.promote)
         return True

@@ -84,8 +84,9 @@ class PrefixSource(Protocol):
         ``defer_check``: verify the checksum beside the restore (see :meth:`PrefixHit.verified`)."""
         ...
 
-    def record_hit(self, hit: PrefixHit) -> None:
-        """``hit`` was restored and is used."""
+    def record_hit(self, hit: PrefixHit, promote: bool = True) -> None:
+        """``hit`` was restored and is used. ``promote`` False: the request will store a longer state of this
+        prefix to disk itself (a save point beyond it), so a RAM-only ``hit`` need not be written first."""
         ...
 
     def record_refused(self, hit: PrefixHit) -> None:
@@ -100,10 +101,11 @@ class PrefixSource(Protocol):
         """No candidate was offered for a request."""
         ...
 
-    def record_reuse(self, tokens: list[int], n_tokens: int) -> None:
+    def record_reuse(self, tokens: list[int], n_tokens: int, promote: bool = True) -> None:
         """A slot's own KV (or a copy of another slot's) served the first ``n_tokens`` of ``tokens`` without a
         restore. A saved RAM-only state of that prefix counts as reused: a conversation that continues this way
-        still reaches the disk (where a new process finds it), as a restored one does."""
+        still reaches the disk (where a new process finds it), as a restored one does, unless ``promote`` is
+        False (the request persists a longer state of the prefix at a later save point)."""
         ...
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
