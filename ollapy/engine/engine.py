@@ -351,7 +351,7 @@ class Engine(SlotBookkeeping):
         for s in active:
             if s.state is SlotState.FINISH:
                 if len(s.tokens) + 1 > self.num_ctx:  # no cell left for it: end without it
-                    self._finish(s, "length")
+                    self._finish(s, "length", last=s.pending)
                     continue
                 tok = s.pending
             elif s.state is SlotState.GENERATE:

@@ -72,8 +72,6 @@ class SlotAssigner:
             return None, None
         return cand, CacheOffer(cand.n_tokens, cand.nbytes, cand.tier)
 
-    promote = True  # whether the state a request reuses is worth writing to disk now (persists_beyond)
-
     def start(self, req: Request, idle: list[Slot]) -> None:
         """Plan the request's one prefix source (:func:`plan_prefix`), apply it, and start its prefill."""
         b = self.engine.backend
@@ -97,8 +95,8 @@ class SlotAssigner:
             if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
                 excluded.add(cand.name)  # not worth its bytes: a shorter saved prefix (a smaller state) may be
                 continue
-            self.promote = not persists_beyond(req, self._canonical(plan.reuse, len(prompt)))
-            if self._apply(plan, prompt, cand):
+            if self._apply(plan, prompt, cand, promote=not persists_beyond(req, self._canonical(plan.reuse,
+                                                                                                len(prompt)))):
                 break
             excluded.add(cand.name)  # unreadable or refused: plan again without it
         if use_cache and offer is None and not excluded:
@@ -134,8 +132,9 @@ class SlotAssigner:
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)
 
-    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None) -> bool:
-        """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used."""
+    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None, promote: bool = True) -> bool:
+        """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used.
+        ``promote``: whether a restored RAM-only state is worth writing to disk now (:func:`persists_beyond`)."""
         b = self.engine.backend
         slot = self.engine.slots[plan.slot]
         if plan.kind == "copy":
@@ -162,5 +161,5 @@ class SlotAssigner:
             slot.tokens = list(hit.tokens)
             slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
             self.joined = getattr(hit, "n_blocks", 0)
-            self.engine.cache.record_hit(hit, promote=self.promote)
+            self.engine.cache.record_hit(hit, promote=promote)
         return True
