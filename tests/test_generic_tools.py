@@ -42,6 +42,15 @@ ANSWERS = [
     ('{"tool_call": {"name": "rm_rf", "arguments": {}}}', '{"tool_call": {"name": "rm_rf", "arguments": {}}}', []),
     ("plain words", "plain words", []),
     ('{"response": "cut sho', "cut sho", []),  # cut inside the response: what was written
+    # a tool_calls array cut short: the calls it completed, the cut one dropped (llama.cpp's partial parse)
+    ('{ "tool_calls": [ { "name": "get_time", "arguments": {}}, { "name": "get_weather", "arguments": { "city": "Ro',
+     "", [("get_time", {})]),
+    ('{"tool_calls": [{"name": "get_time", "arguments": {}} , {"name": "get_time", "arguments": {}}, {"na',
+     "", [("get_time", {}), ("get_time", {})]),
+    ('{"tool_calls": [{"name": "get_time", "arguments": {}}]', "", [("get_time", {})]),  # cut before the last }
+    ('{"tool_calls": [{"name": "get_time", "argu', '{"tool_calls": [{"name": "get_time", "argu', []),  # none ends
+    ('{"tool_calls": [{"name": "rm_rf", "arguments": {}}, {"na', '{"tool_calls": [{"name": "rm_rf", "arguments": {}}, {"na',
+     []),  # a complete call to no tool of the request: content, as a whole answer of it would be
 ]
 
 

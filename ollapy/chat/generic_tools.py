@@ -11,8 +11,11 @@ with minja's polyfills for the history), and so does ollapy:
   ``{"tool_call": {"name", "arguments"}}``, ``{"tool_calls": [{"name", "arguments"}, ...]}`` (when parallel
   calls are allowed) or ``{"response": "..."}`` (not when a call is forced);
 * :class:`GenericCallParser` turns that JSON back into calls or content, streaming the ``response`` string as
-  it is generated. Text that is not one of these forms (cut short by ``num_predict``, say) is returned as
-  content, unchanged: nothing the model wrote is dropped.
+  it is generated. A ``tool_calls`` array cut short (by ``num_predict``, say) gives the calls it completed, the
+  cut one dropped, as llama.cpp's server does: its final parse after a length or stop-word cut is a *partial*
+  parse (``is_partial = stop != STOP_TYPE_EOS``), which keeps the calls already read. Other text that is not one
+  of these forms (a single ``tool_call`` or an array cut before its first call ends) is returned as content,
+  unchanged.
 * the answer as the model wrote it is remembered (:func:`remember_answer`, by its calls' ids, or by the
   ``response`` text it gave), and the next request's history writes that text again where the client sends
   the answer back (:func:`recalled_answer`): the grammar leaves the model its own spacing (``{ "tool_call": ...``),
@@ -176,7 +179,8 @@ class GenericCallParser:
     ``{"response": "..."}`` streams its string as content while it is generated (escapes decoded, a partial
     escape held back); a non-string ``response`` (a request's JSON schema) is content as JSON text.
     ``{"tool_call": {...}}`` / ``{"tool_calls": [...]}`` are calls (to ``tool_names`` only, when given), decided
-    at the end. Anything else (not JSON, cut short, another shape) is content, exactly as written. ``ids``:
+    at the end; a ``tool_calls`` array cut short gives the calls it completed (:func:`complete_calls`). Anything
+    else (not JSON, cut short, another shape) is content, exactly as written. ``ids``:
     every call gets an id (the model's ``id`` when it wrote one, else ``call_<8 hex>``, reproducible with
     ``seed``). Never raises on model text.
     """
@@ -276,6 +280,11 @@ class GenericCallParser:
             calls = self._calls(items) if isinstance(items, list) and items else None
             if calls:
                 return "", calls
+        elif value is None and (items := complete_calls(text)):
+            calls = self._calls(items)
+            if calls:
+                log.debug("generic tool calls: a tool_calls array cut short, %d complete call(s) kept", len(calls))
+                return "", calls
         log.debug("generic tool calls: not a call or a response, kept as content: %.80r", text)
         return text, []
 
@@ -299,6 +308,38 @@ class GenericCallParser:
                 call_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else self._new_id()
             out.append(ToolCall(item["name"], args, call_id))
         return out
+
+
+_CALLS_HEAD = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
+_DECODER = json.JSONDecoder()
+
+
+def complete_calls(text: str) -> list | None:
+    """The items of a ``{"tool_calls": [...]}`` answer that is not whole JSON (cut short) which the model wrote to
+    their end: the array's leading complete items, up to the first one that does not end (dropped, with all after
+    it); None when ``text`` does not open such an array or completes none of its items.
+
+    llama.cpp's server returns these calls after a length cut (its partial parse keeps the calls it read; it also
+    keeps a last call cut inside its arguments, with the arguments cut, which a client could not run: dropped
+    here)."""
+    m = _CALLS_HEAD.match(text)
+    if not m:
+        return None
+    items, pos = [], m.end()
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        try:
+            item, pos = _DECODER.raw_decode(text, pos)
+        except ValueError:
+            break
+        items.append(item)
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1
+        if text[pos:pos + 1] != ",":
+            break
+        pos += 1
+    return items or None
 
 
 def _hex(text: str) -> int:
