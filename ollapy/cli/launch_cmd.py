@@ -22,7 +22,11 @@ conversation before it overflows, and the output it may ask for is bounded to wh
   (after ``exec`` when ARGS start with it), and ``CODEX_HOME`` outside the temporary directory (Codex refuses
   one there: a ``CODEX_HOME`` or ``HOME`` under it is replaced by one under ollapy's data directory). Codex 0.171
   has no setting for its output budget (``model_max_output_tokens`` is gone): the auto-compact limit leaves
-  :func:`output_bound` tokens of the context free instead.
+  :func:`output_bound` tokens of the context free instead. Nor one for parallel calls: it always sends
+  ``parallel_tool_calls: true`` (``ollama launch codex`` writes a ``model_catalog_json`` entry with
+  ``supports_parallel_tool_calls: false``, a field Codex 0.171's model metadata no longer has and drops; only its
+  internal ``use_responses_lite`` turns the flag off, and with it the request carries no ``tools``), so no
+  catalog is written.
 * opencode (``opencode``, npm ``opencode-ai``), as ``ollama launch opencode``: a provider ``ollapy`` of
   ``@ai-sdk/openai-compatible`` pointing at ``/v1``, with the model and its ``limit`` (context and output), given
   in ``OPENCODE_CONFIG_CONTENT`` (opencode merges it over the user's own configuration; no file is written), and
