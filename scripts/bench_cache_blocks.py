@@ -4,11 +4,17 @@ Per model (SmolLM2 and Gemma 3 by default), greedy, ``num_ctx`` 8192, ``num_pred
 fresh server with an empty cache directory:
 
 * **one conversation of 10 turns** (a ~2,600-token system prompt, +~430 tokens a turn): bytes written to the
-  disk tier (``ollapy_prompt_cache_written_bytes``) <= 1.25x the final state's bytes (the last prompt's
-  tokens times the model's KV bytes per token, read from a saved entry);
+  disk tier <= 1.25x the final state's bytes (the last prompt's cells plus a state's window, read from the
+  largest saved entry: :class:`KvSize`);
 * **10 conversations x 3 turns sharing that system prompt**: bytes written <= 1.5x, and bytes held on disk
   (entry and block files after a clean shutdown) and in RAM (``ollapy_prompt_cache_bytes{tier="ram"}``)
-  each <= 1.5x the distinct tokens' KV (the system prompt once plus each conversation's own tokens);
+  each <= 1.5x the distinct tokens' KV: the system prompt's cells once plus each conversation's own, and, on a
+  sliding-window model, the in-window cells of the 11 states the workload must keep to resume (the system
+  prompt's end and each conversation's end: llama.cpp keeps a sliding-window layer's cells only in its
+  window, so a state carries them whatever its length; ~0 bytes on a model without a window);
+
+Bytes written are the server's own counters (``bytes_written``) as persisted under its cache directory at shutdown,
+so the writes a clean shutdown makes (deferred interim states, :mod:`ollapy.cache.policy`) are counted.
 * **next turn evaluates only the new message**: over turns 2-10 of the first workload,
   ``prompt_eval_count - prompt_cache_tokens`` against the new message and its template tokens
   (``prompt_eval_count`` of the turn minus the previous turn's prompt and answer tokens); holds only where
@@ -120,16 +126,47 @@ class Server:
             self.proc.kill()
 
 
-def _kv_per_token(cache: Path) -> float:
-    """KV bytes per token of the largest saved entry (its whole state's bytes over its tokens)."""
+@dataclasses.dataclass(frozen=True)
+class KvSize:
+    """A model's KV bytes, read from its largest saved entry: ``per_token`` (the whole state over its tokens),
+    ``per_cell`` (a cell of the blocks: the full-attention layers) and ``window`` (what a state holds besides its
+    tokens' cells: a sliding-window model's in-window cells, about 0 elsewhere)."""
+
+    per_token: float
+    per_cell: float
+    window: float
+
+    def state(self, tokens: int) -> float:
+        """Bytes of one state of ``tokens`` tokens."""
+        return tokens * self.per_cell + self.window
+
+
+def _kv_size(cache: Path) -> KvSize:
     from ollapy.cache.diskcap import iter_state_files
     from ollapy.cache.fileformat import read_header
 
-    best = (0, 0)
+    best = None
     for p, *_ in iter_state_files(cache):
         h = read_header(p)
-        best = max(best, (len(h.tokens), h.state_len or h.payload_len))
-    return best[1] / best[0] if best[0] else 0.0
+        key = (len(h.tokens), h.state_len or h.payload_len)
+        if best is None or key > best[0]:
+            best = (key, h)
+    if best is None:
+        return KvSize(0.0, 0.0, 0.0)
+    (n, total), h = best
+    cells = len(h.blocks) * h.block_tokens
+    if not cells:
+        return KvSize(total / n, total / n, 0.0)
+    per_cell = (total - h.payload_len) / cells
+    return KvSize(total / n, per_cell, max(0.0, total - n * per_cell))
+
+
+def _written(cache: Path) -> float:
+    """Bytes the server process wrote to the disk tier, its shutdown's deferred writes included (the counters it
+    persisted under its cache directory)."""
+    from ollapy.cache.stats import aggregate
+
+    return float(aggregate(cache, compact=False)["bytes_written"])
 
 
 def one_conversation(tmp: Path, path: Path, tag: str) -> tuple[list, list[dict]]:
@@ -145,17 +182,18 @@ def one_conversation(tmp: Path, path: Path, tag: str) -> tuple[list, list[dict]]
             r = s.chat(msgs)
             replies.append(r)
             msgs.append({"role": "assistant", "content": r["message"]["content"]})
-        written = s.metric("ollapy_prompt_cache_written_bytes")
+        live = s.metric("ollapy_prompt_cache_written_bytes")
     finally:
         s.stop()
-    kv = _kv_per_token(s.cache)
-    final = replies[-1]["prompt_eval_count"] * kv
+    written = _written(s.cache)
+    kv = _kv_size(s.cache)
+    final = kv.state(replies[-1]["prompt_eval_count"])
     ratio = written / final if final else float("inf")
     u = block_usage(s.cache)
-    detail = (f"{written / 1e6:.0f} MB written vs final state {final / 1e6:.0f} MB "
-              f"({replies[0]['prompt_eval_count']} -> {replies[-1]['prompt_eval_count']} prompt tokens, "
-              f"{kv:.0f} B/token); disk: {u['entries']} entries, {u['blocks']} blocks, "
-              f"{u['held_bytes'] / 1e6:.0f} MB held, dedupe {u['dedupe_ratio']}x")
+    detail = (f"{written / 1e6:.0f} MB written ({live / 1e6:.0f} MB before shutdown) vs final state "
+              f"{final / 1e6:.0f} MB ({replies[0]['prompt_eval_count']} -> {replies[-1]['prompt_eval_count']} "
+              f"prompt tokens, {kv.per_cell:.0f} B/cell + {kv.window / 1e6:.1f} MB window); disk: {u['entries']} "
+              f"entries, {u['blocks']} blocks, {u['held_bytes'] / 1e6:.0f} MB held, dedupe {u['dedupe_ratio']}x")
     rows = [(f"{tag}: 1 conversation x 10 turns, bytes written", f"{ratio:.2f}x", detail,
              f"<= {WRITE_ONE_MAX}x final state", ratio <= WRITE_ONE_MAX)]
     extra = []
@@ -183,17 +221,23 @@ def shared_system(tmp: Path, path: Path, tag: str, sys_tokens: int) -> list:
                 r = s.chat(msgs)
                 last[i] = r
                 msgs.append({"role": "assistant", "content": r["message"]["content"]})
-        written = s.metric("ollapy_prompt_cache_written_bytes")
         ram = s.metric("ollapy_prompt_cache_bytes", tier="ram")
     finally:
         s.stop()
+    written = _written(s.cache)
     disk = disk_usage(s.cache)["disk_bytes"]
-    kv = _kv_per_token(s.cache)
+    kv = _kv_size(s.cache)
     distinct_tokens = sys_tokens + sum(r["prompt_eval_count"] + r["eval_count"] - sys_tokens for r in last)
-    distinct = distinct_tokens * kv
+    # each distinct token's cells once, plus the window of each state a workload must keep to resume: the
+    # system prompt's and each conversation's end (11 windows; ~0 bytes on a model without a sliding window)
+    ends = 1 + len(last)
+    distinct = distinct_tokens * kv.per_cell + ends * kv.window
     w, d, m = written / distinct, disk / distinct, ram / distinct
-    detail = (f"distinct KV {distinct / 1e6:.0f} MB ({distinct_tokens} tokens, system prompt {sys_tokens}); "
-              f"written {written / 1e6:.0f} MB, disk {disk / 1e6:.0f} MB, RAM {ram / 1e6:.0f} MB")
+    detail = (f"distinct KV {distinct / 1e6:.0f} MB ({distinct_tokens} tokens x {kv.per_cell:.0f} B/cell"
+              + (f" + {ends} windows x {kv.window / 1e6:.1f} MB" if kv.window > 1e5 else "")
+              + f"; system prompt {sys_tokens}); written {written / 1e6:.0f} MB, disk {disk / 1e6:.0f} MB, "
+              f"RAM {ram / 1e6:.0f} MB; the old measure (tokens x {kv.per_token:.0f} B/token of the largest state) "
+              f"{distinct_tokens * kv.per_token / 1e6:.0f} MB")
     return [(f"{tag}: 10 conversations x 3 turns, bytes written", f"{w:.2f}x", detail,
              f"<= {WRITE_SHARED_MAX}x distinct KV", w <= WRITE_SHARED_MAX),
             (f"{tag}: 10 conversations x 3 turns, held on disk", f"{d:.2f}x", "",

@@ -69,3 +69,46 @@ def test_shared_system_prompt_blocks_are_stored_once_and_restore_exactly(which, 
         finally:
             c2.close()
             m.engine.cache = None
+
+
+def test_a_gemma_conversation_writes_its_system_prompt_then_its_newest_save_point(gemma_path, tmp_path):
+    """Issue 36 item 7, on Gemma 3 (sliding window 512: each state carries ~8 MB of window): three turns past the
+    window write the system prompt's state at once and nothing else while the conversation goes on (its save points
+    and checkpoints supersede each other in RAM); closing the cache writes the newest one, and a new cache (a new
+    process) resumes the conversation from it, answering as a cold run."""
+    opts = Options(num_ctx=4096, num_parallel=1, temperature=0, num_predict=16)
+    with LoadedModel(gemma_path, opts) as m:
+        c = PromptCache(_Ref(m.path), opts, root=tmp_path).bind(m)
+        m.engine.cache = c
+        msgs = [{"role": "system", "content": SYSTEM}]
+        files = []
+        try:
+            for turn in range(3):
+                notes = " ".join(f"Note {turn}.{i}: volume {turn * 7 + i} was lent on day {i}." for i in range(30))
+                msgs.append({"role": "user", "content": f"{notes} Which volume was lent last?"})
+                text, last = m.submit(m.chat_prompt(msgs), opts).result()
+                c.disk.flush(60)
+                files.append(c.snapshot().files_written)
+                msgs.append({"role": "assistant", "content": text})
+            assert files == [1, 1, 1], files  # the system prompt's state only
+            assert c.snapshot().superseded >= 2
+        finally:
+            c.close()
+            m.engine.cache = None
+        u = block_usage(tmp_path)
+        assert u["entries"] == 2, u  # the system prompt and the conversation's newest save point
+        msgs.append({"role": "user", "content": "And which one came first?"})
+        prompt = m.chat_prompt(msgs)
+        _clear(m)
+        cold, _ = m.submit(prompt, opts, cache=False).result()
+        _clear(m)
+        c2 = PromptCache(_Ref(m.path), opts, root=tmp_path).bind(m)
+        m.engine.cache = c2
+        try:
+            warm, last = m.submit(prompt, opts).result()
+            assert last.metrics.prefix_source == "cache disk", last.metrics
+            assert last.metrics.prompt_cache_tokens > len(prompt.tokens) - 400, (last.metrics, len(prompt.tokens))
+            assert warm == cold
+        finally:
+            c2.close()
+            m.engine.cache = None

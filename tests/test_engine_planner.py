@@ -139,7 +139,7 @@ class FakeCache:
     def record_reuse(self, tokens, n_tokens, promote=True):
         self.events.append("reuse" if promote else "reuse-no-promote")
 
-    def store(self, tokens, get_state, pinned=False, persist=False, state_size=None):
+    def store(self, tokens, get_state, pinned=False, persist=False, state_size=None, interim=False):
         self.stored.append((len(tokens), persist))
 
     def close(self, timeout=120.0):

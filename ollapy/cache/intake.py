@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from ollapy.cache.blocks import Split
@@ -36,6 +37,7 @@ class StateIntake:
 
     block: int
     block_tokens: int
+    write_delay: float
     kv: object | None
     piece: Callable[[int], bytes] | None
     policy: AdmissionPolicy
@@ -56,12 +58,16 @@ class StateIntake:
         return h.hexdigest()
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
-              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
+              persist: bool = False, state_size: Callable[[], int] | None = None, interim: bool = False) -> None:
         """Save the state of ``tokens`` (``get_state`` is called now; a disk write happens later).
 
         ``persist`` (or ``pinned``) writes through to disk; otherwise the
         state stays in RAM until reuse proves it worth a file
-        (:mod:`ollapy.cache.policy`). Before the model's sha256 is known the
+        (:mod:`ollapy.cache.policy`). ``interim`` (with ``persist``): a
+        conversation's save point that its next turn is likely to extend; on a
+        model whose states serve only whole its write is deferred, and dropped
+        if a longer save point of the same chain comes first (write-behind, see
+        :mod:`ollapy.cache.policy`). Before the model's sha256 is known the
         state is kept aside in memory and indexed once it is. ``state_size``
         (optional) gives the state's bytes before anything is copied: a state
         no tier would take is never copied out of llama.cpp. The state is
@@ -94,7 +100,7 @@ class StateIntake:
         with self._lock:
             if self._closed:
                 return
-            self._insert(tokens, payload, split, pinned, persist)
+            self._insert(tokens, payload, split, pinned, persist, interim and not pinned)
 
     def _keep_early(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool, persist: bool) -> None:
         payload = get_state()
@@ -139,17 +145,25 @@ class StateIntake:
         replaced = self.policy.replaced_by(self.index, e.tokens, persist, e.pinned)
         return [r for r in replaced if not r.blocks] if e.blocks else replaced
 
-    def _insert(self, tokens: list[int], payload, split: Split | None, pinned: bool, persist: bool) -> None:
+    def _insert(self, tokens: list[int], payload, split: Split | None, pinned: bool, persist: bool,
+                interim: bool = False) -> None:
         e = Entry(name=self._name(tokens), tokens=tokens, nbytes=len(payload), pinned=pinned,
-                  preview=self._preview(tokens))
+                  preview=self._preview(tokens), interim=interim)
         if split is not None:
             e.blocks, e.block_tokens = tuple(split.names), self.block_tokens
         old = self.entries.get(e.name)
         if old is not None:
             self._forget(old)
         replaced = self._replaced(e, persist)
+        if persist:  # a longer save point of the chain: the interim and RAM-only states it extends go
+            for r in self.policy.superseded_by(self.index, tokens):
+                log.debug("prompt cache: %s (%d tokens) superseded by a save point of %d", r.name, len(r.tokens),
+                          len(tokens))
+                self.stats.add(superseded=1)
+                replaced.append(r)
         for r in replaced:
             r.superseded = True
+            r.due = 0.0
             self._forget(r)
         self.entries[e.name] = e
         self.index.add(e)
@@ -158,11 +172,38 @@ class StateIntake:
         else:
             self._ram_put(e, payload)
         self.stats.add(stores=1, bytes_stored=len(payload))
-        if persist:
+        if persist and self.policy.defers(e) and e.payload is not None:
+            e.due = time.monotonic() + self.write_delay  # written when due, evicted, or at close
+        elif persist:
             self._persist(e, e.payload if e.payload is not None else (split.tail if split else payload), replaced,
                           split.blocks if split is not None else None)
         elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
             self._forget(e)
+
+    def _write_deferred(self, e: Entry) -> None:
+        """Queue the deferred write of ``e`` now (under the lock): the interim states of its chain that reached the
+        disk before it are deleted once it is written."""
+        if e.due <= 0 or e.payload is None or self.entries.get(e.name) is not e:
+            e.due = 0.0
+            return
+        e.due = 0.0
+        older = [r for r in self.index.covered_by(e.tokens)
+                 if r.interim and r.persisted and not r.pinned and r is not e]
+        for r in older:
+            r.superseded = True
+            self._forget(r)
+        self._persist(e, e.payload, older)
+
+    def write_due(self, everything: bool = False) -> int:
+        """Queue the deferred writes that are due (``everything``: all of them, as at close); returns how many."""
+        if self.index is None:
+            return 0
+        now = time.monotonic()
+        with self._lock:
+            todo = [e for e in self.entries.values() if e.due > 0 and (everything or e.due <= now)]
+            for e in sorted(todo, key=lambda x: len(x.tokens)):
+                self._write_deferred(e)
+        return len(todo)
 
     def _persist(self, e: Entry, payload, replaced: list[Entry], blocks=None) -> None:
         if e.blocks and blocks is None:

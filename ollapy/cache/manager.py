@@ -52,7 +52,7 @@ from ollapy.cache.candidate import Candidate, Hit
 from ollapy.cache.catalog import EntryCatalog
 from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
 from ollapy.cache.intake import StateIntake
-from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
+from ollapy.cache.policy import INTERIM_WRITE_DELAY_S, WRITE_BACK_NEWEST, AdmissionPolicy
 from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
@@ -96,10 +96,11 @@ class PromptCache:
     def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
                  disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain,
                  write_back: bool = False, block_tokens: int = BLOCK_TOKENS, splitter=default_splitter,
-                 queue_bytes: int | None = None) -> None:
+                 queue_bytes: int | None = None, write_delay: float = INTERIM_WRITE_DELAY_S) -> None:
         """``block_tokens``: positions per KV block (a multiple of ``block``; 0 keeps every state whole);
         ``splitter``: a callable returning an object with ``split_state``/``join_state`` (the API of
-        :mod:`ollapy.cache.kvstate`), or None; ``queue_bytes``: the disk writer's byte budget."""
+        :mod:`ollapy.cache.kvstate`), or None; ``queue_bytes``: the disk writer's byte budget;
+        ``write_delay``: seconds a deferred interim write waits (:data:`~ollapy.cache.policy.INTERIM_WRITE_DELAY_S`)."""
         if block_tokens and block_tokens % block:
             raise ValueError(f"block_tokens {block_tokens} is not a multiple of the index block {block}")
         self.ref = ref
@@ -113,6 +114,7 @@ class PromptCache:
         self.block_tokens = block_tokens
         self.splitter = splitter() if callable(splitter) and not hasattr(splitter, "split_state") else splitter
         self.queue_bytes = queue_bytes
+        self.write_delay = write_delay
 
     def bind(self, loaded_model) -> BoundCache:
         """Attach to a loaded model (its backend gives the KV settings)."""
@@ -146,6 +148,7 @@ class BoundCache(StateIntake, EntryCatalog):
         self.model_name = model_name
         self.model_path = model_path
         self.write_back = parent.write_back
+        self.write_delay = parent.write_delay
         self.piece = piece
         self.block_tokens = parent.block_tokens if parent.splitter is not None else 0
         self.kv = parent.splitter
@@ -153,7 +156,7 @@ class BoundCache(StateIntake, EntryCatalog):
         self.policy = AdmissionPolicy(self.block, trimmable)
         self.stats = Stats(self.root)
         self._lock = threading.RLock()
-        self.ram = RamTier(parent.ram_bytes, lock=self._lock)
+        self.ram = RamTier(parent.ram_bytes, lock=self._lock, before_evict=self._write_deferred)
         self.index: BlockIndex | None = None
         self.disk: DiskTier | None = None
         self.entries: dict[str, Entry] = {}
@@ -164,7 +167,7 @@ class BoundCache(StateIntake, EntryCatalog):
         self._sha: str | None = digest or memoized_sha256(model_path, self.root)
         if self._sha:  # known: index the directory now (load time), not at the first request
             self._setup()
-        self._sync = IndexSync(self._refresh, self.stats.save_if_due, setup=None if self._sha else self._hash_and_setup,
+        self._sync = IndexSync(self._refresh, self._tick, setup=None if self._sha else self._hash_and_setup,
                                fresh=self.index is not None)
 
     def __enter__(self) -> BoundCache:
@@ -172,6 +175,11 @@ class BoundCache(StateIntake, EntryCatalog):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _tick(self) -> None:
+        """The sync thread's upkeep, about once a second: deferred writes that are due, the counters' file."""
+        self.write_due()
+        self.stats.save_if_due()
 
     @property
     def trimmable(self) -> bool:
@@ -367,10 +375,10 @@ class BoundCache(StateIntake, EntryCatalog):
             else:
                 self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
             on_disk = e.on_disk
-            if promote and not on_disk and not e.pending and e.payload is not None \
+            if promote and not e.persisted and e.payload is not None \
                     and self.policy.worth_promoting(self.index, e, hit.n_tokens):
                 log.debug("prompt cache: promoting %s (%d tokens reused) to disk", e.name, hit.n_tokens)
-                self._persist(e, e.payload, self._replaced(e, True))
+                self._promote(e)
         if on_disk:  # mtime (LRU) and the .hit sidecar, on the writer thread
             self.disk.writer.submit(lambda _check: self.disk.touch(e), counts_as_state=False)
         hit.payload = None
@@ -387,11 +395,21 @@ class BoundCache(StateIntake, EntryCatalog):
             if e is None:
                 return
             e.last_used = time.time()
-            if not promote or e.pending or self.entries.get(e.name) is not e \
+            if not promote or e.persisted or self.entries.get(e.name) is not e \
                     or not self.policy.worth_promoting(self.index, e, n):
                 return
             log.debug("prompt cache: promoting %s (%d tokens reused by a slot) to disk", e.name, n)
-            self._persist(e, e.payload, self._replaced(e, True))
+            self._promote(e)
+
+    def _promote(self, e: Entry) -> None:
+        """Write RAM-only ``e`` that proved worth a file (under the lock). On a model whose states serve only whole
+        it becomes an interim save point of its conversation (write-behind: :mod:`ollapy.cache.policy`), so the
+        next turn's longer one replaces it unwritten."""
+        if not self.policy.trimmable:
+            e.interim = True
+            e.due = time.monotonic() + self.write_delay
+            return
+        self._persist(e, e.payload, self._replaced(e, True))
 
     def record_refused(self, hit: Hit) -> None:
         """llama.cpp refused the state (it returns 0 when a state cannot fit): a miss; the entry is kept.
@@ -417,6 +435,7 @@ class BoundCache(StateIntake, EntryCatalog):
         """Wait (at most ``timeout`` s) for the model's sha256 and then for queued disk writes; persist the stats."""
         ok = self._wait_ready(timeout)
         if self.disk is not None:
+            self.write_due(everything=True)
             ok = self.disk.flush(timeout) and ok
         self.stats.save()
         return ok
@@ -454,6 +473,7 @@ class BoundCache(StateIntake, EntryCatalog):
             self._wait_ready(timeout)
             self._sync.close()
             if self.disk is not None:
+                self.write_due(everything=True)
                 if self.write_back:
                     self.write_back_now(newest=WRITE_BACK_NEWEST)
                 try:

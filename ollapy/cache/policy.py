@@ -22,7 +22,23 @@ files that other processes read, so it writes only what is likely reused):
 
 States of sliding-window models cannot be trimmed (llama.cpp saves only the
 in-window cells of SWA layers), so for them a longer entry never serves a
-shorter prefix, and nothing is replaced by a longer state.
+shorter prefix, and nothing is replaced by a longer state. Each of their
+states carries its window (Gemma 3 270M: 512 cells of 15 layers, about 8 MB,
+more than a turn's own KV), so writing every turn's save point would write a
+window per turn. For them (:meth:`AdmissionPolicy.defers`, a write-behind
+policy like a page cache's dirty expiry):
+
+* the save point that ends the system prompt (the prefix conversations share)
+  is written through, as above;
+* a conversation's later save points (``interim``: the previous turn's end,
+  the context checkpoints) wait :data:`INTERIM_WRITE_DELAY_S` in RAM. A longer
+  save point of the same chain stored before then supersedes them
+  (:meth:`AdmissionPolicy.superseded_by`): they are dropped unwritten, with the
+  RAM-only states the chain has outgrown. A conversation therefore reaches
+  the disk once per pause, as its newest save point; one that continues after
+  a pause deletes the interim file it wrote then. A deferred write is queued
+  when it is due, when the RAM tier evicts the entry, and when the cache
+  closes (a server's shutdown, a model's unload), so only a crash loses it.
 """
 from __future__ import annotations
 
@@ -32,6 +48,9 @@ from ollapy.cache.index import BlockIndex
 from ollapy.cache.tiers import Entry
 
 WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
+INTERIM_WRITE_DELAY_S = 60.0
+"""Seconds an interim save point of a sliding-window model waits for a longer one of its chain before it is written
+(an agent's or a chat's next turn usually comes sooner; a crash loses at most this much of a conversation)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,20 @@ class AdmissionPolicy:
             return []
         return [r for r in index.covered_by(tokens)
                 if (pinned or not r.pinned) and (persist or not r.persisted)]
+
+    def defers(self, e: Entry) -> bool:
+        """True when ``e``'s disk write waits (write-behind): an interim save point of a model whose states serve
+        only whole."""
+        return not self.trimmable and e.interim and not e.pinned
+
+    def superseded_by(self, index: BlockIndex, tokens: list[int]) -> list[Entry]:
+        """What a new save point of ``tokens`` outgrows on a model whose states serve only whole: strict prefixes
+        that exist only in RAM (RAM-only states, deferred interim writes), unpinned. Empty for trimmable models
+        (there a longer state serves the shorter prefix too: :meth:`replaced_by`)."""
+        if self.trimmable:
+            return []
+        return [r for r in index.covered_by(tokens)
+                if not r.pinned and not r.on_disk and not r.pending and (r.interim or not r.persisted)]
 
     def worth_promoting(self, index: BlockIndex, e: Entry, n_used: int) -> bool:
         """True when RAM-only ``e``, which just served ``n_used`` tokens, offers a block more than persisted entries."""

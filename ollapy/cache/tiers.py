@@ -95,11 +95,13 @@ class Entry:
     refused: bool = False  # llama.cpp refused it in this process (e.g. longer than num_ctx): skipped, kept on disk
     blocks: tuple[str, ...] = ()  # names of the blocks its payload (then a tail) joins; () for a whole state
     block_tokens: int = 0
+    interim: bool = False  # a conversation's save point that its next turn supersedes (see policy: write-behind)
+    due: float = 0.0  # time.monotonic() when its deferred disk write is due; 0: no write deferred
 
     @property
     def persisted(self) -> bool:
-        """On disk, or queued to be written."""
-        return self.on_disk or self.pending
+        """On disk, queued to be written, or with a deferred write (:attr:`due`)."""
+        return self.on_disk or self.pending or self.due > 0
 
 
 def condemn(path: Path, ident: tuple[int, int] | None, why: str) -> bool:
@@ -129,8 +131,11 @@ class RamTier:
     (asserted, like the rest of the invariants: vLLM's ``block_pool.py`` style).
     """
 
-    def __init__(self, cap: int, lock=None) -> None:
+    def __init__(self, cap: int, lock=None, before_evict=None) -> None:
+        """``before_evict(entry)``, called while an evicted entry still holds its payload and blocks, may queue
+        its disk write (an entry whose write was deferred exists nowhere else)."""
         self.cap = cap
+        self.before_evict = before_evict
         self.entries: dict[str, Entry] = {}
         self.pool = BlockPool()
         self.tail_bytes = 0
@@ -181,6 +186,8 @@ class RamTier:
             if not victims:
                 break
             v = min(victims, key=lambda x: (x.pinned, x.hits > 0, x.last_used))
+            if self.before_evict is not None:
+                self.before_evict(v)
             self.drop(v)
             out.append(v)
         self._check()

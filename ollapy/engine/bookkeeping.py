@@ -162,14 +162,22 @@ class SlotBookkeeping:
         s.release()
         req.push(exc)
 
-    def _save(self, s: Slot, pinned: bool, persist: bool) -> None:
-        """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM)."""
+    @staticmethod
+    def _interim(req, end: int) -> bool:
+        """True for a save point at ``end`` other than the one that ends the system prompt (the largest at or below
+        ``req.keep``): a conversation's own point, which its next turn extends (the cache may defer its write)."""
+        shared = max((p for p in req.save_points if p <= req.keep), default=0)
+        return end != shared
+
+    def _save(self, s: Slot, pinned: bool, persist: bool, interim: bool = False) -> None:
+        """Offer the slot's state to the prompt cache (``persist``: write it to disk, not only RAM; ``interim``: a
+        conversation's own save point, :meth:`_interim`)."""
         if self.cache is None or s.request is None or not s.request.cache or not s.tokens:
             return
         if s.exact < len(s.tokens):  # decode-shaped or shifted cells: never cached (see evalorder)
             return
         try:
             self.cache.store(list(s.tokens), lambda: self.backend.state_get(s.id), pinned=pinned, persist=persist,
-                             state_size=lambda: self.backend.state_size(s.id))
+                             state_size=lambda: self.backend.state_size(s.id), interim=interim)
         except Exception:  # noqa: BLE001 - a cache failure never fails a request
             log.exception("prompt cache store failed")

@@ -285,7 +285,7 @@ class Engine(SlotBookkeeping):
                 if self._decode_image(s, span):
                     budget -= span.n_tokens
                     if span.end in s.request.save_points:
-                        self._save(s, pinned=s.request.pin, persist=True)
+                        self._save(s, pinned=s.request.pin, persist=True, interim=self._interim(s.request, span.end))
                 continue
             # chunks end at save points with the cache off too: every run of this prompt has the same chunks
             end = next_chunk_end(start, stop, min(budget, n_ubatch), s.request.save_points, self.align)
@@ -297,7 +297,7 @@ class Engine(SlotBookkeeping):
                 continue
             budget -= end - start
             if end in s.request.save_points:
-                self._save(s, pinned=s.request.pin, persist=True)
+                self._save(s, pinned=s.request.pin, persist=True, interim=self._interim(s.request, end))
         self._decode_rows([s for s in self.slots if s.busy])
 
     def _decode_chunk(self, s: Slot, start: int, end: int) -> bool:

@@ -89,6 +89,9 @@ class _RuntimeCollector:
                                        "already (stored once, referenced again).", labels=["model"])
         b_evicted = CounterMetricFamily("ollapy_prompt_cache_block_evicted", "KV blocks the RAM tier freed (their "
                                         "last entry was evicted).", labels=["model"])
+        superseded = CounterMetricFamily("ollapy_prompt_cache_superseded", "States a longer save point of their "
+                                         "conversation replaced before they were written (sliding-window models' "
+                                         "write-behind).", labels=["model"])
         b_shared = GaugeMetricFamily("ollapy_prompt_cache_block_shared_bytes", "Bytes of RAM-tier KV blocks that two "
                                      "or more entries share.", labels=["model"])
         b_held = GaugeMetricFamily("ollapy_prompt_cache_block_bytes", "Bytes of KV blocks held in the RAM tier.",
@@ -123,10 +126,11 @@ class _RuntimeCollector:
             b_written.add_metric([e.key], getattr(cs, "blocks_written", 0))
             b_reused.add_metric([e.key], getattr(cs, "blocks_reused", 0))
             b_evicted.add_metric([e.key], getattr(cs, "blocks_evicted", 0))
+            superseded.add_metric([e.key], getattr(cs, "superseded", 0))
             b_shared.add_metric([e.key], getattr(cs, "ram_shared_bytes", 0))
             b_held.add_metric([e.key], getattr(cs, "ram_block_bytes", 0))
             b_logical.add_metric([e.key], getattr(cs, "ram_logical_bytes", 0))
             restore.add_metric([e.key], getattr(cs, "restore_buffer_bytes", 0))
             queued.add_metric([e.key], getattr(cs, "queued_bytes", 0))
         yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
-                    b_evicted, b_shared, b_held, b_logical, restore, queued)
+                    b_evicted, superseded, b_shared, b_held, b_logical, restore, queued)

@@ -109,8 +109,9 @@ class PrefixSource(Protocol):
         ...
 
     def store(self, tokens: list[int], get_state: Callable[[], bytes], pinned: bool = False,
-              persist: bool = False, state_size: Callable[[], int] | None = None) -> None:
+              persist: bool = False, state_size: Callable[[], int] | None = None, interim: bool = False) -> None:
         """Offer the state of ``tokens`` (``get_state()`` copies it out of llama.cpp, called now or never);
         ``persist`` asks for a disk copy, ``pinned`` for one that is never evicted; ``state_size()`` (optional)
-        gives the state's bytes without copying it, so a state no tier would take is never copied."""
+        gives the state's bytes without copying it, so a state no tier would take is never copied; ``interim``:
+        a conversation's own save point (not the end of its system prompt), whose write may wait for a longer one."""
         ...

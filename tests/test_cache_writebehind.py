@@ -1,0 +1,123 @@
+"""Write-behind of a sliding-window model's interim save points (ollapy.cache.policy), without a model.
+
+A sliding-window state carries its window's cells whatever its length, so writing every turn's save point writes a
+window per turn. Here the system prompt's save point is written through, a conversation's own save points wait,
+a longer one of the same chain drops them unwritten, and what is still waiting is written when due, when evicted
+from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's; the real model's rows are
+scripts/bench_cache_blocks.py's; tests/test_cache_block_models.py runs a real Gemma conversation through it and
+resumes it from a new cache, and tests/test_answer_reuse.py resumes one in a new ``ollapy run`` process.
+"""
+from __future__ import annotations
+
+import time
+
+from test_cache_blocks import SYSTEM, B, _bound, fake_state
+
+from ollapy.cache.diskcap import block_usage
+
+SWA = 512
+
+
+def _turns(n: int) -> list[list[int]]:
+    """``n`` growing save points of one conversation after SYSTEM (each turn adds 2 blocks and a bit)."""
+    out, conv = [], list(SYSTEM)
+    for t in range(n):
+        conv = conv + [9000 + 1000 * t + j for j in range(2 * B + 11)]
+        out.append(list(conv))
+    return out
+
+
+def _store(c, tokens, persist=False, interim=False):
+    c.store(list(tokens), lambda: fake_state(list(tokens)), persist=persist, interim=interim)
+
+
+def _on_disk(c) -> set[int]:
+    """Token counts of the entries whose files are on disk once the queued writes are done (deferred ones stay)."""
+    c.disk.flush(10)
+    return {len(e.tokens) for e in c.entries.values() if e.on_disk}
+
+
+def test_a_conversation_writes_its_system_prompt_and_its_newest_save_point_once(tmp_path):
+    c = _bound(tmp_path, n_swa=SWA)
+    _store(c, SYSTEM, persist=True)
+    written_sys = c.snapshot().bytes_written
+    assert written_sys > 0  # the shared prefix is written through
+    turns = _turns(6)
+    for t, point in enumerate(turns):
+        _store(c, point, persist=True, interim=True)
+        answer = turns[t + 1][: len(point) + 3] if t + 1 < len(turns) else point + [77, 78, 79]
+        _store(c, answer, persist=False)  # the finished state (prompt + answer): RAM only
+        assert c.snapshot().bytes_written == written_sys, f"turn {t} wrote before the conversation paused"
+    snap = c.snapshot()
+    # each save point outgrew the previous one and the previous finished state
+    assert snap.superseded == 2 * (len(turns) - 1)
+    c.close()
+    assert _on_disk(c) == {len(SYSTEM), len(turns[-1])}
+    u = block_usage(c.root)
+    assert u["entries"] == 2
+    # a new process resumes the conversation from its newest save point, and a new one from the system prompt
+    c2 = _bound(tmp_path, n_swa=SWA)
+    hit = c2.lookup(turns[-1] + [5, 6, 7])
+    assert hit is not None and hit.tier == "disk" and len(hit.tokens) == len(turns[-1])
+    assert bytes(hit.load()) == bytes(fake_state(turns[-1]))
+    c2.record_hit(hit, promote=False)
+    hit = c2.lookup(SYSTEM + [1, 2, 3])
+    assert hit is not None and len(hit.tokens) == len(SYSTEM)
+    c2.close()
+
+
+def test_a_trimmable_model_still_writes_every_save_point_through(tmp_path):
+    c = _bound(tmp_path)  # no sliding window: a longer state serves its prefixes too
+    turns = _turns(3)
+    for point in turns:
+        before = c.snapshot().bytes_written
+        _store(c, point, persist=True, interim=True)
+        assert c.snapshot().bytes_written > before
+    c.close()
+
+
+def test_a_paused_conversation_is_written_when_due_and_its_next_turn_replaces_the_file(tmp_path):
+    c = _bound(tmp_path, n_swa=SWA)
+    c.write_delay = 0.3
+    first, second = _turns(2)
+    _store(c, first, persist=True, interim=True)
+    deadline = time.monotonic() + 10
+    while len(first) not in _on_disk(c):  # the sync thread writes it about a second after it is due
+        assert time.monotonic() < deadline, "a due write was never queued"
+        time.sleep(0.1)
+    assert c.snapshot().superseded == 0
+    _store(c, second, persist=True, interim=True)
+    assert len(first) in _on_disk(c)  # not yet: the longer one is not written
+    assert c.write_due(everything=True) == 1
+    assert _on_disk(c) == {len(second)}  # written, and the paused turn's interim file deleted
+    assert not list(c.disk.dir.glob("*.pin"))
+    c.close()
+
+
+def test_an_evicted_deferred_state_is_written_not_lost(tmp_path):
+    one = len(fake_state(_turns(1)[0]))
+    c = _bound(tmp_path, n_swa=SWA, ram_bytes=int(2.5 * one))
+    point = _turns(1)[0]
+    _store(c, point, persist=True, interim=True)
+    assert c.snapshot().bytes_written == 0
+    for i in range(3):  # other conversations' states push it out of RAM
+        _store(c, [40_000 + 1000 * i + j for j in range(len(point))], persist=False)
+    e = next(e for e in c.entries.values() if len(e.tokens) == len(point))
+    assert e.payload is None and e.due == 0
+    assert len(point) in _on_disk(c)
+    c.close()
+    c2 = _bound(tmp_path, n_swa=SWA)
+    assert bytes(c2.lookup(point + [1, 2]).load()) == bytes(fake_state(point))
+    c2.close()
+
+
+def test_a_pinned_state_is_written_through_and_never_superseded(tmp_path):
+    c = _bound(tmp_path, n_swa=SWA)
+    first, second = _turns(2)
+    c.store(list(first), lambda: fake_state(first), persist=True, pinned=True, interim=True)
+    assert _on_disk(c) == {len(first)}
+    _store(c, second, persist=True, interim=True)
+    assert c.snapshot().superseded == 0
+    assert c.write_due(everything=True) == 1
+    assert _on_disk(c) == {len(first), len(second)}
+    c.close()
