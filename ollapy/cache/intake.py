@@ -195,8 +195,11 @@ class StateIntake:
         self._persist(e, e.payload, older)
 
     def write_due(self, everything: bool = False) -> int:
-        """Queue the deferred writes that are due (``everything``: all of them, as at close); returns how many."""
-        if self.index is None:
+        """Queue the deferred writes that are due (``everything``: all of them, as at close); returns how many.
+
+        Only a model whose states serve only whole defers writes: elsewhere this returns at once (the sync thread
+        calls it every second)."""
+        if self.index is None or self.policy.trimmable:
             return 0
         now = time.monotonic()
         with self._lock:

@@ -432,7 +432,8 @@ class BoundCache(StateIntake, EntryCatalog):
         return self._sync.refresh_now(timeout)
 
     def flush(self, timeout: float = 60.0) -> bool:
-        """Wait (at most ``timeout`` s) for the model's sha256 and then for queued disk writes; persist the stats."""
+        """Wait (at most ``timeout`` s) for the model's sha256, queue the deferred writes (:meth:`write_due`), wait
+        for the queued disk writes; persist the stats."""
         ok = self._wait_ready(timeout)
         if self.disk is not None:
             self.write_due(everything=True)
