@@ -85,9 +85,10 @@ def test_a_server_restart_restores_the_prefix_and_answers_the_same(tmp_path, smo
 
 
 def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gemma_path):
-    """Sliding-window states serve only whole; context checkpoints (every 512 tokens, persisted) let the same
-    prompt after a restart, and a prompt sharing two thirds of its 1,500-token prefix, restore a checkpoint, and
-    answer exactly as a cold server."""
+    """Sliding-window states serve only whole; context checkpoints (every 512 tokens) let a prompt sharing two
+    thirds of a 1,500-token prefix restore a checkpoint in the same server, and the newest one, written at shutdown
+    (the others' writes were superseded: write-behind, ollapy.cache.policy), lets the same prompt after a restart
+    restore it; both answer exactly as a cold server."""
     import httpx
 
     sentences = [f"Line {i}: the keeper logged wind speed {i * 7 % 40} knots and wave height {i % 9} metres."
@@ -104,13 +105,13 @@ def test_gemma_partial_reuse_after_a_restart_matches_a_cold_server(tmp_path, gem
 
     with live_server(tmp_path, "--allow-paths") as url:
         first = ask(url, full)
+        partial = ask(url, part)
     assert 1400 <= first["prompt_eval_count"] < 2048
     with live_server(tmp_path, "--allow-paths") as url:
         again = ask(url, full)
-        partial = ask(url, part)
     with live_server(tmp_path / "cold", "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
         cold = ask(url, part)
-    # a server keeps a finished request's state in RAM only: after the restart the persisted checkpoints serve
+    # a server keeps a finished request's state in RAM only: after the restart the persisted checkpoint serves
     last_checkpoint = (first["prompt_eval_count"] - 2) // 512 * 512
     assert again["prompt_cache_tokens"] == last_checkpoint and again["response"] == first["response"]
     # a checkpoint below the shared part (the first 50 of 80 lines, about 1,030 tokens): not the whole prefix

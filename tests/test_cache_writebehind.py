@@ -1,9 +1,9 @@
 """Write-behind of a sliding-window model's interim save points (ollapy.cache.policy), without a model.
 
 A sliding-window state carries its window's cells whatever its length, so writing every turn's save point writes a
-window per turn. Here the system prompt's save point is written through, a conversation's own save points wait,
-a longer one of the same chain drops them unwritten, and what is still waiting is written when due, when evicted
-from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's; the real model's rows are
+window per turn. Here the system prompt's save point is written through, a conversation's own save points wait, a
+longer one of the same chain makes their writes unnecessary (they stay in RAM), and what is still waiting is
+written when due, when evicted from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's; the real model's rows are
 scripts/bench_cache_blocks.py's; tests/test_cache_block_models.py runs a real Gemma conversation through it and
 resumes it from a new cache, and tests/test_answer_reuse.py resumes one in a new ``ollapy run`` process.
 """
@@ -49,8 +49,11 @@ def test_a_conversation_writes_its_system_prompt_and_its_newest_save_point_once(
         _store(c, answer, persist=False)  # the finished state (prompt + answer): RAM only
         assert c.snapshot().bytes_written == written_sys, f"turn {t} wrote before the conversation paused"
     snap = c.snapshot()
-    # each save point outgrew the previous one and the previous finished state
-    assert snap.superseded == 2 * (len(turns) - 1)
+    # each save point made the previous one's write unnecessary; that one still serves a partial prompt from RAM
+    assert snap.superseded == len(turns) - 1
+    hit = c.lookup(turns[0] + [5, 6, 7])
+    assert hit is not None and hit.tier == "ram" and len(hit.tokens) == len(turns[0])
+    c.record_hit(hit, promote=False)
     c.close()
     assert _on_disk(c) == {len(SYSTEM), len(turns[-1])}
     u = block_usage(c.root)

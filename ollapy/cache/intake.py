@@ -155,15 +155,14 @@ class StateIntake:
         if old is not None:
             self._forget(old)
         replaced = self._replaced(e, persist)
-        if persist:  # a longer save point of the chain: the interim and RAM-only states it extends go
+        if persist:  # a longer save point of the chain: the deferred writes of its prefixes are not needed
             for r in self.policy.superseded_by(self.index, tokens):
-                log.debug("prompt cache: %s (%d tokens) superseded by a save point of %d", r.name, len(r.tokens),
-                          len(tokens))
+                log.debug("prompt cache: %s (%d tokens) superseded by a save point of %d: kept in RAM, not written",
+                          r.name, len(r.tokens), len(tokens))
                 self.stats.add(superseded=1)
-                replaced.append(r)
+                r.due = 0.0
         for r in replaced:
             r.superseded = True
-            r.due = 0.0
             self._forget(r)
         self.entries[e.name] = e
         self.index.add(e)
@@ -181,17 +180,24 @@ class StateIntake:
             self._forget(e)
 
     def _write_deferred(self, e: Entry) -> None:
-        """Queue the deferred write of ``e`` now (under the lock): the interim states of its chain that reached the
-        disk before it are deleted once it is written."""
+        """Queue the deferred write of ``e`` now (under the lock). Shorter deferred states of its chain are not
+        written (they stay in RAM); the interim states of its chain that reached the disk or the writer's queue
+        before it are deleted once it is written (a queued one is still written first: it may carry blocks that
+        ``e``'s write counts on)."""
         if e.due <= 0 or e.payload is None or self.entries.get(e.name) is not e:
             e.due = 0.0
             return
         e.due = 0.0
-        older = [r for r in self.index.covered_by(e.tokens)
-                 if r.interim and r.persisted and not r.pinned and r is not e]
-        for r in older:
-            r.superseded = True
-            self._forget(r)
+        older = []
+        for r in self.index.covered_by(e.tokens):
+            if r is e or r.pinned or not r.interim:
+                continue
+            if r.due > 0:
+                r.due = 0.0
+                self.stats.add(superseded=1)
+            elif r.on_disk or r.pending:
+                older.append(r)
+                self._forget(r)
         self._persist(e, e.payload, older)
 
     def write_due(self, everything: bool = False) -> int:
@@ -204,7 +210,7 @@ class StateIntake:
         now = time.monotonic()
         with self._lock:
             todo = [e for e in self.entries.values() if e.due > 0 and (everything or e.due <= now)]
-            for e in sorted(todo, key=lambda x: len(x.tokens)):
+            for e in sorted(todo, key=lambda x: len(x.tokens), reverse=True):  # the longest of a chain first
                 self._write_deferred(e)
         return len(todo)
 

@@ -33,8 +33,9 @@ policy like a page cache's dirty expiry):
 * a conversation's later save points (``interim``: the previous turn's end,
   the context checkpoints) wait :data:`INTERIM_WRITE_DELAY_S` in RAM. A longer
   save point of the same chain stored before then supersedes them
-  (:meth:`AdmissionPolicy.superseded_by`): they are dropped unwritten, with the
-  RAM-only states the chain has outgrown. A conversation therefore reaches
+  (:meth:`AdmissionPolicy.superseded_by`): they stay in RAM as RAM-only states
+  (in this process a checkpoint still serves a prompt that shares only part
+  of the conversation), but are not written. A conversation therefore reaches
   the disk once per pause, as its newest save point; one that continues after
   a pause deletes the interim file it wrote then. A deferred write is queued
   when it is due, when the RAM tier evicts the entry, and when the cache
@@ -90,13 +91,14 @@ class AdmissionPolicy:
         return not self.trimmable and e.interim and not e.pinned
 
     def superseded_by(self, index: BlockIndex, tokens: list[int]) -> list[Entry]:
-        """What a new save point of ``tokens`` outgrows on a model whose states serve only whole: strict prefixes
-        that exist only in RAM (RAM-only states, deferred interim writes), unpinned. Empty for trimmable models
-        (there a longer state serves the shorter prefix too: :meth:`replaced_by`)."""
+        """The deferred writes a new save point of ``tokens`` makes unnecessary on a model whose states serve only
+        whole: its strict prefixes still waiting (:attr:`Entry.due`), unpinned. They stay in RAM as RAM-only
+        states (a checkpoint still serves a prompt that shares only part of the conversation, as llama.cpp's
+        ``--ctx-checkpoints`` do), but are not written. Empty for trimmable models (there a longer state serves
+        the shorter prefix too: :meth:`replaced_by`)."""
         if self.trimmable:
             return []
-        return [r for r in index.covered_by(tokens)
-                if not r.pinned and not r.on_disk and not r.pending and (r.interim or not r.persisted)]
+        return [r for r in index.covered_by(tokens) if r.due > 0 and not r.pinned]
 
     def worth_promoting(self, index: BlockIndex, e: Entry, n_used: int) -> bool:
         """True when RAM-only ``e``, which just served ``n_used`` tokens, offers a block more than persisted entries."""
