@@ -4,8 +4,8 @@ A sliding-window state carries its window's cells whatever its length, so writin
 window per turn. Here the system prompt's save point is written through, a conversation's own save points wait, a
 longer one of the same chain makes their writes unnecessary (they stay in RAM), and what is still waiting is
 written when due, when evicted from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's; the
-real model's rows are scripts/bench_cache_blocks.py's; tests/test_cache_block_models.py runs a real Gemma conversation through it and
-resumes it from a new cache, and tests/test_answer_reuse.py resumes one in a new ``ollapy run`` process.
+real model's rows are scripts/bench_cache_blocks.py's; tests/test_cache_block_models.py runs a real Gemma
+conversation through it and resumes it from a new cache, and tests/test_answer_reuse.py resumes one in a new ``ollapy run`` process.
 """
 from __future__ import annotations
 
