@@ -3,9 +3,10 @@
 A sliding-window state carries its window's cells whatever its length, so writing every turn's save point writes a
 window per turn. Here the system prompt's save point is written through, a conversation's own save points wait, a
 longer one of the same chain makes their writes unnecessary (they stay in RAM), and what is still waiting is
-written when due, when evicted from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's; the
-real model's rows are scripts/bench_cache_blocks.py's; tests/test_cache_block_models.py runs a real Gemma
-conversation through it and resumes it from a new cache, and tests/test_answer_reuse.py resumes one in a new ``ollapy run`` process.
+written when due, when evicted from RAM, and at close. The synthetic states are tests/test_cache_blocks.py's.
+Real models: scripts/bench_cache_blocks.py measures the rows; tests/test_cache_block_models.py runs a Gemma
+conversation through this and resumes it from a new cache; tests/test_answer_reuse.py resumes one in a new
+``ollapy run`` process.
 """
 from __future__ import annotations
 
