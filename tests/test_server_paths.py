@@ -10,6 +10,7 @@ import hashlib
 
 import pytest
 from fastapi.testclient import TestClient
+from tiny_gguf import tiny_gguf
 
 from ollapy.server.app import create_app
 
@@ -21,7 +22,7 @@ def env(tmp_path, monkeypatch):
     d = tmp_path / "secret"
     d.mkdir()
     real = d / "draft.gguf"
-    real.write_bytes(b"GGUF" + bytes(60))
+    real.write_bytes(tiny_gguf(pad=60))
     (d / "notes.txt").write_text("not a model")
     monkeypatch.chdir(d)
     return real, d / "missing.gguf", d / "notes.txt"
@@ -32,7 +33,7 @@ def _client(allow_paths: bool = False) -> TestClient:
 
 
 def _blob(c: TestClient) -> str:
-    data = b"GGUF" + bytes(60)
+    data = tiny_gguf(pad=60)
     digest = "sha256:" + hashlib.sha256(data).hexdigest()
     assert c.post(f"/api/blobs/{digest}", content=data).status_code == 201
     return digest

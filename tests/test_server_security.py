@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from tiny_gguf import tiny_gguf
 
 from ollapy import config
 from ollapy.server.app import create_app
@@ -62,6 +63,67 @@ def test_cors_ollapy_origins_extends_the_list(tmp_path, monkeypatch):
     assert "access-control-allow-origin" not in _preflight(c, "https://other.example").headers
 
 
+@pytest.mark.parametrize("origin", FOREIGN_ORIGINS)
+def test_a_foreign_page_cannot_run_a_simple_request(client, origin):
+    """A cross-site "simple" request (text/plain, no preflight) is refused before it runs, as Ollama's CORS
+    middleware aborts with 403: CORS alone would only hide the answer after the model was created."""
+    body = json.dumps({"model": "victim", "from": "smollm2:135m", "system": "visit evil.example", "stream": False})
+    r = client.post("/api/create", content=body, headers={"Origin": origin, "Content-Type": "text/plain"})
+    assert r.status_code == 403, r.text
+    assert origin in r.json()["error"] and "OLLAPY_ORIGINS" in r.json()["error"]
+    assert not (config.models_dir() / "manifests").exists()  # nothing was created
+    for path in ("/api/copy", "/api/pull", "/api/delete", "/api/chat"):
+        assert client.post(path, content="{}", headers={"Origin": origin}).status_code == 403, path
+
+
+def test_a_refused_origin_answers_in_each_apis_format(client):
+    h = {"Origin": "https://evil.example"}
+    openai = client.post("/v1/chat/completions", json={}, headers=h)
+    assert openai.status_code == 403 and openai.json()["error"]["code"] == "origin_not_allowed"
+    anthropic = client.post("/v1/messages", json={}, headers=h)
+    assert anthropic.status_code == 403 and anthropic.json()["error"]["type"] == "permission_error"
+    assert client.get("/api/tags", headers=h).status_code == 403
+
+
+def test_same_origin_and_allowed_origins_pass(tmp_path, monkeypatch):
+    """The chat page's own requests are same-origin (its Origin is the server's own address, whatever name it is
+    reached by); a request without Origin (curl, SDKs) and an OLLAPY_ORIGINS page pass too."""
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("OLLAPY_ORIGINS", "https://app.example")
+    c = TestClient(create_app(), base_url="http://box.local:11435")
+    assert c.get("/api/tags", headers={"Origin": "http://box.local:11435"}).status_code == 200
+    assert c.get("/api/tags", headers={"Origin": "http://other.local:11435"}).status_code == 403
+    assert c.get("/api/tags").status_code == 200
+    r = c.get("/api/tags", headers={"Origin": "https://app.example"})
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "https://app.example"
+
+
+# ---- /api/create: a file that is not a model GGUF -----------------------------------------------
+@pytest.mark.parametrize("data, why", [
+    (bytes(range(256)) * 400, "no GGUF magic"),
+    (tiny_gguf(pad=0)[:30], "truncated"),
+    (tiny_gguf(arch="clip"), "vision projector"),
+])
+def test_create_refuses_a_file_that_is_not_a_model(client, data, why):
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert client.post(f"/api/blobs/{digest}", content=data).status_code == 201
+    r = _create(client, {"files": {"model.gguf": digest}})
+    assert r.status_code == 400 and why in r.json()["error"], r.text
+    assert not (config.models_dir() / "manifests").exists()
+
+
+def test_cli_create_refuses_random_bytes(tmp_path, monkeypatch):
+    from ollapy.errors import UsageError
+    from ollapy.store import create_model
+
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    (tmp_path / "junk.gguf").write_bytes(bytes(range(256)) * 400)
+    with pytest.raises(UsageError, match="FROM junk.gguf: not a GGUF model file .no GGUF magic."):
+        create_model("junk", "FROM junk.gguf\n", tmp_path)
+    (tmp_path / "ok.gguf").write_bytes(tiny_gguf())
+    assert create_model("fine", "FROM ok.gguf\n", tmp_path).name.startswith("fine")
+
+
 # ---- /api/create: uploaded blobs and store names only -------------------------------------------
 def _create(c: TestClient, body: dict):
     return c.post("/api/create", json={"model": "mine", "stream": False, **body})
@@ -73,7 +135,7 @@ def files(tmp_path) -> tuple[Path, Path]:
     d = tmp_path / "secret"
     d.mkdir()
     real = d / "weights.gguf"
-    real.write_bytes(b"GGUF" + bytes(60))
+    real.write_bytes(tiny_gguf(pad=60))
     return real, d / "missing.gguf"
 
 

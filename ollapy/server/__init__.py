@@ -9,8 +9,8 @@ Shared, at this level:
 - :mod:`.embedding`: embedding requests shared by Ollama's and OpenAI's routes.
 - :mod:`.bodies`: the request-body bases every API shares (the ``model`` rule, tools, history, ``think``).
 - :mod:`.http`, :mod:`.errors`: reading a body, error responses, streaming; the one exception→status table.
-- :mod:`.auth`, :mod:`.hosts`, :mod:`.metrics`: the API key; the ``Host`` allow-list (DNS rebinding); Prometheus
-  ``/metrics``.
+- :mod:`.auth`, :mod:`.hosts`, :mod:`.origins`, :mod:`.metrics`: the API key; the ``Host`` allow-list (DNS
+  rebinding); the ``Origin`` allow-list (CORS, and 403 to other sites' pages); Prometheus ``/metrics``.
 
 One subpackage per API, each with its bodies (pydantic), routes and stream encoder:
 

@@ -4,7 +4,8 @@
 the Ollama routes (``/``, ``/api/*``: generation in ``ollama_routes``, model
 management in ``model_routes``, embeddings in ``embed_routes``), the OpenAI routes (``/v1/*``) and
 ``/metrics``; CORS allows local origins by default (``OLLAPY_ORIGINS`` adds
-more, like Ollama's ``OLLAMA_ORIGINS``); request bodies are capped at
+more, like Ollama's ``OLLAMA_ORIGINS``) and a page of any other origin is refused
+(:mod:`ollapy.server.origins`); request bodies are capped at
 ``OLLAPY_MAX_BODY`` bytes (blob uploads excepted: they stream to the store); with
 ``OLLAPY_API_KEY`` (or ``serve --api-key``) every route but ``GET /`` needs the key.
 """
@@ -13,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -28,28 +28,6 @@ from ollapy.server.openai.responses.store import ResponseStore
 from ollapy.server.scheduler import Runtime
 
 log = logging.getLogger("ollapy.server")
-
-# Ollama's default AllowedOrigins (envconfig): localhost, 127.0.0.1 and 0.0.0.0 over http/https with or without
-# a port, and the app://, file://, tauri://, vscode-webview://, vscode-file:// schemes; OLLAPY_ORIGINS adds to it.
-LOCAL_ORIGINS = [
-    r"https?://localhost(:\d+)?",
-    r"https?://127\.0\.0\.1(:\d+)?",
-    r"https?://0\.0\.0\.0(:\d+)?",
-    r"app://.*",
-    r"file://.*",
-    r"tauri://.*",
-    r"vscode-webview://.*",
-    r"vscode-file://.*",
-]
-
-
-def origin_regex() -> str:
-    """One regex of allowed CORS origins: the local ones plus ``OLLAPY_ORIGINS`` (comma separated, ``*`` wildcards)."""
-    pats = list(LOCAL_ORIGINS)
-    for o in config.origins():
-        pats.append(".*" if o == "*" else re.escape(o).replace(r"\*", ".*"))
-    return "^(" + "|".join(pats) + ")$"
-
 
 class State:
     """What the routes share: the runtime, the metrics and the stored ``/v1/responses`` (bounded by
@@ -188,8 +166,14 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
         from ollapy.server.auth import ApiKeyAuth
 
         app.add_middleware(ApiKeyAuth, key=key)
-    app.add_middleware(CORSMiddleware, allow_origin_regex=origin_regex(), allow_methods=["*"], allow_headers=["*"],
+    from ollapy.server.origins import OriginCheck, origin_regex
+
+    pattern = origin_regex()
+    app.add_middleware(CORSMiddleware, allow_origin_regex=pattern, allow_methods=["*"], allow_headers=["*"],
                        allow_credentials=False)
+    # a page of a foreign origin is refused outright (Ollama's gin-contrib/cors aborts with 403): CORS alone would
+    # only hide the answer of a "simple" request, after /api/create or /api/pull had run
+    app.add_middleware(OriginCheck, pattern=pattern)
     app.add_middleware(BodyLimit, limit=config.max_body())
     from urllib.parse import urlsplit
 

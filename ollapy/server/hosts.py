@@ -77,14 +77,18 @@ def host_allowed(host: str, served: str = "", extra: tuple[str, ...] = ()) -> bo
     return any(pat == "*" or fnmatch.fnmatchcase(name, pat) for pat in extra)
 
 
-def forbidden_body(path: str, host: str) -> dict:
-    """The 403 body for ``path`` in its API's error shape (Anthropic, OpenAI or Ollama)."""
-    text = f"host {host!r} is not allowed on this server ({HINT})"
+def error_body(path: str, text: str, code: str) -> dict:
+    """A 403 body saying ``text`` for ``path`` in its API's error shape (Anthropic, OpenAI with ``code``, Ollama)."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return {"type": "error", "error": {"type": "permission_error", "message": text}}
     if path == "/v1" or path.startswith("/v1/"):
-        return {"error": {"message": text, "type": "invalid_request_error", "param": None, "code": "host_not_allowed"}}
+        return {"error": {"message": text, "type": "invalid_request_error", "param": None, "code": code}}
     return {"error": text}
+
+
+def forbidden_body(path: str, host: str) -> dict:
+    """The 403 body for a refused ``Host`` on ``path`` in its API's error shape (Anthropic, OpenAI or Ollama)."""
+    return error_body(path, f"host {host!r} is not allowed on this server ({HINT})", "host_not_allowed")
 
 
 class HostCheck:

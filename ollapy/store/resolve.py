@@ -254,6 +254,7 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     if not src_path.is_absolute():
         src_path = base_dir / src_path
     if src_path.is_file():
+        _check_model_file(src_path, mf.from_)
         layers, base = [_file_layer(own, src_path, MT_MODEL)], ModelRef(name=str(src_path), path=src_path)
         source = f"created from {src_path.resolve()}"
     else:
@@ -278,6 +279,25 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     own.write_manifest(target, {"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                                 "layers": layers, "ollapy": {"source": source}})
     return resolve_model(target.display(), pull=False)
+
+
+def _check_model_file(path: Path, given: str) -> None:
+    """Refuse a FROM file that is not a model GGUF before anything is stored (as ``ollama create`` refuses an
+    unreadable model): a file whose GGUF header does not parse (random bytes, a truncated download, another
+    format) or a vision projector (mmproj) named as the model. Raises UsageError."""
+    from ollapy.errors import ModelLoadError, UsageError
+    from ollapy.store.info import read_gguf_header
+
+    try:
+        arch = read_gguf_header(path)[0].get("general.architecture")
+    except ModelLoadError as exc:
+        text = str(exc.args[0]) if exc.args else ""
+        why = text[text.rfind("(") + 1:].rstrip(")") if text.endswith(")") else "unreadable header"
+        raise UsageError(f"FROM {given}: not a GGUF model file ({why})",
+                         hint="FROM names a model's .gguf file (whole, not a partial download) or a model name") from None
+    if arch == "clip":
+        raise UsageError(f"FROM {given}: a vision projector (mmproj), not a model",
+                         hint="FROM names the model first; the projector goes in a second FROM line")
 
 
 def _projector_layer(own, given: str, base_dir: Path) -> dict[str, Any]:
