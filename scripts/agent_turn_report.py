@@ -55,7 +55,10 @@ def previous_row(work: str, agent: str) -> dict | None:
 def verdict(row: dict) -> tuple[str, str]:
     """``(ok|note|FAIL, why)``. ``note``: every request got a 2xx and the agent carried out the model's tool calls,
     but the model kept calling tools until the agent's own turn limit (Claude Code's ``--max-turns``) or
-    TURN_TIMEOUT stopped it: a small model that cannot drive tools, not the server."""
+    TURN_TIMEOUT stopped it, or wrote calls until the Modelfile's output cap (``num_predict`` MAX_OUT) cut it:
+    the completed calls reached the agent and were carried out, and the agent then exits 1 on the cut answer
+    (Codex: ``Incomplete response returned, reason: max_output_tokens``, as it does against any server). A small
+    model that cannot drive tools, not the server."""
     if row["http_errors"]:
         return "FAIL", "server errors: " + "; ".join(row["http_errors"])[:300]
     if row["rc"] == 0:
@@ -63,9 +66,11 @@ def verdict(row: dict) -> tuple[str, str]:
     new_calls = row["tool_calls"] - row["prev_tool_calls"]
     new_results = row["tool_results"] - row["prev_tool_results"]
     limit = re.search(r"max(imum number of)? turns", row["error"], re.IGNORECASE) or row["rc"] == 124
-    if limit and new_calls and new_results:
-        return "note", (f"the model kept calling tools ({new_calls} calls, {new_results} results carried back) until "
-                        + ("TURN_TIMEOUT" if row["rc"] == 124 else "the agent's --max-turns"))
+    capped = "reason: max_output_tokens" in row["error"]
+    if (limit or capped) and new_calls and new_results:
+        until = ("TURN_TIMEOUT" if row["rc"] == 124 else "the agent's --max-turns" if limit
+                 else "the output cap (MAX_OUT) cut its answer and the agent exited on the cut")
+        return "note", f"the model kept calling tools ({new_calls} calls, {new_results} results carried back) until {until}"
     return "FAIL", f"exit {row['rc']}: {row['error']}"
 
 

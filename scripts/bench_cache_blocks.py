@@ -222,6 +222,8 @@ def shared_system(tmp: Path, path: Path, tag: str, sys_tokens: int) -> list:
                 last[i] = r
                 msgs.append({"role": "assistant", "content": r["message"]["content"]})
         ram = s.metric("ollapy_prompt_cache_bytes", tier="ram")
+        ram_blocks = s.metric("ollapy_prompt_cache_block_bytes")
+        superseded = s.metric("ollapy_prompt_cache_superseded")
     finally:
         s.stop()
     written = _written(s.cache)
@@ -236,7 +238,10 @@ def shared_system(tmp: Path, path: Path, tag: str, sys_tokens: int) -> list:
     detail = (f"distinct KV {distinct / 1e6:.0f} MB ({distinct_tokens} tokens x {kv.per_cell:.0f} B/cell"
               + (f" + {ends} windows x {kv.window / 1e6:.1f} MB" if kv.window > 1e5 else "")
               + f"; system prompt {sys_tokens}); written {written / 1e6:.0f} MB, disk {disk / 1e6:.0f} MB, "
-              f"RAM {ram / 1e6:.0f} MB; the old measure (tokens x {kv.per_token:.0f} B/token of the largest state) "
+              f"RAM {ram / 1e6:.0f} MB ({ram_blocks / 1e6:.0f} MB of blocks, {(ram - ram_blocks) / 1e6:.0f} MB of tails"
+              + (f": ~{(ram - ram_blocks) / kv.window:.0f} states' windows, of which {superseded:.0f} are save points a "
+                 f"longer one superseded, kept in RAM as checkpoints" if kv.window > 1e5 else "")
+              + f"); the old measure (tokens x {kv.per_token:.0f} B/token of the largest state) "
               f"{distinct_tokens * kv.per_token / 1e6:.0f} MB")
     return [(f"{tag}: 10 conversations x 3 turns, bytes written", f"{w:.2f}x", detail,
              f"<= {WRITE_SHARED_MAX}x distinct KV", w <= WRITE_SHARED_MAX),
