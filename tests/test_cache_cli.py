@@ -33,5 +33,9 @@ def test_disk_hit_in_new_process_and_no_cache(smollm2_path):
     assert _reused(off.stderr) == 0 and off.stdout == cold.stdout
     ls = run_cli("cache", "ls")
     assert ls.returncode == 0 and smollm2_path.name.split(".")[0][:6].lower() in ls.stdout.decode().lower()
+    header = ls.stdout.decode().splitlines()[0].split()
+    assert header[3:6] == ["BLOCKS", "STATE", "FILE"], header
     stats = run_cli("cache", "stats")
     assert stats.returncode == 0 and b"hit" in stats.stdout.lower()
+    bare = run_cli("cache")  # no command: the stats, not a usage error
+    assert bare.returncode == 0 and bare.stdout == stats.stdout

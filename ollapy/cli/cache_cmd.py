@@ -20,8 +20,15 @@ import typer
 from ollapy import config
 from ollapy.errors import OllapyError, UsageError
 
-cache_app = typer.Typer(help="Inspect and manage the prompt cache (saved KV states of prompt prefixes).",
-                        no_args_is_help=True, add_completion=False)
+cache_app = typer.Typer(help="Inspect and manage the prompt cache (saved KV states of prompt prefixes). "
+                        "Without a command: stats.", add_completion=False)
+
+
+@cache_app.callback(invoke_without_command=True)
+def _default(ctx: typer.Context) -> None:
+    """``ollapy cache`` alone prints :func:`stats` (as ``git stash`` lists): the figures a user looks for first."""
+    if ctx.invoked_subcommand is None:
+        stats(as_json=False)
 
 
 def _human(n: float) -> str:
@@ -84,7 +91,8 @@ def _model_shas(model: str) -> set[str]:
 @cache_app.command("ls")
 def ls(model: str | None = typer.Argument(None, help="Only entries of this model (name, path or sha256 prefix)."),
        as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """List saved prefixes: model, tokens, blocks, bytes (the entry file), last used, pinned, first words."""
+    """List saved prefixes: model, tokens, blocks, the state's bytes (blocks and tail joined: what a restore loads;
+    blocks shared with other entries are counted in each) and the entry file's own, last used, pinned, first words."""
     rows = _entries(model)
     if as_json:
         typer.echo(json.dumps([{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows], indent=1))
@@ -92,12 +100,15 @@ def ls(model: str | None = typer.Argument(None, help="Only entries of this model
     if not rows:
         typer.echo("no prompt-cache entries", err=True)
         return
-    typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'BLOCKS':>6} {'SIZE':>9} {'LAST USED':>10} {'PIN':<3}  PREFIX")
+    typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'BLOCKS':>6} {'STATE':>9} {'FILE':>9} {'LAST USED':>10} "
+               f"{'PIN':<3}  PREFIX")
     for r in rows:
         name = (r["model_name"] or r["model_sha256"][:12])[:28]
         pin = "yes" if r["pinned"] else ""
         blocks = str(len(r["blocks"])) if r.get("blocks") else "whole"
-        typer.echo(f"{name:<28} {r['salt'].get('type_k', '?'):<5} {r['n_tokens']:>7} {blocks:>6} {_human(r['bytes']):>9} "
+        state = r.get("state_len") or r["bytes"]
+        typer.echo(f"{name:<28} {r['salt'].get('type_k', '?'):<5} {r['n_tokens']:>7} {blocks:>6} {_human(state):>9} "
+                   f"{_human(r['bytes']):>9} "
                    f"{_ago(r['last_used']):>10} {pin:<3}  {r['preview'][:60]}")
 
 
