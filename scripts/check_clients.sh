@@ -241,10 +241,37 @@ assert r.status_code == 400 and r.json()['error'].startswith('\"smol\" does not 
 fi
 
 # ---- opencode ----------------------------------------------------------------------------------------------
+failed_requests() {  # generation requests the server answered with an error so far (ollapy_requests_total)
+  "$CPY" - "$URL" <<'EOF2'
+import sys, httpx
+from prometheus_client.parser import text_string_to_metric_families
+n = 0
+for fam in text_string_to_metric_families(httpx.get(sys.argv[1] + "/metrics", timeout=30).text):
+    n += sum(s.value for s in fam.samples if s.name == "ollapy_requests_total" and s.labels.get("status") != "ok")
+print(int(n))
+EOF2
+}
 if want opencode; then
-  mkdir -p "$WORK/oc" && cd "$WORK/oc"
-  check "opencode-run-via-launch" 1200 env XDG_CONFIG_HOME="$WORK/oc-config" XDG_DATA_HOME="$WORK/oc-data" \
+  mkdir -p "$WORK/oc" "$WORK/oc-config/opencode" && cd "$WORK/oc"
+  # tools off through the user's own opencode.json (`launch` merges its provider over it): a model that cannot drive
+  # tools still answers, so `opencode run` must complete
+  echo '{"$schema": "https://opencode.ai/config.json", "tools": {"*": false}}' > "$WORK/oc-config/opencode/opencode.json"
+  check "opencode-run-via-launch (tools off)" 900 env XDG_CONFIG_HOME="$WORK/oc-config" XDG_DATA_HOME="$WORK/oc-data" \
     "$PY" -m ollapy.cli.main launch opencode --model gemma3-agents -- run "Reply with one word: ready"
+  # tools on (opencode's defaults): the 270M model writes tool calls and never ends its turn; opencode carrying
+  # them out with every request answered is a note (the model), a server error a FAIL
+  rm "$WORK/oc-config/opencode/opencode.json"
+  e0=$(failed_requests)
+  out=$(timeout 600 env XDG_CONFIG_HOME="$WORK/oc-config" XDG_DATA_HOME="$WORK/oc-data" \
+    "$PY" -m ollapy.cli.main launch opencode --model gemma3-agents -- run "Reply with one word: ready" 2>&1)
+  rc=$? e1=$(failed_requests)
+  echo "$out" > "$WORK/last-opencode-tools-on.log"
+  calls=$(printf '%s\n' "$out" | grep -c '←' || true)
+  if [ $rc = 0 ]; then ok "opencode-run-via-launch (tools on)"
+  elif [ "$e1" = "$e0" ] && [ "$calls" -gt 0 ]; then
+    note "opencode-run-via-launch (tools on): the model kept calling tools ($calls carried out by opencode, every request answered) until the check's 600 s limit"
+  else fail "opencode-run-via-launch (tools on)" "exit $rc, $((e1 - e0)) failed requests: $(printf '%s' "$out" | tail -c 300 | tr '\n' ' ')"
+  fi
   cd "$ROOT"
 fi
 
