@@ -2,6 +2,7 @@
 and the `cache` commands. (Two `ollapy run` at once on one cache directory: tests/test_cache_process.py.)"""
 from __future__ import annotations
 
+import json
 import re
 
 from conftest import run_cli
@@ -37,5 +38,7 @@ def test_disk_hit_in_new_process_and_no_cache(smollm2_path):
     assert header[3:6] == ["BLOCKS", "STATE", "FILE"], header
     stats = run_cli("cache", "stats")
     assert stats.returncode == 0 and b"hit" in stats.stdout.lower()
+    figures = json.loads(run_cli("cache", "stats", "--json").stdout)
+    assert figures["tokens_reused"] == _reused(warm.stderr)  # what the run reported, not the state's length
     bare = run_cli("cache")  # no command: the stats, not a usage error
     assert bare.returncode == 0 and bare.stdout == stats.stdout

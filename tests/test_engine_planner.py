@@ -127,7 +127,7 @@ class FakeCache:
     def record_corrupt(self, hit):
         self.events.append("corrupt")
 
-    def record_hit(self, hit, promote=True):
+    def record_hit(self, hit, promote=True, n_used=None):
         self.events.append("hit")
 
     def record_refused(self, hit):

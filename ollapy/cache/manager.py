@@ -358,22 +358,25 @@ class BoundCache(StateIntake, EntryCatalog):
                 return hit
             bad.add(cand.entry.name)
 
-    def record_hit(self, hit: Hit, promote: bool = True) -> None:
+    def record_hit(self, hit: Hit, promote: bool = True, n_used: int | None = None) -> None:
         """The engine restored ``hit``: count it, mark the entry used, keep it in RAM, promote it on reuse
-        (``promote`` False: the request writes a longer state of this prefix at a save point itself)."""
+        (``promote`` False: the request writes a longer state of this prefix at a save point itself).
+        ``n_used``: the tokens the request keeps of it (``tokens_reused`` counts these, as the request's
+        ``prompt_cache_tokens`` does; None: ``hit.n_tokens``)."""
         e = hit.entry
+        used = hit.n_tokens if n_used is None else min(n_used, hit.n_tokens)
         with self._lock:
             e.hits += 1
             e.last_used = time.time()
             if hit.tier == "disk":
-                self.stats.add(hits_disk=1, tokens_reused=hit.n_tokens)
+                self.stats.add(hits_disk=1, tokens_reused=used)
                 if e.payload is None and self.entries.get(e.name) is e:
                     if hit.parts is not None:
                         self._ram_put(e, hit.parts.tail, hit.parts.blocks)
                     else:
                         self._ram_put(e, hit.payload)
             else:
-                self.stats.add(hits_ram=1, tokens_reused=hit.n_tokens)
+                self.stats.add(hits_ram=1, tokens_reused=used)
             on_disk = e.on_disk
             if promote and not e.persisted and e.payload is not None \
                     and self.policy.worth_promoting(self.index, e, hit.n_tokens):

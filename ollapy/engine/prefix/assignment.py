@@ -95,8 +95,9 @@ class SlotAssigner:
             if cand is not None and plan.kind != "cache" and min(cand.n_tokens, len(prompt) - 1) - plan.reuse >= MIN_GAIN:
                 excluded.add(cand.name)  # not worth its bytes: a shorter saved prefix (a smaller state) may be
                 continue
-            if self._apply(plan, prompt, cand, promote=not persists_beyond(req, self._canonical(plan.reuse,
-                                                                                                len(prompt)))):
+            canon = self._canonical(plan.reuse, len(prompt))
+            used = floor_outside(canon, req.media) if req.media else canon  # what the request keeps (below)
+            if self._apply(plan, prompt, cand, promote=not persists_beyond(req, canon), n_used=used):
                 break
             excluded.add(cand.name)  # unreadable or refused: plan again without it
         if use_cache and offer is None and not excluded:
@@ -132,9 +133,11 @@ class SlotAssigner:
         log.debug("request %d -> slot %d: %d prompt tokens, %d reused (%s)", req.id, slot.id, len(prompt), reuse,
                   req.metrics.prefix_source)
 
-    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None, promote: bool = True) -> bool:
+    def _apply(self, plan: Plan, prompt: list[int], cand: PrefixCandidate | None, promote: bool = True,
+               n_used: int | None = None) -> bool:
         """Make ``plan.slot`` hold the planned prefix source; False when a cache state could not be used.
-        ``promote``: whether a restored RAM-only state is worth writing to disk now (:func:`persists_beyond`)."""
+        ``promote``: whether a restored RAM-only state is worth writing to disk now (:func:`persists_beyond`);
+        ``n_used``: the tokens of a restored state the request keeps (counted by the cache's stats)."""
         b = self.engine.backend
         slot = self.engine.slots[plan.slot]
         if plan.kind == "copy":
@@ -161,5 +164,5 @@ class SlotAssigner:
             slot.tokens = list(hit.tokens)
             slot.exact = len(slot.tokens)  # states are saved from exact cells only (_trim_inexact, _save)
             self.joined = getattr(hit, "n_blocks", 0)
-            self.engine.cache.record_hit(hit, promote=promote)
+            self.engine.cache.record_hit(hit, promote=promote, n_used=n_used)
         return True

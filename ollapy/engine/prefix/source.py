@@ -84,9 +84,11 @@ class PrefixSource(Protocol):
         ``defer_check``: verify the checksum beside the restore (see :meth:`PrefixHit.verified`)."""
         ...
 
-    def record_hit(self, hit: PrefixHit, promote: bool = True) -> None:
+    def record_hit(self, hit: PrefixHit, promote: bool = True, n_used: int | None = None) -> None:
         """``hit`` was restored and is used. ``promote`` False: the request will store a longer state of this
-        prefix to disk itself (a save point beyond it), so a RAM-only ``hit`` need not be written first."""
+        prefix to disk itself (a save point beyond it), so a RAM-only ``hit`` need not be written first.
+        ``n_used``: the tokens of it the request keeps (the prompt's last token is evaluated again, so it may be
+        fewer than ``hit.n_tokens``; None: all)."""
         ...
 
     def record_refused(self, hit: PrefixHit) -> None:
