@@ -242,6 +242,23 @@ def test_cache_read_on_a_repeated_system_prompt(api):
         model="smol-4k", system=LONG_SYSTEM, messages=[{"role": "user", "content": "Name a colour."}]).input_tokens
 
 
+def test_message_start_reports_the_cache_hit(api):
+    """A streamed answer's ``message_start`` has the prompt-cache hit, as Anthropic's does: a client reading only that
+    event (not the final ``message_delta``) sees the system prompt served from the cache."""
+    _create(api, model="smol-4k", system=LONG_SYSTEM, max_tokens=2)
+    body = {"model": "smol-4k", "system": LONG_SYSTEM, "max_tokens": 4, "stream": True,
+            "messages": [{"role": "user", "content": "Name a tree."}], **GREEDY["extra_body"]}
+    with httpx.stream("POST", api.url + "/v1/messages", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        raw = r.read().decode()
+    events = {e.split("\n")[0].removeprefix("event: "): json.loads(e.split("\n")[1].removeprefix("data: "))
+              for e in raw.strip().split("\n\n")}
+    start, final = events["message_start"]["message"]["usage"], events["message_delta"]["usage"]
+    assert start["cache_read_input_tokens"] > 1100, start  # the system prompt, known before the first token
+    assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"]
+    assert start["input_tokens"] == final["input_tokens"]
+
+
 # ---- errors -----------------------------------------------------------------------------------------------
 def test_unknown_model_is_not_found_error(api):
     with pytest.raises(anthropic.NotFoundError) as e:

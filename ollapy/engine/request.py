@@ -125,6 +125,9 @@ class Request:
     output_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # sampled, not yet sent with a chunk
     cancelled_in: str = ""  # the phase a cancel ended it in: queue, prefill or generate (an event for tests and logs)
+    planned: threading.Event = field(default_factory=threading.Event)
+    """Set once the engine has placed the request in a slot (``metrics.prompt_cache_tokens`` is then final, before
+    the prefill) or ended it: what an API that reports the cache hit before the first token waits for."""
     _cancel: threading.Event = field(default_factory=threading.Event)
     _q: Any = None
     _closed: bool = False
@@ -151,6 +154,7 @@ class Request:
             return
         if isinstance(item, BaseException) or (isinstance(item, Chunk) and item.done):
             self._closed = True
+            self.planned.set()
         if self.loop is not None:
             try:
                 self.loop.call_soon_threadsafe(self._q.put_nowait, item)

@@ -124,6 +124,7 @@ class SlotAssigner:
         req.metrics.prompt_cache_tokens = reuse
         req.metrics.prefix_source = plan.source if reuse else "none"
         req.metrics.prompt_cache_blocks = self.joined if plan.kind == "cache" and reuse else 0
+        req.planned.set()
         text_only = [t for t in prompt if t >= 0] if req.media else prompt  # no image placeholder ids
         slot.sampler = Sampler(b, req.options, req.grammar, text_only)
         slot.begin(req, self.engine.resolve_keep(req.keep, req.options))

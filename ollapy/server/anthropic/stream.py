@@ -151,16 +151,37 @@ async def _with_pings(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
             nxt.cancel()
 
 
+PLAN_WAIT_S = 2.0
+"""Seconds a stream's ``message_start`` waits for the engine to place the request (and know its prompt-cache hit)
+before it goes out with ``cache_read_input_tokens`` 0; placing takes one engine step, a queued request longer."""
+
+
+async def planned_cache_tokens(gen: generation.Generation, wait_s: float = PLAN_WAIT_S) -> int:
+    """The prompt tokens the prompt cache serves for ``gen``, once the engine has placed it (at most ``wait_s`` s
+    later: 0 when it has not by then, or when the runner cannot say, as a runner child process's requests)."""
+    planned = getattr(gen.req, "planned", None)
+    if planned is None:
+        return 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while not planned.is_set() and loop.time() < deadline:
+        await asyncio.sleep(0.005)
+    return int(gen.req.metrics.prompt_cache_tokens) if planned.is_set() else 0
+
+
 def message_stream(gen: generation.Generation, model: str, msg_id: str,
                    stop_sequences: list[str] | None = None) -> GenStream:
     """The SSE response of a streamed ``/v1/messages`` answer (see the module docstring; ``stop_sequences``: the
     request's)."""
 
     async def events() -> AsyncIterator[bytes]:
+        # the usage as Anthropic's message_start gives it: the cache hit is known before the first token (the
+        # engine places the request, then prefills), so a client reading only this event sees it
+        cached = min(await planned_cache_tokens(gen), gen.prompt_tokens)
         start = {"id": msg_id, "type": "message", "role": "assistant", "model": model, "content": [],
                  "stop_reason": None, "stop_sequence": None,
-                 "usage": {"input_tokens": gen.prompt_tokens, "cache_creation_input_tokens": 0,
-                           "cache_read_input_tokens": 0, "output_tokens": 0}}
+                 "usage": {"input_tokens": gen.prompt_tokens - cached, "cache_creation_input_tokens": 0,
+                           "cache_read_input_tokens": cached, "output_tokens": 0}}
         yield sse("message_start", {"message": start})
         yield sse("ping", {})
         blocks = BlockWriter()
