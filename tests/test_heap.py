@@ -55,10 +55,15 @@ def test_load_unload_cycles_leave_rss_flat(smollm2_path, tmp_path):
     assert after_close[-1] - after_close[0] < 12 * MIB, [round(x / MIB) for x in after_close]
 
 
-def test_without_the_trim_the_cycles_grow(smollm2_path, tmp_path):
-    """The figure above can fail: the same cycles without ``malloc_trim`` after an unload keep more resident."""
+def test_without_the_trim_more_stays_resident(smollm2_path, tmp_path):
+    """The figure above can fail: the same cycles without ``malloc_trim`` after an unload keep more resident.
+
+    Compared by level (the mean over the four cycles, and the last), not by growth from the first cycle: how much
+    of the untrimmed heap is already held after cycle 1 varies from run to run (first cycles seen at 70 and 97 MiB),
+    while the gap stays (measured: means 60/92, 63/87, 69/101 MiB, trimmed/untrimmed)."""
     trimmed = _cycles(smollm2_path, tmp_path / "a")
     untrimmed = _cycles(smollm2_path, tmp_path / "b", "--no-trim")
-    grown = lambda xs: xs[-1] - xs[0]  # noqa: E731
-    assert grown(untrimmed) > grown(trimmed) + 8 * MIB, ([round(x / MIB) for x in trimmed],
-                                                        [round(x / MIB) for x in untrimmed])
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    figures = ([round(x / MIB) for x in trimmed], [round(x / MIB) for x in untrimmed])
+    assert mean(untrimmed) > mean(trimmed) + 8 * MIB, figures
+    assert untrimmed[-1] > trimmed[-1] + 8 * MIB, figures

@@ -113,12 +113,12 @@ def test_create_refuses_a_file_that_is_not_a_model(client, data, why):
 
 
 def test_cli_create_refuses_random_bytes(tmp_path, monkeypatch):
-    from ollapy.errors import UsageError
+    from ollapy.errors import ModelLoadError
     from ollapy.store import create_model
 
     monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
     (tmp_path / "junk.gguf").write_bytes(bytes(range(256)) * 400)
-    with pytest.raises(UsageError, match="FROM junk.gguf: not a GGUF model file .no GGUF magic."):
+    with pytest.raises(ModelLoadError, match="FROM junk.gguf: not a GGUF model file .no GGUF magic."):
         create_model("junk", "FROM junk.gguf\n", tmp_path)
     (tmp_path / "ok.gguf").write_bytes(tiny_gguf())
     assert create_model("fine", "FROM ok.gguf\n", tmp_path).name.startswith("fine")

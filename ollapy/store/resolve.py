@@ -284,8 +284,9 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
 def _check_model_file(path: Path, given: str) -> None:
     """Refuse a FROM file that is not a model GGUF before anything is stored (as ``ollama create`` refuses an
     unreadable model): a file whose GGUF header does not parse (random bytes, a truncated download, another
-    format) or a vision projector (mmproj) named as the model. Raises UsageError."""
-    from ollapy.errors import ModelLoadError, UsageError
+    format) or a vision projector (mmproj) named as the model. Raises ModelLoadError (exit 1, a 400 over HTTP),
+    as for a missing file."""
+    from ollapy.errors import ModelLoadError
     from ollapy.store.info import read_gguf_header
 
     try:
@@ -293,10 +294,10 @@ def _check_model_file(path: Path, given: str) -> None:
     except ModelLoadError as exc:
         text = str(exc.args[0]) if exc.args else ""
         why = text[text.rfind("(") + 1:].rstrip(")") if text.endswith(")") else "unreadable header"
-        raise UsageError(f"FROM {given}: not a GGUF model file ({why})",
+        raise ModelLoadError(f"FROM {given}: not a GGUF model file ({why})",
                          hint="FROM names a model's .gguf file (whole, not a partial download) or a model name") from None
     if arch == "clip":
-        raise UsageError(f"FROM {given}: a vision projector (mmproj), not a model",
+        raise ModelLoadError(f"FROM {given}: a vision projector (mmproj), not a model",
                          hint="FROM names the model first; the projector goes in a second FROM line")
 
 
