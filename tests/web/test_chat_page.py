@@ -338,6 +338,8 @@ def test_models_view_pulls_lists_deletes_and_shows_loaded(site, context):
     assert page.locator("#loaded-list tr").count() >= 1  # models the other tests loaded
     shot(page, "models")
     page.click("#back-to-chat")
+    # the chat's model picker is refilled right after the models view (onModelsChanged): wait for it, not a race
+    page.wait_for_selector("#model option[value='tiny:latest']", state="attached", timeout=30_000)
     assert "tiny:latest" in page.locator("#model option").all_inner_texts()
     page.click("#show-models")
     page.click("#model-list tr[data-model='tiny:latest'] .delete")
