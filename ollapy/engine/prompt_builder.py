@@ -72,7 +72,7 @@ class PromptBuilder:
 
     def _media_tokens(self, text: str, images: list) -> tuple[list[int], tuple]:
         """Tokens (placeholder ids for images) and image spans of ``text`` with its markers; never two BOS."""
-        tokens, media = self.media.build(text, images)
+        tokens, media = self.media.build(self._strip_bos_text(text), images)
         bos = self.backend.bos
         if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
             from dataclasses import replace
@@ -81,9 +81,17 @@ class PromptBuilder:
             media = tuple(replace(sp, start=sp.start - 1) for sp in media)
         return tokens, media
 
+    def _strip_bos_text(self, text: str) -> str:
+        """``text`` without a leading BOS text when the tokenizer adds BOS itself: llama.cpp's rule for a rendered
+        chat template (``common/chat.cpp``, "to avoid double BOS"), so ``llama_tokenize`` neither adds a second
+        BOS nor logs its double-BOS warning."""
+        if self.backend.add_bos and self.bos_text and text.startswith(self.bos_text):
+            return text[len(self.bos_text):]
+        return text
+
     def tokenize(self, text: str) -> list[int]:
         """Tokenize text with the model's special-token rules; never two BOS tokens."""
-        toks = self.backend.tokenize(text, add_special=True, parse_special=True)
+        toks = self.backend.tokenize(self._strip_bos_text(text), add_special=True, parse_special=True)
         bos = self.backend.bos
         while len(toks) >= 2 and toks[0] == bos and toks[1] == bos:
             toks.pop(0)
