@@ -82,7 +82,7 @@ def read_gguf_header(path: Path, keep: frozenset[str] = frozenset()) -> tuple[di
     """Return (scalar metadata, parameter count). Arrays are summarised (:class:`ArraySummary`), except those named
     in ``keep``: string arrays come as ``list[bytes]`` (``tokenizer.ggml.tokens``: linear in the vocabulary size), number
     arrays as lists of numbers.
-    Raises ModelLoadError."""
+    Raises ModelLoadError, chained to the parser's error (``__cause__``: why the header does not parse)."""
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
@@ -105,7 +105,7 @@ def read_gguf_header(path: Path, keep: frozenset[str] = frozenset()) -> tuple[di
                 n_params += count
             return meta, n_params
     except (OSError, EOFError, ValueError, struct.error) as exc:
-        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})", hint="re-pull the model") from None
+        raise ModelLoadError(f"{path}: not a readable GGUF file ({exc})", hint="re-pull the model") from exc
 
 
 # architectures llama.cpp runs with non-causal attention (encoders), whether or not the GGUF says so (also used by

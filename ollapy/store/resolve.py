@@ -291,9 +291,8 @@ def _check_model_file(path: Path, given: str) -> None:
 
     try:
         arch = read_gguf_header(path)[0].get("general.architecture")
-    except ModelLoadError as exc:
-        text = str(exc.args[0]) if exc.args else ""
-        why = text[text.rfind("(") + 1:].rstrip(")") if text.endswith(")") else "unreadable header"
+    except ModelLoadError as exc:  # read_gguf_header chains the parser's own error: the reason
+        why = str(exc.__cause__) if exc.__cause__ is not None else "unreadable header"
         raise ModelLoadError(f"FROM {given}: not a GGUF model file ({why})",
                          hint="FROM names a model's .gguf file (whole, not a partial download) or a model name") from None
     if arch == "clip":
