@@ -173,7 +173,8 @@ def _count(stderr: bytes, what: bytes) -> int:
 def test_gemma_turn_restored_in_a_new_process_answers_as_a_cold_one(gemma_path, tmp_path, system_lines):
     """Two `ollapy run` processes share a prompt-cache directory and a --session: the second restores turn 1's
     prompt and answer from disk; a --no-cache process given the same session prints the same turn 2. The long
-    system prompt puts turn 1 past Gemma's 512-token window, where a state keeps its 64-token grid."""
+    system prompt puts turn 1 past Gemma's 512-token window, where the state's first in-window position is off
+    the 64-token grid."""
     system = " ".join(f"Line {i}: the keeper logged wind {i * 7 % 40} knots and waves {i % 9} metres."
                       for i in range(system_lines))
     args = ["run", str(gemma_path), "--system", system, "--verbose", "-o", "temperature=0", "-o", "num_predict=24"]
@@ -189,10 +190,9 @@ def test_gemma_turn_restored_in_a_new_process_answers_as_a_cold_one(gemma_path, 
     assert cached.stdout == cold.stdout
     reused = _reused(cached.stderr)
     assert _reused(cold.stderr) == 0
-    if held <= 512:  # every cell still in the window: the whole turn, answer included
-        assert reused >= held, (reused, held)
-    else:  # past the window a sliding-window state ends on the 64-token grid
-        assert reused >= held - held % 64 - 64 and reused % 64 == 0, (reused, held)
+    # the whole turn, answer included, in the window or past it (where the state ends off the 64-token grid and
+    # the restore places its window in the cold run's lanes: backend/window.py)
+    assert reused >= held, (reused, held)
     assert json.loads(src.read_text())["messages"][-1]["role"] == "assistant"
 
 

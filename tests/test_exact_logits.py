@@ -191,3 +191,62 @@ def test_five_decode_rows_in_one_step_leave_the_answer_unchanged_for_row_invaria
         pytest.skip("repacked weights (extra_bufts on, Q4_K): the README states no concurrency guarantee")
     cold = h.cold()
     assert h.cached(N_PROMPT - 1, seq=1, others=((0, 40), (2, 77), (3, 13), (4, 150))) == cold
+
+
+def _answered_state(h: Harness, end: int, seq: int, decoded: int = 4) -> None:
+    """``seq`` holds ``[0, end)`` as a finished turn leaves it on an answer-reuse build: chunks, then ``decoded``
+    decode-shaped rows (the last prompt token and the answer)."""
+    h.b.seq_clear(seq)
+    h.canonical_prefill(seq, 0, end - decoded, points=(end - decoded,))
+    for p in range(end - decoded, end):
+        h.b.decode(array("i", [h.toks[p]]), array("i", [p]), array("i", [seq]), array("b", [0]))
+
+
+def _sliding_window_rows_invariant(h: Harness) -> None:
+    if not h.b.n_swa or not h.row_invariant or not h.b.answer_reuse:
+        pytest.skip("a sliding-window model (Gemma 3) on an answer-reuse build")
+
+
+def test_a_sliding_window_state_ending_off_the_grid_restores_bit_exact(harness):
+    """A state past the window (its first in-window position off the 64-token grid) restored with its window
+    placed in the cold run's lanes (backend/window.py) gives the cold logits bit for bit, into a slot that held
+    another sequence before too. The control: llama.cpp's own placement (cell 0 for the window's first
+    position) does not, for at least one of the ends."""
+    from types import SimpleNamespace
+
+    from ollapy.engine.prefix.assignment import SlotAssigner
+
+    h = harness
+    _sliding_window_rows_invariant(h)
+    n, cold, control = len(h.toks), h.cold(), []
+    holed = SlotAssigner(SimpleNamespace(backend=h.b)).window_holed
+    for end in (541, 555, 579, 590):
+        _answered_state(h, end, seq=2)
+        state = h.b.state_get(2)
+        for place in (True, False):
+            _answered_state(h, 300, seq=0)  # the slot held another sequence
+            assert h.b.state_set(0, state, place_window=place)
+            if place:
+                first = end - h.b.n_swa
+                assert h.b.window_floor(0) == first and h.b.seq_pos_min(0) == first - first % 64
+                # a trim below the end would attend to the empty cells under the window: planned around
+                assert holed(0, end - 1) and not holed(0, end)
+            h.canonical_prefill(0, end, n - 1)
+            got = h.last_alone(0)
+            if place:
+                assert got == cold, end
+            else:
+                control.append(got == cold)
+    assert not all(control), "llama.cpp's own placement matched every time: the test would not see a regression"
+
+
+def test_a_sliding_window_slot_trimmed_off_the_grid_continues_bit_exact(harness):
+    """The slot's own cells (no restore: every cell where the earlier turn put it) trimmed to any position."""
+    h = harness
+    _sliding_window_rows_invariant(h)
+    n, cold = len(h.toks), h.cold()
+    for end, trim in ((560, 553), (590, 531), (599, 599)):
+        _answered_state(h, end, seq=1)
+        assert h.b.seq_rm(1, trim, -1)
+        h.canonical_prefill(1, trim, n - 1)
+        assert h.last_alone(1) == cold, (end, trim)

@@ -38,6 +38,8 @@ class StateSegments:
     ``ptrs``/``sizes`` are uint64 arrays of one shape ``(n,)``; ``nbytes`` is their sum (the state's size).
     ``keep`` holds every object whose memory a piece points into: the pieces stay valid while this object
     lives. ``blocks``/``tail`` are what it was made from (:meth:`join` rebuilds one buffer from them).
+    ``rest_index``: the one piece that holds the caches after the first (a sliding window's, which the backend
+    places: :mod:`ollapy.engine.backend.window`), -1 when there are none.
     """
 
     ptrs: np.ndarray
@@ -46,6 +48,7 @@ class StateSegments:
     keep: list = field(default_factory=list)
     blocks: Sequence = ()
     tail: object = b""
+    rest_index: int = -1
 
     def __len__(self) -> int:
         return self.nbytes
@@ -127,5 +130,6 @@ def join_segments(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes 
     s = np.ascontiguousarray(np.concatenate(sizes), dtype=np.uint64)
     total = int(s.sum())
     assert total == 8 + _cache_size(layout, n) + len(rest), "pieces do not add up to the joined state"
-    return StateSegments(np.ascontiguousarray(p, dtype=np.uint64), s, total, keep, blocks, tail)
+    return StateSegments(np.ascontiguousarray(p, dtype=np.uint64), s, total, keep, blocks, tail,
+                         len(p) - 1 if len(rest) else -1)
 

@@ -38,14 +38,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ollapy.kvformat import CacheView as _Cache
+from ollapy.kvformat import Unparsed as _Unparsed
+from ollapy.kvformat import parse_cache as _parse_cache
+
 SEQ_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic
 TAIL_MAGIC = b"OKVT"
 TAIL_VERSION = 1
 BLOCK_LAYOUT = 1  # the byte order inside a block (module docstring); a pool keeps blocks of another one apart
-
-# ggml types a KV cache can hold: type id -> (elements per block, bytes per block) (ggml/src/ggml.c type_traits)
-_GGML_TYPES = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
-               20: (32, 18)}
 
 _U32 = struct.Struct("<I")
 _TAIL_HEAD = struct.Struct("<4sHHII")  # magic, version, reserved, descriptor bytes, crc32 of the descriptor
@@ -99,92 +99,6 @@ class SplitState:
     tail: bytes  # header, layout, the cells after the last full block, and the later caches whole
     n_cells: int  # cells in the blockable part
     layout: KVLayout
-
-
-class _Unparsed(Exception):
-    """The bytes are not a layout this module knows (internal: becomes None)."""
-
-
-@dataclass(frozen=True)
-class _Cache:
-    """One KV cache parsed out of a state: its shape, where its cell data lies, and its end offset."""
-
-    shape: tuple  # (n_stream, stream, cell_seq, v_trans, k_types, k_rows, v_types, v_rows, v_elems, n_embd_v)
-    n_cells: int
-    from_zero: bool  # cells are positions 0..n_cells-1 in order
-    k_offs: tuple[int, ...]  # offset of each layer's K data
-    v_offs: tuple[int, ...]  # offset of each layer's V data
-    end: int
-
-
-def _need(buf_len: int, end: int) -> None:
-    if end > buf_len:
-        raise _Unparsed("truncated")
-
-
-def _parse_cache(mv: memoryview, off: int) -> _Cache:
-    """Parse one ``llama_kv_cache::state_write`` output at ``off``; at most one stream may hold cells."""
-    n = len(mv)
-    _need(n, off + 4)
-    n_stream = _U32.unpack_from(mv, off)[0]
-    if not 1 <= n_stream <= 4096:
-        raise _Unparsed("n_stream")
-    off += 4
-    stream, count = -1, 0
-    for s in range(n_stream):
-        _need(n, off + 4)
-        c = _U32.unpack_from(mv, off)[0]
-        off += 4
-        if c == 0:
-            continue
-        if stream >= 0:
-            raise _Unparsed("several streams hold cells")
-        stream, count = s, c
-        _need(n, off + 12 * c + 8)
-        meta = np.frombuffer(mv, dtype="<i4", count=3 * c, offset=off).reshape(c, 3)
-        if not (meta[:, 1] == 1).all():
-            raise _Unparsed("a cell of several sequences (or cell extensions)")
-        seq = int(meta[0, 2])
-        if not (meta[:, 2] == seq).all():
-            raise _Unparsed("cells of several sequences")
-        from_zero = bool((meta[:, 0] == np.arange(c, dtype=np.int32)).all())
-        off += 12 * c
-        v_trans, n_layer = struct.unpack_from("<II", mv, off)
-        off += 8
-        if v_trans > 1 or not 1 <= n_layer <= 4096:
-            raise _Unparsed("v_trans or n_layer")
-        k_types, k_rows, k_offs = [], [], []
-        for _ in range(n_layer):
-            _need(n, off + 12)
-            t, row = struct.unpack_from("<iQ", mv, off)
-            if t not in _GGML_TYPES or row == 0 or row % _GGML_TYPES[t][1]:
-                raise _Unparsed("K type or row size")
-            k_types.append(t), k_rows.append(row), k_offs.append(off + 12)
-            off += 12 + c * row
-            _need(n, off)
-        v_types, v_rows, v_elems, n_embd_v, v_offs = [], [], [], [], []
-        for _ in range(n_layer):  # every layer has V (layers without V would not parse: None)
-            if v_trans:
-                _need(n, off + 12)
-                t, el, embd = struct.unpack_from("<iII", mv, off)
-                if t not in _GGML_TYPES or _GGML_TYPES[t] != (1, el) or embd == 0:
-                    raise _Unparsed("transposed V type")
-                row, head = el * embd, 12
-            else:
-                _need(n, off + 12)
-                t, row = struct.unpack_from("<iQ", mv, off)
-                if t not in _GGML_TYPES or row == 0 or row % _GGML_TYPES[t][1]:
-                    raise _Unparsed("V type or row size")
-                el, embd, head = 0, 0, 12
-            v_types.append(t), v_rows.append(row), v_elems.append(el), n_embd_v.append(embd), v_offs.append(off + head)
-            off += head + c * row
-            _need(n, off)
-        shape = (n_stream, stream, seq, bool(v_trans), tuple(k_types), tuple(k_rows), tuple(v_types), tuple(v_rows),
-                 tuple(v_elems), tuple(n_embd_v))
-    if stream < 0:
-        shape = (n_stream, -1, 0, False, (), (), (), (), (), ())
-        return _Cache(shape, 0, True, (), (), off)
-    return _Cache(shape, count, from_zero, tuple(k_offs), tuple(v_offs), off)
 
 
 def _parse(state) -> tuple[memoryview, _Cache, _Cache | None]:

@@ -36,6 +36,7 @@ class SlotBookkeeping:
     answer_reuse: bool
     unshifted: int
     align: int
+    reuse_align: int
     requests_done: int
 
     def _append_row(self, s: Slot, tok: int) -> None:
@@ -146,8 +147,8 @@ class SlotBookkeeping:
         Keeps ``tokens`` equal to the cells the sequence holds, and makes the
         state a finished request leaves exactly its reusable prefix.
         """
-        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it must end
-            s.exact -= s.exact % self.align  # on the grid once positions left its window (evalorder)
+        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it ends where
+            s.exact -= s.exact % self.reuse_align  # a later prompt may resume (evalorder: anywhere on answer reuse)
         if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
             del s.tokens[s.exact:]
         elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable

@@ -86,9 +86,10 @@ class Engine(SlotBookkeeping):
         self.kv_per_token = backend.kv_bytes_per_token()  # KV bytes per token of one slot (the planner's unit)
         self.align = grid_for(backend.n_swa)  # the canonical order's chunk grid (evalorder)
         # evalorder rule 3: on a build whose decode rows compute like chunk rows, generated cells are exact too, and
-        # a reused prefix may end anywhere (the 4-grid is for repacked weights; a sliding-window state keeps its 64)
+        # a reused prefix may end anywhere (the 4-grid is for repacked weights; a sliding-window state restores
+        # its window in the cold run's lanes wherever it ends: backend/window.py)
         self.answer_reuse = bool(getattr(backend, "answer_reuse", False))
-        self.reuse_align = 1 if self.answer_reuse and not backend.n_swa else self.align
+        self.reuse_align = 1 if self.answer_reuse else self.align
         self.unshifted = backend.n_swa if self.answer_reuse else 0  # a sliding-window state off its grid, still exact
         self.spec = speculator or Speculator(backend.n_parallel)  # speculative decoding (engine/speculation.py)
         self._assigner = SlotAssigner(self)  # a new request's slot and prefix source (engine/assignment.py)

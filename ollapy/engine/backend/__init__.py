@@ -14,6 +14,7 @@ Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and
 - :mod:`.seqstate`: the ``llama_state_seq_*`` header, rewritten so a state restores into any ``seq_id``.
 - :mod:`.vocab`: a draft model's vocabulary checked against its target's at load time.
 - :mod:`.vulkan`: Vulkan device selection.
+- :mod:`.window`: a restored sliding-window cache's cells placed in the cold run's attention lanes.
 
 Nothing is imported here, so that importing one module does not load the others.
 """

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ollapy.engine.backend import bindings, seqstate
+from ollapy.engine.backend import bindings, seqstate, window
 from ollapy.engine.backend.bindings import (
     C,
     choose_extra_bufts,
@@ -205,6 +205,9 @@ class Backend:
         self.state_layout = seqstate.PORTABLE if plain_kv else f"streams-{self.n_stream}"
         # a state kept as KV blocks restores from the blocks where they lie (ollapy's patched build)
         self.restores_segments = bindings.state_set_segments_fn() is not None
+        # per sequence restored with empty cells in front of its sliding window (backend/window.py): the first
+        # position whose KV is real (a trim below it would attend to the empty cells)
+        self._window_floor: dict[int, int] = {}
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
@@ -339,20 +342,32 @@ class Backend:
     # ---- sequences ------------------------------------------------------------------------
     def seq_rm(self, seq: int, p0: int = 0, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of ``seq`` (p1=-1: to the end). False when llama.cpp cannot do a partial removal."""
+        if p0 <= 0 and p1 < 0:
+            self._window_floor.pop(seq, None)
         return bool(C.llama_memory_seq_rm(self.mem, seq, p0, p1))
 
     def seq_clear(self, seq: int) -> None:
         """Remove every cell of ``seq``."""
+        self._window_floor.pop(seq, None)
         C.llama_memory_seq_rm(self.mem, seq, -1, -1)
 
     def seq_cp(self, src: int, dst: int) -> None:
         """Copy all of ``src`` into ``dst`` (whole sequences only: partial copies abort without a unified KV)."""
         self.seq_clear(dst)
         C.llama_memory_seq_cp(self.mem, src, dst, -1, -1)
+        if src in self._window_floor:
+            self._window_floor[dst] = self._window_floor[src]
 
     def seq_add(self, seq: int, p0: int, p1: int, delta: int) -> None:
         """Shift positions [p0, p1) of ``seq`` by ``delta`` (context shift)."""
+        if seq in self._window_floor:  # the empty cells moved too: no trim of this sequence may rely on its window
+            self._window_floor[seq] = 1 << 30
         C.llama_memory_seq_add(self.mem, seq, p0, p1, delta)
+
+    def window_floor(self, seq: int) -> int:
+        """The first position of ``seq``'s sliding-window cache that holds real KV (0: every position it holds):
+        above ``seq_pos_min`` after a restore that put empty cells in front of the window (backend/window.py)."""
+        return self._window_floor.get(seq, 0)
 
     def seq_pos_min(self, seq: int) -> int:
         """Smallest position held by ``seq`` (-1 when empty); above 0 once a sliding window dropped cells."""
@@ -385,13 +400,33 @@ class Backend:
                 return bytearray()
         return out  # a bytearray: no extra copy of a state that can be tens of MB
 
-    def state_set(self, seq: int, data) -> bool:
+    def state_set(self, seq: int, data, place_window: bool = True) -> bool:
         """Restore a state produced by :meth:`state_get` into ``seq``; False when llama.cpp refuses it.
 
         ``data``: a buffer, or the state as memory pieces (an object with uint64 arrays ``ptrs``/``sizes`` and a
         ``join()`` method: :class:`ollapy.cache.kvsegments.StateSegments`), read where the pieces lie when
-        :attr:`restores_segments`, joined into one buffer first otherwise.
+        :attr:`restores_segments`, joined into one buffer first otherwise. A sliding-window cache's cells are
+        placed as a cold run places them, modulo the attention's lanes (:mod:`ollapy.engine.backend.window`), so
+        a state that ends anywhere restores bit-exact; ``place_window`` False leaves llama.cpp's own placement
+        (for the tests that show why).
         """
+        floor = 0
+        if self.n_swa and place_window:
+            if hasattr(data, "ptrs") and not self.restores_segments:
+                data = data.join()
+            try:
+                data, floor = window.place_state(data, self.restores_segments)
+            except window.WindowError as exc:
+                log.debug("state for seq %d not restored: %s", seq, exc)
+                self.seq_clear(seq)  # as llama.cpp leaves a sequence whose state it refused
+                return False
+        if not self._state_set(seq, data):
+            return False
+        if floor:
+            self._window_floor[seq] = floor
+        return True
+
+    def _state_set(self, seq: int, data) -> bool:
         if hasattr(data, "ptrs"):
             if self.restores_segments:
                 return self._state_set_segments(seq, data)

@@ -56,13 +56,14 @@ class SlotAssigner:
         llama.cpp server's rule (``pos_min_thold``): the sliding-window cache of
         the sequence must still hold position ``reuse - n_swa``; a state
         restored from the cache holds only its in-window cells, and a trim
-        below them leaves that cache empty (``seq_pos_min`` -1).
+        below them leaves that cache empty (``seq_pos_min`` -1). The empty
+        cells a restore puts before the window (``Backend.window_floor``) hold no KV.
         """
         b = self.engine.backend
         if not b.n_swa or not reuse:
             return False
         pos_min = b.seq_pos_min(seq)
-        return pos_min < 0 or pos_min > max(0, reuse - b.n_swa)
+        return pos_min < 0 or max(pos_min, b.window_floor(seq)) > max(0, reuse - b.n_swa)
 
     def _offer(self, prompt: list[int], exclude: set[str]) -> tuple[PrefixCandidate | None, CacheOffer | None]:
         if self.engine.cache is None:

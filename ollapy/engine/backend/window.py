@@ -1,0 +1,186 @@
+"""A sliding-window cache's cells placed, on restore, where a cold run puts them (modulo the attention's lanes).
+
+``llama_state_seq_get_data`` keeps only the in-window cells of a sliding-window (SWA) cache: positions
+``[p_first, end)`` with ``p_first = end - n_swa`` once a sequence is longer than its window
+(``llama_kv_cache::state_write`` skips the cells ``is_masked_swa`` hides). ``state_read`` then places them in
+the destination stream from its head, cell 0 of an empty stream, so position ``p`` lands in cell
+``p - p_first``. A cold run (ollapy's contexts set ``swa_full``: a window cache as large as the context, so
+nothing wraps) holds position ``p`` in cell ``p``. ggml-cpu's attention sums over the KV cells in lanes by
+cell index (``GGML_F16_STEP`` 64 in ``ggml_vec_dot_f16``; ``KN`` 16 in tinyBLAS; see
+:data:`ollapy.engine.prefix.evalorder.SWA_ALIGN`), so the restored sums match the cold ones bit for bit only
+when ``p_first`` is a multiple of 64: the reason sliding-window states used to be kept on a 64-token grid.
+
+:func:`align_window` lifts that: it puts ``k = p_first mod grid`` empty cells in front of the window, at
+positions ``p_first - k .. p_first - 1`` with zero K and V. They keep the sequence's positions contiguous (the
+invariant ``apply_ubatch`` keeps), every later query masks them (they lie outside its window, as the cold
+run's cells before ``p_first`` do), and a masked key adds an exact zero to every sum, so position ``p`` sits in
+cell ``p - p_first + k``, which is ``p`` modulo ``grid``: the cold run's lane. ``tests/test_exact_logits.py``
+holds restored states ending off the grid to the cold logits bit for bit.
+
+The empty cells are not KV: :class:`~ollapy.engine.backend.context.Backend` remembers the first real position
+of each sequence it restored so (``window_floor``), and a trim that would need the positions below it is
+refused (:meth:`ollapy.engine.prefix.assignment.SlotAssigner.window_holed`).
+"""
+from __future__ import annotations
+
+import copy
+import ctypes
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ollapy.kvformat import U32, CacheView, Unparsed, parse_cache
+
+SEQ_MAGIC = 0xAF143CD8  # llama-context.cpp io_magic
+
+WINDOW_GRID = 64
+"""The lane width the placement is kept to (:data:`ollapy.engine.prefix.evalorder.SWA_ALIGN`)."""
+
+
+class WindowError(ValueError):
+    """A sliding-window cache that cannot be placed: it does not parse, or its cells are not consecutive."""
+
+
+def window_pad(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) -> int:
+    """The empty cells :func:`align_window` puts in front of ``rest``'s window (0 when it starts on the grid or
+    holds no cells). Raises WindowError when ``rest`` is not one llama.cpp KV cache of one sequence."""
+    cache, first = _window(memoryview(rest).cast("B"))
+    return 0 if cache is None else first % grid
+
+
+def align_window(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) -> memoryview | bytearray:
+    """``rest`` (one ``llama_kv_cache::state_write`` output: the sliding-window cache of a sequence state) with
+    :func:`window_pad` empty cells before its first cell, so that a restore places every position in a cell
+    congruent to it modulo ``grid`` (module docstring). Returns ``rest`` itself when nothing is to be added;
+    otherwise a new bytearray of ``len(rest) + k * (12 + bytes per cell)`` bytes. Raises WindowError when
+    ``rest`` does not parse as one KV cache of one sequence, or its first position is below ``k``."""
+    mv = memoryview(rest).cast("B")
+    cache, first = _window(mv)
+    k = 0 if cache is None else first % grid
+    if k == 0:
+        return rest
+    assert cache is not None and first >= k
+    n_stream, stream, seq, v_trans, _, k_rows, _, v_rows, v_elems, n_embd_v = cache.shape
+    c = cache.n_cells
+    out = bytearray(len(mv) + k * (12 + sum(k_rows) + sum(v_rows)))
+    o, i = 0, 4  # write and read offsets (past n_stream)
+    U32.pack_into(out, o, n_stream)
+    o += 4
+    for s in range(n_stream):
+        if s != stream:
+            U32.pack_into(out, o, 0)
+            o, i = o + 4, i + 4
+            continue
+        U32.pack_into(out, o, c + k)
+        o, i = o + 4, i + 4
+        meta = np.frombuffer(out, dtype="<i4", count=3 * k, offset=o).reshape(k, 3)
+        meta[:, 0] = np.arange(first - k, first, dtype=np.int32)
+        meta[:, 1] = 1
+        meta[:, 2] = seq
+        o += 12 * k
+        out[o:o + 12 * c + 8] = mv[i:i + 12 * c + 8]  # the window's cells, then v_trans and n_layer
+        o, i = o + 12 * c + 8, i + 12 * c + 8
+        for row in k_rows:  # per layer: type and row size, k zero rows, the window's rows
+            out[o:o + 12] = mv[i:i + 12]
+            o, i = o + 12 + k * row, i + 12
+            out[o:o + c * row] = mv[i:i + c * row]
+            o, i = o + c * row, i + c * row
+        for row, el, embd in zip(v_rows, v_elems, n_embd_v):
+            out[o:o + 12] = mv[i:i + 12]
+            o, i = o + 12, i + 12
+            if v_trans:  # per embedding element: k zero values, then the window's values
+                dst = np.frombuffer(out, np.uint8, count=embd * (c + k) * el, offset=o).reshape(embd, (c + k) * el)
+                dst[:, k * el:] = np.frombuffer(mv, np.uint8, count=embd * c * el, offset=i).reshape(embd, c * el)
+            else:
+                out[o + k * row:o + (c + k) * row] = mv[i:i + c * row]
+            o, i = o + (c + k) * row, i + c * row
+    assert o == len(out) and i == len(mv), (o, len(out), i, len(mv))
+    return out
+
+
+def _window(mv: memoryview) -> tuple[CacheView | None, int]:
+    """``(parsed cache, first position)`` of ``mv``, or ``(None, 0)`` for a cache with no cells."""
+    try:
+        cache = parse_cache(mv, 0)
+    except (Unparsed, struct.error, ValueError) as exc:
+        raise WindowError(f"not a sliding-window KV cache: {exc}") from None
+    if cache.end != len(mv):
+        raise WindowError("a sliding-window KV cache with trailing bytes")
+    if cache.n_cells == 0:
+        return None, 0
+    meta_off = 4 + 4 * (cache.shape[1] + 1)  # n_stream, then the counts of the streams up to the filled one
+    pos = np.frombuffer(mv, dtype="<i4", count=3 * cache.n_cells, offset=meta_off)[0::3]
+    first = int(pos[0])
+    if not (pos == np.arange(first, first + cache.n_cells, dtype=np.int32)).all():
+        raise WindowError("a sliding-window KV cache whose cells are not consecutive positions")
+    return cache, first
+
+
+@dataclass
+class Pieces:
+    """A state as memory pieces for ``llama_state_seq_set_data_segments``: uint64 ``ptrs``/``sizes`` of one
+    shape ``(n,)``; ``keep`` owns the memory the pieces point into."""
+
+    ptrs: np.ndarray
+    sizes: np.ndarray
+    keep: list = field(default_factory=list)
+
+
+def _addr(buf) -> int:
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
+
+
+def place_state(data, segments: bool):
+    """``(data to restore, first window position or 0)``: the state ``data`` with its sliding-window cache
+    aligned by :func:`align_window`; ``data`` itself when it holds no such cache or nothing is to be added.
+
+    ``data``: a state buffer, or an object with uint64 ``ptrs``/``sizes`` and ``rest_index`` (the piece holding
+    the sliding-window cache, -1 for none: :class:`ollapy.cache.kvsegments.StateSegments`). ``segments``: the
+    backend reads pieces, so a changed buffer comes back as :class:`Pieces` (the cells are not copied again);
+    otherwise as one new bytearray. Raises WindowError as :func:`align_window` does.
+    """
+    if hasattr(data, "ptrs"):
+        i = getattr(data, "rest_index", -1)
+        if i < 0:
+            return data, 0
+        if i >= len(data.ptrs):
+            raise WindowError(f"the sliding-window cache is piece {i} of {len(data.ptrs)}")
+        size = int(data.sizes[i])
+        rest = memoryview((ctypes.c_uint8 * size).from_address(int(data.ptrs[i]))).cast("B")
+        first = _first_position(rest)
+        placed = align_window(rest)
+        if placed is rest:
+            return data, first
+        out = copy.copy(data)
+        out.ptrs, out.sizes = data.ptrs.copy(), data.sizes.copy()
+        out.ptrs[i], out.sizes[i] = _addr(placed), len(placed)
+        out.keep = [*data.keep, placed]
+        out.nbytes = int(out.sizes.sum())
+        return out, first
+    mv = memoryview(data).cast("B")
+    if len(mv) < 12 or U32.unpack_from(mv, 0)[0] != SEQ_MAGIC:
+        return data, 0  # not a state this module reads: llama.cpp judges it
+    try:
+        base = parse_cache(mv, 8)
+    except (Unparsed, struct.error, ValueError):
+        return data, 0
+    if base.end == len(mv):
+        return data, 0  # one KV cache: no sliding window
+    rest = mv[base.end:]
+    first = _first_position(rest)
+    placed = align_window(rest)
+    if placed is rest:
+        return data, first
+    if segments:
+        head = mv[:base.end]
+        return Pieces(np.array([_addr(head), _addr(placed)], dtype=np.uint64),
+                      np.array([len(head), len(placed)], dtype=np.uint64), [data, placed]), first
+    out = bytearray(base.end + len(placed))
+    out[:base.end] = mv[:base.end]
+    out[base.end:] = placed
+    return out, first
+
+
+def _first_position(rest: memoryview) -> int:
+    return _window(rest)[1]
