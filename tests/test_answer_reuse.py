@@ -158,6 +158,9 @@ def test_the_next_turn_prefills_only_the_new_message_and_its_turn_markers(tmp_pa
             msgs.append({"role": "assistant", "content": out["message"]["content"]})
             prev = out
         assert any(cut[:-1]), cut  # at least one answer cut by num_predict was continued
+        # the turns the slot's own KV served are not prompt-cache misses: only the first, cold, one is
+        misses = re.search(r'^ollapy_prompt_cache_misses_total\{[^}]*\} (\S+)$', httpx.get(api.url + "/metrics").text, re.M)
+        assert misses and float(misses.group(1)) == 1, misses
 
 
 def _reused(stderr: bytes) -> int:

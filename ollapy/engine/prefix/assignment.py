@@ -101,8 +101,6 @@ class SlotAssigner:
             if self._apply(plan, prompt, cand, promote=not persists_beyond(req, canon), n_used=used):
                 break
             excluded.add(cand.name)  # unreadable or refused: plan again without it
-        if use_cache and offer is None and not excluded:
-            self.engine.cache.record_miss()
         slot = self.engine.slots[plan.slot]
         reuse = self._canonical(plan.reuse, len(prompt))
         if req.media:  # a reused prefix never ends inside an image (engine/media.py)
@@ -114,6 +112,8 @@ class SlotAssigner:
         if self.window_holed(slot.id, reuse):  # never attend with holes (a safety net: planned around above)
             b.seq_clear(slot.id)
             reuse = 0
+        if use_cache and offer is None and not excluded and not reuse:  # a slot's own KV serving it is no miss
+            self.engine.cache.record_miss()
         del slot.tokens[reuse:]
         slot.exact = len(slot.tokens)
         # seq_pos_max + 1 == len(tokens); not yet asserted for SWA models: after a Gemma checkpoint restore

@@ -44,12 +44,13 @@ follow it, so they compute every KV cell and the final logits identically):
    ``Slot.exact`` follows the last prompt token and the generated tokens, a
    finished state keeps the answer, and the next turn prefills only the new
    message and the template's turn markers. The 4-token grid, which exists for
-   repacked weights, no longer binds a reused prefix; a sliding-window state
-   needs its 64-token grid only once positions have left the window (a state of
-   at most ``n_swa`` tokens keeps every cell from position 0, so nothing is
-   shifted: ``unshifted``). ``tests/test_answer_reuse.py`` holds it to: turn 3
-   of 20 three-turn conversations per test model, from the cache, equals turn 3
-   cold.
+   repacked weights, no longer binds a reused prefix, nor does a sliding-window
+   model's 64-token grid: a restore places the window's cells in the cold run's
+   lanes wherever the state ends (:mod:`ollapy.engine.backend.window`), and a
+   slot's own cells sit where the earlier turn put them.
+   ``tests/test_answer_reuse.py`` holds it to: turn 3 of 20 three-turn
+   conversations per test model, from the cache, equals turn 3 cold; and
+   ``tests/test_exact_logits.py`` to the cold logits bit for bit.
 """
 from __future__ import annotations
 
@@ -60,11 +61,13 @@ ALIGN = 4
 groups of 4 with a gemm kernel and the remainder with a gemv kernel, which round differently."""
 SWA_ALIGN = 64
 """The grid of a sliding-window model (:func:`grid_for`). A saved state holds only the in-window cells of its
-SWA layers; restored, they sit from KV cell 0 instead of at their positions, so the attention sums over the KV
-dimension see every key shifted by the first kept position. The sums group keys by index (16 lanes, 4
+SWA layers; llama.cpp restores them from KV cell 0 instead of at their positions, so the attention sums over the
+KV dimension would see every key shifted by the first kept position. The sums group keys by index (16 lanes, 4
 accumulators: ``GGML_F16_STEP`` 64 in ``vec_dot_f16``; ``KN`` 16 in tinyBLAS): a shift by a multiple of 64 keeps
-every key in its lane, and the masked keys before it add exact zeros; any other shift can change a greedy answer
-(``tests/test_cache_exactness.py`` checks states on this grid)."""
+every key in its lane, and the masked keys before it add exact zeros; any other shift can change a greedy answer.
+The backend therefore restores a window behind ``first mod 64`` empty cells (:mod:`ollapy.engine.backend.window`),
+which makes the shift a multiple of 64 wherever the state ends. Chunks and save points still start on this grid
+on a build without answer reuse (there a finished state ends where its prompt's chunks ended)."""
 
 
 def grid_for(n_swa: int) -> int:
