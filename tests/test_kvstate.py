@@ -247,17 +247,23 @@ def _cache_bytes(pos, shape: dict, k: list, v: list) -> bytes:
     return b"".join(out)
 
 
-@st.composite
-def synthetic_states(draw):
-    n = draw(st.integers(1, 90))
+def draw_shape(draw) -> dict:
+    """A random KV cache shape (for :func:`_cache`): V transposed or not, 1-3 layers of f32, f16 or q8_0, 1-3
+    streams with the cells in one of them."""
     v_trans = draw(st.booleans())
     n_layer = draw(st.integers(1, 3))
     types = [1 if v_trans else draw(st.sampled_from([1, 8, 0])) for _ in range(n_layer)]
     embd = [draw(st.sampled_from([32, 64])) for _ in range(n_layer)]
     k_rows = [{0: 4 * e, 1: 2 * e, 8: 34 * e // 32}[t] for t, e in zip(types, embd)]
     n_stream = draw(st.integers(1, 3))
-    shape = {"n_stream": n_stream, "stream": draw(st.integers(0, n_stream - 1)), "seq": draw(st.integers(0, 7)),
-             "v_trans": v_trans, "types": types, "embd": embd, "k_rows": k_rows}
+    return {"n_stream": n_stream, "stream": draw(st.integers(0, n_stream - 1)), "seq": draw(st.integers(0, 7)),
+            "v_trans": v_trans, "types": types, "embd": embd, "k_rows": k_rows}
+
+
+@st.composite
+def synthetic_states(draw):
+    n = draw(st.integers(1, 90))
+    shape = draw_shape(draw)
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     base, data = _cache(rng, n, range(n), shape)
     swa = draw(st.sampled_from(["none", "whole", "window"]))

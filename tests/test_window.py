@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_kvstate import _cache, _cache_bytes, synthetic_states
+from test_kvstate import _cache, _cache_bytes, draw_shape, synthetic_states
 
 from ollapy.engine.backend.window import WindowError, align_window, place_state, window_pad
 
@@ -23,14 +23,7 @@ HEAD = struct.pack("<Ii", 0xAF143CD8, 0)
 
 @st.composite
 def windows(draw):
-    v_trans = draw(st.booleans())
-    n_layer = draw(st.integers(1, 3))
-    types = [1 if v_trans else draw(st.sampled_from([1, 8, 0])) for _ in range(n_layer)]
-    embd = [draw(st.sampled_from([32, 64])) for _ in range(n_layer)]
-    k_rows = [{0: 4 * e, 1: 2 * e, 8: 34 * e // 32}[t] for t, e in zip(types, embd)]
-    n_stream = draw(st.integers(1, 3))
-    shape = {"n_stream": n_stream, "stream": draw(st.integers(0, n_stream - 1)), "seq": draw(st.integers(0, 7)),
-             "v_trans": v_trans, "types": types, "embd": embd, "k_rows": k_rows}
+    shape = draw_shape(draw)
     first, n = draw(st.integers(0, 700)), draw(st.integers(1, 70))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     rest, data = _cache(rng, n, range(first, first + n), shape)
