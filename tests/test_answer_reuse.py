@@ -262,3 +262,27 @@ def test_a_continued_turn_writes_one_state_and_reaches_the_disk(smollm2_path, tm
                                                                                                    last.metrics)
     finally:
         m.close()
+
+
+def test_a_sliding_window_answer_state_ends_before_trailing_whitespace(gemma_path):
+    """Gemma's template trims an answer (``| trim``) when it renders it back, and a sliding-window state serves
+    only whole: the finished state ends before the answer's trailing whitespace tokens, never inside the prompt."""
+    from ollapy.engine.bookkeeping import SlotBookkeeping
+    from ollapy.engine.slot import Slot
+
+    m = LoadedModel(gemma_path, Options(num_ctx=512, num_parallel=1))
+    try:
+        b = m.backend
+        prompt = m.chat_prompt([{"role": "user", "content": "Capital of France?"}]).tokens
+        answer = b.tokenize("Paris is the capital.\n\n", add_special=False)
+        keeper = SlotBookkeeping()
+        keeper.backend = b
+        slot = Slot(0, tokens=prompt + answer, prompt=list(prompt), exact=len(prompt) + len(answer))
+        end = keeper._answer_end(slot)
+        assert len(prompt) < end < slot.exact
+        assert b"".join(b.token_piece(t) for t in slot.tokens[len(prompt):end]) == b"Paris is the capital."
+        assert b.token_piece(prompt[-1]).endswith(b"\n")  # the prompt ends in a newline ("model\n"): kept
+        slot = Slot(0, tokens=list(prompt), prompt=list(prompt), exact=len(prompt))
+        assert keeper._answer_end(slot) == len(prompt)
+    finally:
+        m.close()

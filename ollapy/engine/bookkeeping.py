@@ -111,8 +111,9 @@ class SlotBookkeeping:
     def _keeps_answer(self, s: Slot) -> bool:
         """True when the state ``s`` leaves will be saved with its answer (answer reuse, the cache on for the
         request, every cell exact): then the token a ``num_predict`` cut leaves undecoded is worth one more decode
-        row, or the next turn prefills it again. Not for a sliding-window model: its state serves only whole, and a
-        template that strips the answer's end (Gemma's trims a final newline) would leave it unusable."""
+        row, or the next turn prefills it again. Not for a sliding-window model: its state serves only whole, and
+        an answer cut mid-word often tokenizes otherwise once rendered back, so the one extra token would cost the
+        whole state (seen on Gemma 3: a turn then reused nothing instead of all but that token)."""
         if self.cache is None or not s.request.cache or not self.answer_reuse or s.exact < len(s.tokens):
             return False
         return not self.backend.n_swa
@@ -149,12 +150,23 @@ class SlotBookkeeping:
         """
         if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it ends where
             s.exact -= s.exact % self.reuse_align  # a later prompt may resume (evalorder: anywhere on answer reuse)
+            if self.answer_reuse:
+                s.exact = self._answer_end(s)
         if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
             del s.tokens[s.exact:]
         elif s.exact < len(s.tokens):  # llama.cpp cannot trim this sequence: nothing of it is reusable
             self.backend.seq_clear(s.id)
             s.tokens = []
             s.exact = 0
+
+    def _answer_end(self, s: Slot) -> int:
+        """Where a sliding-window state that holds an answer ends: before the answer's last tokens whose text ends
+        in whitespace, never inside the prompt. Such a state serves only whole (a later prompt must contain all of
+        it), and a chat template that trims the answer (Gemma's ``| trim``) renders it back without them."""
+        end, prompt = s.exact, len(s.prompt)
+        while end > prompt and self.backend.token_piece(s.tokens[end - 1])[-1:].isspace():
+            end -= 1
+        return end
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
         req = s.request
