@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_kvstate import _cache, _cache_bytes, draw_shape, synthetic_states
 
-from ollapy.engine.backend.window import WindowError, align_window, place_state, window_pad
+from ollapy.engine.backend.window import WindowError, align_window, place_state, window_pad, window_pieces
 
 HEAD = struct.pack("<Ii", 0xAF143CD8, 0)
 
@@ -38,7 +38,7 @@ def test_the_window_gets_first_mod_grid_empty_cells_in_front(case, grid):
     assert window_pad(rest, grid) == k
     got = align_window(rest, grid)
     if k == 0:
-        assert got is rest
+        assert got is rest and window_pieces(rest, grid) is None
         return
     zero_k = [np.zeros((k, row), np.uint8) for row in shape["k_rows"]]
     if shape["v_trans"]:
@@ -48,6 +48,8 @@ def test_the_window_gets_first_mod_grid_empty_cells_in_front(case, grid):
     want = _cache_bytes(range(first - k, first + n), shape, [np.concatenate([z, x]) for z, x in zip(zero_k, data["k"])], v)
     assert bytes(got) == want
     assert (first - k) % grid == 0
+    pieces = window_pieces(rest, grid)  # the same bytes, the cells read where ``rest`` holds them
+    assert b"".join(ctypes.string_at(int(p), int(n)) for p, n in zip(pieces.ptrs, pieces.sizes)) == want
 
 
 @settings(max_examples=60, deadline=None)

@@ -99,6 +99,59 @@ def align_window(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) 
     return out
 
 
+def window_pieces(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) -> Pieces | None:
+    """:func:`align_window`'s bytes as memory pieces, copying none of the cells: the header and the empty cells'
+    metadata are written, the empty cells' K and V point at one zero buffer, and the window's data is read where
+    ``rest`` holds it (which must outlive the pieces). None when nothing is to be added. Raises WindowError as
+    :func:`align_window` does."""
+    mv = memoryview(rest).cast("B")
+    cache, first = _window(mv)
+    k = 0 if cache is None else first % grid
+    if k == 0:
+        return None
+    assert cache is not None and first >= k
+    n_stream, stream, seq, v_trans, _, k_rows, _, v_rows, v_elems, n_embd_v = cache.shape
+    c, base = cache.n_cells, _addr(mv)
+    zeros = np.zeros(k * max(*k_rows, *v_rows), np.uint8)
+    zero = int(zeros.ctypes.data)
+    head = bytearray(U32.pack(n_stream) + b"\0\0\0\0" * stream + U32.pack(c + k))
+    meta = np.empty((k, 3), dtype="<i4")
+    meta[:, 0] = np.arange(first - k, first, dtype=np.int32)
+    meta[:, 1] = 1
+    meta[:, 2] = seq
+    head += meta.tobytes()
+    ptrs: list = [[_addr(head)]]
+    sizes: list = [[len(head)]]
+    i = 4 + 4 * (stream + 1)  # the window's cells, then v_trans and n_layer
+    ptrs.append([base + i])
+    sizes.append([12 * c + 8])
+    i += 12 * c + 8
+    for row in k_rows:  # per layer: type and row size, k zero rows, the window's rows
+        ptrs.append([base + i, zero, base + i + 12])
+        sizes.append([12, k * row, c * row])
+        i += 12 + c * row
+    for row, el, embd in zip(v_rows, v_elems, n_embd_v):
+        if v_trans:  # per embedding element: k zero values, then the window's values
+            p = np.empty(1 + 2 * embd, np.uint64)
+            s = np.empty(1 + 2 * embd, np.uint64)
+            p[0], s[0] = base + i, 12
+            p[1::2], s[1::2] = zero, k * el
+            p[2::2], s[2::2] = base + i + 12 + np.arange(embd, dtype=np.uint64) * (c * el), c * el
+            ptrs.append(p)
+            sizes.append(s)
+        else:
+            ptrs.append([base + i, zero, base + i + 12])
+            sizes.append([12, k * row, c * row])
+        i += 12 + c * row
+    tail = len(mv) - i  # the empty streams after the window's
+    assert tail == 4 * (n_stream - 1 - stream), (tail, n_stream, stream)
+    if tail:
+        ptrs.append([base + i])
+        sizes.append([tail])
+    return Pieces(np.concatenate([np.asarray(x, np.uint64) for x in ptrs]),
+                  np.concatenate([np.asarray(x, np.uint64) for x in sizes]), [head, zeros, rest])
+
+
 def _window(mv: memoryview) -> tuple[CacheView | None, int]:
     """``(parsed cache, first position)`` of ``mv``, or ``(None, 0)`` for a cache with no cells."""
     try:
@@ -149,13 +202,13 @@ def place_state(data, segments: bool):
         size = int(data.sizes[i])
         rest = memoryview((ctypes.c_uint8 * size).from_address(int(data.ptrs[i]))).cast("B")
         first = _first_position(rest)
-        placed = align_window(rest)
-        if placed is rest:
+        placed = window_pieces(rest)
+        if placed is None:
             return data, first
         out = copy.copy(data)
-        out.ptrs, out.sizes = data.ptrs.copy(), data.sizes.copy()
-        out.ptrs[i], out.sizes[i] = _addr(placed), len(placed)
-        out.keep = [*data.keep, placed]
+        out.ptrs = np.concatenate([data.ptrs[:i], placed.ptrs, data.ptrs[i + 1:]])
+        out.sizes = np.concatenate([data.sizes[:i], placed.sizes, data.sizes[i + 1:]])
+        out.keep = [*data.keep, placed.keep]
         out.nbytes = int(out.sizes.sum())
         return out, first
     mv = memoryview(data).cast("B")
@@ -169,13 +222,15 @@ def place_state(data, segments: bool):
         return data, 0  # one KV cache: no sliding window
     rest = mv[base.end:]
     first = _first_position(rest)
+    if segments:
+        pieces = window_pieces(rest)
+        if pieces is None:
+            return data, first
+        return Pieces(np.concatenate([np.array([_addr(mv)], np.uint64), pieces.ptrs]),
+                      np.concatenate([np.array([base.end], np.uint64), pieces.sizes]), [data, pieces.keep]), first
     placed = align_window(rest)
     if placed is rest:
         return data, first
-    if segments:
-        head = mv[:base.end]
-        return Pieces(np.array([_addr(head), _addr(placed)], dtype=np.uint64),
-                      np.array([len(head), len(placed)], dtype=np.uint64), [data, placed]), first
     out = bytearray(base.end + len(placed))
     out[:base.end] = mv[:base.end]
     out[base.end:] = placed
