@@ -49,53 +49,21 @@ def window_pad(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) ->
     return 0 if cache is None else first % grid
 
 
-def align_window(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) -> memoryview | bytearray:
+def align_window(rest: memoryview | bytes | bytearray, grid: int = WINDOW_GRID) -> memoryview | bytes | bytearray:
     """``rest`` (one ``llama_kv_cache::state_write`` output: the sliding-window cache of a sequence state) with
     :func:`window_pad` empty cells before its first cell, so that a restore places every position in a cell
     congruent to it modulo ``grid`` (module docstring). Returns ``rest`` itself when nothing is to be added;
-    otherwise a new bytearray of ``len(rest) + k * (12 + bytes per cell)`` bytes. Raises WindowError when
-    ``rest`` does not parse as one KV cache of one sequence, or its first position is below ``k``."""
-    mv = memoryview(rest).cast("B")
-    cache, first = _window(mv)
-    k = 0 if cache is None else first % grid
-    if k == 0:
+    otherwise a new bytearray of ``len(rest) + k * (12 + bytes per cell)`` bytes: :func:`window_pieces` joined,
+    for a backend that reads one buffer. Raises WindowError when ``rest`` does not parse as one KV cache of one
+    sequence, or its cells are not consecutive positions."""
+    pieces = window_pieces(rest, grid)
+    if pieces is None:
         return rest
-    assert cache is not None and first >= k
-    n_stream, stream, seq, v_trans, _, k_rows, _, v_rows, v_elems, n_embd_v = cache.shape
-    c = cache.n_cells
-    out = bytearray(len(mv) + k * (12 + sum(k_rows) + sum(v_rows)))
-    o, i = 0, 4  # write and read offsets (past n_stream)
-    U32.pack_into(out, o, n_stream)
-    o += 4
-    for s in range(n_stream):
-        if s != stream:
-            U32.pack_into(out, o, 0)
-            o, i = o + 4, i + 4
-            continue
-        U32.pack_into(out, o, c + k)
-        o, i = o + 4, i + 4
-        meta = np.frombuffer(out, dtype="<i4", count=3 * k, offset=o).reshape(k, 3)
-        meta[:, 0] = np.arange(first - k, first, dtype=np.int32)
-        meta[:, 1] = 1
-        meta[:, 2] = seq
-        o += 12 * k
-        out[o:o + 12 * c + 8] = mv[i:i + 12 * c + 8]  # the window's cells, then v_trans and n_layer
-        o, i = o + 12 * c + 8, i + 12 * c + 8
-        for row in k_rows:  # per layer: type and row size, k zero rows, the window's rows
-            out[o:o + 12] = mv[i:i + 12]
-            o, i = o + 12 + k * row, i + 12
-            out[o:o + c * row] = mv[i:i + c * row]
-            o, i = o + c * row, i + c * row
-        for row, el, embd in zip(v_rows, v_elems, n_embd_v):
-            out[o:o + 12] = mv[i:i + 12]
-            o, i = o + 12, i + 12
-            if v_trans:  # per embedding element: k zero values, then the window's values
-                dst = np.frombuffer(out, np.uint8, count=embd * (c + k) * el, offset=o).reshape(embd, (c + k) * el)
-                dst[:, k * el:] = np.frombuffer(mv, np.uint8, count=embd * c * el, offset=i).reshape(embd, c * el)
-            else:
-                out[o + k * row:o + (c + k) * row] = mv[i:i + c * row]
-            o, i = o + (c + k) * row, i + c * row
-    assert o == len(out) and i == len(mv), (o, len(out), i, len(mv))
+    out = bytearray(int(pieces.sizes.sum()))
+    dst, o = _addr(out), 0
+    for p, n in zip(pieces.ptrs.tolist(), pieces.sizes.tolist()):
+        ctypes.memmove(dst + o, p, n)
+        o += n
     return out
 
 
