@@ -62,8 +62,8 @@ def _bind(m: LoadedModel, root):
 
 def _decoded(m: LoadedModel, last) -> int:
     """Generated tokens whose KV a finished request holds: all of them, a token sampled at the num_predict limit
-    too (one more decode row before the state is kept), except on a sliding-window model."""
-    return last.metrics.eval_count - (last.done_reason == "length" and m.backend.n_swa > 0)
+    too (one more decode row before the state is kept)."""
+    return last.metrics.eval_count
 
 
 @pytest.mark.parametrize("model_fixture", ["smollm2_path", "gemma_path"])
@@ -284,5 +284,36 @@ def test_a_sliding_window_answer_state_ends_before_trailing_whitespace(gemma_pat
         assert b.token_piece(prompt[-1]).endswith(b"\n")  # the prompt ends in a newline ("model\n"): kept
         slot = Slot(0, tokens=list(prompt), prompt=list(prompt), exact=len(prompt))
         assert keeper._answer_end(slot) == len(prompt)
+    finally:
+        m.close()
+
+
+def test_a_sliding_window_answer_state_ends_where_its_text_stops_tokenizing_the_same(gemma_path):
+    """A word the model spelled in pieces the tokenizer would not choose (or one ``num_predict`` cut) is
+    rendered back as the tokenizer's own tokens: the state ends before it, so the next prompt still holds all of
+    it."""
+    from ollapy.engine.bookkeeping import SlotBookkeeping
+    from ollapy.engine.slot import Slot
+
+    m = LoadedModel(gemma_path, Options(num_ctx=512, num_parallel=1))
+    try:
+        b = m.backend
+        prompt = m.chat_prompt([{"role": "user", "content": "Capital of France?"}]).tokens
+        head = b.tokenize("Paris is the", add_special=False)
+        whole = b.tokenize(" capital", add_special=False)
+        pieces = b.tokenize(" cap", add_special=False) + b.tokenize("ital", add_special=False)
+        assert len(whole) == 1 and len(pieces) == 2  # the tokenizer's choice is one token, the model's two
+        keeper = SlotBookkeeping()
+        keeper.backend = b
+        canonical = prompt + head + whole
+        slot = Slot(0, tokens=list(canonical), prompt=list(prompt), exact=len(canonical))
+        assert keeper._answer_end(slot) == len(canonical)  # the answer as the tokenizer spells it: kept whole
+        spelled = prompt + head + pieces
+        slot = Slot(0, tokens=list(spelled), prompt=list(prompt), exact=len(spelled))
+        end = keeper._answer_end(slot)
+        assert len(prompt) <= end <= len(prompt) + len(head)
+        rendered = b.tokenize(b"".join(b.token_piece(t) for t in spelled[len(prompt) - 2:]).decode(),
+                              add_special=False, parse_special=False)
+        assert spelled[len(prompt) - 2:end] == rendered[:end - len(prompt) + 2]  # a prefix of what comes back
     finally:
         m.close()

@@ -111,12 +111,9 @@ class SlotBookkeeping:
     def _keeps_answer(self, s: Slot) -> bool:
         """True when the state ``s`` leaves will be saved with its answer (answer reuse, the cache on for the
         request, every cell exact): then the token a ``num_predict`` cut leaves undecoded is worth one more decode
-        row, or the next turn prefills it again. Not for a sliding-window model: its state serves only whole, and
-        an answer cut mid-word often tokenizes otherwise once rendered back, so the one extra token would cost the
-        whole state (seen on Gemma 3: a turn then reused nothing instead of all but that token)."""
-        if self.cache is None or not s.request.cache or not self.answer_reuse or s.exact < len(s.tokens):
-            return False
-        return not self.backend.n_swa
+        row, or the next turn prefills it again. On a sliding-window model too: :meth:`_answer_end` then ends the
+        state where the answer's text, rendered back, stops tokenizing the same (a word cut mid-way)."""
+        return not (self.cache is None or not s.request.cache or not self.answer_reuse or s.exact < len(s.tokens))
 
     def _finish(self, s: Slot, reason: str, flush: bool = True, last: int = -1) -> None:
         """End ``s``'s request: its final chunk carries ``reason``, the metrics and the context (every prompt and
@@ -148,9 +145,10 @@ class SlotBookkeeping:
         Keeps ``tokens`` equal to the cells the sequence holds, and makes the
         state a finished request leaves exactly its reusable prefix.
         """
-        if self.backend.n_swa and s.exact > self.unshifted:  # a sliding-window state is saved whole: it ends where
-            s.exact -= s.exact % self.reuse_align  # a later prompt may resume (evalorder: anywhere on answer reuse)
-            if self.answer_reuse:
+        if self.backend.n_swa:  # a sliding-window state serves only whole: it ends where a later prompt resumes
+            if s.exact > self.unshifted:  # (evalorder: past the window, on the grid; anywhere on answer reuse)
+                s.exact -= s.exact % self.reuse_align
+            if self.answer_reuse:  # and where the answer, rendered back, still tokenizes the same
                 s.exact = self._answer_end(s)
         if s.exact < len(s.tokens) and self.backend.seq_rm(s.id, s.exact, -1):
             del s.tokens[s.exact:]
@@ -160,13 +158,39 @@ class SlotBookkeeping:
             s.exact = 0
 
     def _answer_end(self, s: Slot) -> int:
-        """Where a sliding-window state that holds an answer ends: before the answer's last tokens whose text ends
-        in whitespace, never inside the prompt. Such a state serves only whole (a later prompt must contain all of
-        it), and a chat template that trims the answer (Gemma's ``| trim``) renders it back without them."""
-        end, prompt = s.exact, len(s.prompt)
+        """Where a sliding-window state that holds an answer ends, never inside the prompt: such a state serves
+        only whole (a later prompt must contain all of it), so it ends where the next turn's prompt still holds
+        the same tokens. That is the longest prefix of the answer that tokenizes the same once its text is
+        tokenized again (:meth:`_retokenized_end`: a word cut by ``num_predict``, or a spelling the model chose
+        that is not the tokenizer's), then before the answer's last tokens whose text ends in whitespace (a chat
+        template that trims the answer, Gemma's ``| trim``, renders it back without them)."""
+        prompt = len(s.prompt)
+        end = self._retokenized_end(s, prompt, s.exact)
         while end > prompt and self.backend.token_piece(s.tokens[end - 1])[-1:].isspace():
             end -= 1
         return end
+
+    def _retokenized_end(self, s: Slot, prompt: int, end: int, reach: int = 64) -> int:
+        """The end of the longest prefix of ``s.tokens[:end]`` whose text from the prompt's last control token on
+        (``reach`` tokens back at most: llama.cpp tokenizes the text between two special tokens as one fragment,
+        the answer together with the turn header's text) tokenizes to the same ids; at least ``prompt``."""
+        b = self.backend
+        if end <= prompt:
+            return end
+        start = prompt
+        while start > max(0, prompt - reach) and b.token_piece(s.tokens[start - 1]):
+            start -= 1
+        held = s.tokens[start:end]
+        text = b"".join(b.token_piece(t) for t in held).decode("utf-8", "replace")
+        again = b.tokenize(text, add_special=False, parse_special=False)
+        same = 0
+        for x, y in zip(held, again):
+            if x != y:
+                break
+            same += 1
+        if same < len(held) and same and start + same < end:
+            same -= 1  # the token before the first difference may be one the next tokenization merges on
+        return max(prompt, start + same)
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
         req = s.request
