@@ -125,3 +125,46 @@ def test_a_pinned_state_is_written_through_and_never_superseded(tmp_path):
     assert c.write_due(everything=True) == 1
     assert _on_disk(c) == {len(first), len(second)}
     c.close()
+
+
+def test_a_save_point_a_few_tokens_past_a_finished_state_is_not_copied_and_that_state_is_written_instead(tmp_path):
+    """A chat's next turn starts with the previous answer's end-of-turn markers: a save point 2 tokens past the
+    finished state would carry another whole window for 2 tokens. The finished state takes its role: no copy out
+    of llama.cpp, one window less in RAM, and it is the file a new process resumes from."""
+    c = _bound(tmp_path, n_swa=SWA)
+    _store(c, SYSTEM, persist=True)
+    finished = _turns(1)[0]
+    _store(c, finished, persist=False)  # RAM only
+    held = c.ram.bytes
+    point = finished + [41, 42]
+    copied = []
+    c.store(list(point), lambda: copied.append(1) or fake_state(point), persist=True, interim=True)
+    assert not copied and c.ram.bytes == held  # never copied out, nothing more held
+    assert c.snapshot().skipped_stores == 1
+    hit = c.lookup(point + [5, 6, 7])  # what the save point would have served, less 2 tokens
+    assert hit is not None and len(hit.tokens) == len(finished)
+    c.record_hit(hit, promote=False)
+    c.close()
+    assert _on_disk(c) == {len(SYSTEM), len(finished)}  # written as the save point, at close
+    c2 = _bound(tmp_path, n_swa=SWA)
+    hit = c2.lookup(point + [5, 6, 7])
+    assert hit is not None and hit.tier == "disk" and bytes(hit.load()) == bytes(fake_state(finished))
+    c2.record_hit(hit, promote=False)
+    c2.close()
+
+
+def test_a_trimmable_model_stores_a_save_point_however_near(tmp_path):
+    c = _bound(tmp_path)
+    finished = _turns(1)[0]
+    _store(c, finished, persist=False)
+    before = c.snapshot().stores
+    _store(c, finished + [41, 42], persist=True, interim=True)
+    assert c.snapshot().stores == before + 1
+    c.close()
+
+
+def test_near_means_what_no_restore_is_planned_for():
+    from ollapy.cache.policy import NEAR_TOKENS
+    from ollapy.engine.prefix.planner import MIN_GAIN
+
+    assert NEAR_TOKENS == MIN_GAIN

@@ -88,6 +88,12 @@ class StateIntake:
                     self.disk.set_pin(kept[0], True)
                 self.stats.add(skipped_stores=1)
                 return
+            near = None if pinned else self.policy.near_prefix(self.index, tokens)
+            if near is not None:  # a sliding-window state a few tokens past a held one: that one takes its role
+                if persist and not near.persisted and near.payload is not None:
+                    self._adopt(near, interim)
+                self.stats.add(skipped_stores=1)
+                return
         if state_size is not None:
             size = state_size()
             if size <= 0 or (size > self.ram.cap and not (persist and size <= self.disk.cap)):
@@ -178,6 +184,20 @@ class StateIntake:
                           split.blocks if split is not None else None)
         elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
             self._forget(e)
+
+    def _adopt(self, e: Entry, interim: bool) -> None:
+        """Write RAM-only ``e`` as the save point it stands in for (:meth:`store`'s ``persist``, ``interim``),
+        deferred where the policy defers it, as :meth:`_insert` would have written the save point (under the
+        lock)."""
+        e.interim = interim
+        for r in self.policy.superseded_by(self.index, e.tokens):
+            if r is not e:
+                self.stats.add(superseded=1)
+                r.due = 0.0
+        if self.policy.defers(e):
+            e.due = time.monotonic() + self.write_delay
+        else:
+            self._persist(e, e.payload, [])
 
     def _write_deferred(self, e: Entry) -> None:
         """Queue the deferred write of ``e`` now (under the lock). Shorter deferred states of its chain are not

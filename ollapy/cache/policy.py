@@ -16,6 +16,9 @@ files that other processes read, so it writes only what is likely reused):
 * A state that an existing entry already serves whole is not stored again
   (:meth:`AdmissionPolicy.covering`); a new state makes the strict prefixes
   that are no more durable than it redundant (:meth:`AdmissionPolicy.replaced_by`).
+* On a sliding-window model, a state a few tokens past a held prefix of it
+  (:meth:`AdmissionPolicy.near_prefix`) is not copied out either: that prefix
+  takes its role (a save point's disk write), at one window less.
 * A cache bound with ``write_back=True`` (the CLI: one process per answer)
   writes its most recently used RAM-only entry when it is closed, so the next
   process can continue that conversation (:meth:`AdmissionPolicy.write_back`).
@@ -48,6 +51,10 @@ from dataclasses import dataclass
 from ollapy.cache.index import BlockIndex
 from ollapy.cache.tiers import Entry
 
+NEAR_TOKENS = 16
+"""Tokens within which a longer state of a sliding-window model adds nothing to a held prefix of it
+(:meth:`AdmissionPolicy.near_prefix`): the prompt planner's ``MIN_GAIN`` (``ollapy.engine.prefix.planner``), the
+fewest tokens a restore must save."""
 WRITE_BACK_NEWEST = 1  # RAM-only states a write_back cache writes when closed: the most recently used one
 INTERIM_WRITE_DELAY_S = 60.0
 """Seconds an interim save point of a sliding-window model waits for a longer one of its chain before it is written
@@ -77,6 +84,21 @@ class AdmissionPolicy:
         """
         return [e for e in self.covering(index, tokens)
                 if e.persisted or (not persist and e.payload is not None)]
+
+    def near_prefix(self, index: BlockIndex, tokens: list[int]) -> Entry | None:
+        """On a model whose states serve only whole: a held entry (in RAM or persisted) that is a strict prefix of
+        ``tokens`` shorter by fewer than :data:`NEAR_TOKENS`, the longest such; None elsewhere.
+
+        A state of ``tokens`` would serve no prompt that this entry does not serve with fewer than
+        ``NEAR_TOKENS`` more tokens to prefill, which no restore is planned for (the planner's ``MIN_GAIN``): a
+        save point just past a finished state (the previous answer's end-of-turn markers) is such a state.
+        """
+        if self.trimmable:
+            return None
+        near = [e for e in index.covered_by(tokens)
+                if len(tokens) - NEAR_TOKENS < len(e.tokens) < len(tokens) and not e.refused
+                and (e.payload is not None or e.persisted)]
+        return max(near, key=lambda e: len(e.tokens), default=None)
 
     def replaced_by(self, index: BlockIndex, tokens: list[int], persist: bool, pinned: bool = False) -> list[Entry]:
         """Entries a new state of ``tokens`` makes redundant: strict prefixes that are no more durable than it."""
