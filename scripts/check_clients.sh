@@ -241,13 +241,14 @@ assert r.status_code == 400 and r.json()['error'].startswith('\"smol\" does not 
 fi
 
 # ---- opencode ----------------------------------------------------------------------------------------------
-failed_requests() {  # generation requests the server answered with an error so far (ollapy_requests_total)
+failed_requests() {  # generation requests the server answered with an error so far (ollapy_requests_total; not
+  # "cancelled": a client killed by a check's time limit cancels the request it was streaming)
   "$CPY" - "$URL" <<'EOF2'
 import sys, httpx
 from prometheus_client.parser import text_string_to_metric_families
 n = 0
 for fam in text_string_to_metric_families(httpx.get(sys.argv[1] + "/metrics", timeout=30).text):
-    n += sum(s.value for s in fam.samples if s.name == "ollapy_requests_total" and s.labels.get("status") != "ok")
+    n += sum(s.value for s in fam.samples if s.name == "ollapy_requests_total" and s.labels.get("status") not in ("ok", "cancelled"))
 print(int(n))
 EOF2
 }
