@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ollapy.cache.kvstate import KVStateError, _cache_size, _decode_tail, _segments
+from ollapy.cache.kvstate import _cache_size, _chain_segments
 
 _U32 = struct.Struct("<I")
 
@@ -72,13 +72,7 @@ def join_segments(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes 
     block count or size that does not match the tail, a truncated, corrupt or unknown tail. Copies no cell
     data: only the header, the cells' metadata (12 bytes a cell) and the per-layer type fields are written.
     """
-    layout, b, partial, rest = _decode_tail(tail)
-    n_blocks = layout.n_cells // b
-    if len(blocks) != n_blocks:
-        raise KVStateError(f"{len(blocks)} KV blocks given, the tail needs {n_blocks}")
-    segs = _segments(blocks, n_blocks, b, layout)
-    if layout.n_cells % b:
-        segs.append((partial, layout.n_cells % b))
+    layout, segs, rest = _chain_segments(blocks, tail)
     n = layout.n_cells
     keep: list = [mv for mv, _ in segs]
     bases = np.array([_address(mv) for mv, _ in segs], dtype=np.uint64)

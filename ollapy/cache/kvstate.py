@@ -282,6 +282,20 @@ def _segments(blocks: Sequence, n_blocks: int, b: int, layout: KVLayout) -> list
     return segs
 
 
+def _chain_segments(blocks: Sequence, tail) -> tuple[KVLayout, list[tuple[memoryview, int]], memoryview]:
+    """``(layout, pieces, rest)`` of the state that ``blocks`` and ``tail`` join into: ``pieces`` are
+    ``(cells' bytes, cell count)`` in position order (the blocks, then the tail's partial block), ``rest`` the bytes
+    after the first cache. Raises KVStateError when the block count or a block's size does not match the tail."""
+    layout, b, partial, rest = _decode_tail(tail)
+    n_blocks = layout.n_cells // b
+    if len(blocks) != n_blocks:
+        raise KVStateError(f"{len(blocks)} KV blocks given, the tail needs {n_blocks}")
+    segs = _segments(blocks, n_blocks, b, layout)
+    if layout.n_cells % b:
+        segs.append((partial, layout.n_cells % b))
+    return layout, segs, rest
+
+
 def joined_size(tail: bytes | bytearray | memoryview) -> int:
     """Bytes of the state that ``tail`` and its blocks join into. Raises KVStateError for a tail that is not one."""
     layout, _, _, rest = _decode_tail(tail)
@@ -294,13 +308,7 @@ def join_into(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes | by
 
     Raises KVStateError as :func:`join_state` does, and when ``out`` is too small.
     """
-    layout, b, partial, rest = _decode_tail(tail)
-    n_blocks = layout.n_cells // b
-    if len(blocks) != n_blocks:
-        raise KVStateError(f"{len(blocks)} KV blocks given, the tail needs {n_blocks}")
-    segs = _segments(blocks, n_blocks, b, layout)
-    if layout.n_cells % b:
-        segs.append((partial, layout.n_cells % b))
+    layout, segs, rest = _chain_segments(blocks, tail)
     size = 8 + _cache_size(layout, layout.n_cells) + len(rest)
     out = memoryview(out).cast("B")
     if len(out) < size:
