@@ -161,12 +161,8 @@ class StateIntake:
         if old is not None:
             self._forget(old)
         replaced = self._replaced(e, persist)
-        if persist:  # a longer save point of the chain: the deferred writes of its prefixes are not needed
-            for r in self.policy.superseded_by(self.index, tokens):
-                log.debug("prompt cache: %s (%d tokens) superseded by a save point of %d: kept in RAM, not written",
-                          r.name, len(r.tokens), len(tokens))
-                self.stats.add(superseded=1)
-                r.due = 0.0
+        if persist:
+            self._supersede(tokens)
         for r in replaced:
             r.superseded = True
             self._forget(r)
@@ -185,15 +181,23 @@ class StateIntake:
         elif e.payload is None:  # larger than the RAM tier and not worth a file: nothing kept
             self._forget(e)
 
+    def _supersede(self, tokens: list[int], keep: Entry | None = None) -> None:
+        """Cancel the deferred writes that a save point of ``tokens`` makes unnecessary: its chain's shorter ones
+        (:meth:`AdmissionPolicy.superseded_by`), but ``keep``. They stay in RAM (under the lock)."""
+        for r in self.policy.superseded_by(self.index, tokens):
+            if r is keep:
+                continue
+            log.debug("prompt cache: %s (%d tokens) superseded by a save point of %d: kept in RAM, not written",
+                      r.name, len(r.tokens), len(tokens))
+            self.stats.add(superseded=1)
+            r.due = 0.0
+
     def _adopt(self, e: Entry, interim: bool) -> None:
         """Write RAM-only ``e`` as the save point it stands in for (:meth:`store`'s ``persist``, ``interim``),
         deferred where the policy defers it, as :meth:`_insert` would have written the save point (under the
         lock)."""
         e.interim = interim
-        for r in self.policy.superseded_by(self.index, e.tokens):
-            if r is not e:
-                self.stats.add(superseded=1)
-                r.due = 0.0
+        self._supersede(e.tokens, keep=e)
         if self.policy.defers(e):
             e.due = time.monotonic() + self.write_delay
         else:
