@@ -42,3 +42,33 @@ def test_disk_hit_in_new_process_and_no_cache(smollm2_path):
     assert figures["tokens_reused"] == _reused(warm.stderr)  # what the run reported, not the state's length
     bare = run_cli("cache")  # no command: the stats, not a usage error
     assert bare.returncode == 0 and bare.stdout == stats.stdout
+
+
+def test_warm_pins_the_system_prompt_once_and_prune_says_what_it_cannot_free(smollm2_path, tmp_path):
+    sys_file = tmp_path / "system.txt"
+    sys_file.write_text(SYSTEM * 3)
+    warm = run_cli("cache", "warm", str(smollm2_path), "--file", str(sys_file))
+    assert warm.returncode == 0, warm.stderr
+    pinned_tokens = int(re.search(rb"pinned (\d+) tokens", warm.stderr).group(1))
+    entries = json.loads(run_cli("cache", "ls", "--json").stdout)
+    # one entry: the system prompt up to where conversations part (not the empty user turn the prompt was built with)
+    assert [(e["n_tokens"], e["pinned"]) for e in entries] == [(pinned_tokens, True)], entries
+    alone = json.loads(run_cli("cache", "stats", "--json").stdout)
+    assert alone["block_files"] >= 1 and alone["pinned_bytes"] == alone["disk_bytes"]  # its blocks count as pinned
+    run = run_cli("run", str(smollm2_path), "--verbose", "-o", "temperature=0", "-o", "num_predict=4",
+                  "--system", SYSTEM * 3, Q)
+    assert run.returncode == 0, run.stderr
+    assert pinned_tokens - 64 < _reused(run.stderr) <= pinned_tokens
+    prune = run_cli("cache", "prune", "--max-bytes", "1")
+    assert prune.returncode == 0, prune.stderr
+    assert b"still above" in prune.stderr and b"unpin" in prune.stderr, prune.stderr
+    assert json.loads(run_cli("cache", "stats", "--json").stdout)["pinned_files"] == 1
+    none = run_cli("cache", "ls", "no-such-model")
+    assert none.returncode == 0 and b"no prompt-cache entries for 'no-such-model'" in none.stderr
+
+
+def test_pull_of_a_file_path_says_how_to_use_a_local_file(smollm2_path):
+    r = run_cli("pull", str(smollm2_path))
+    assert r.returncode == 2
+    err = r.stderr.decode()
+    assert "is a file path, not a model name" in err and f"ollapy run {smollm2_path}" in err, err

@@ -16,7 +16,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from ollapy.cache.blocks import BLOCK_SUFFIX, GRACE_S, collect_blocks, iter_block_files, known_block
+from ollapy.cache.blocks import BLOCK_SUFFIX, BLOCK_TOKENS, GRACE_S, collect_blocks, iter_block_files, known_block
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, CacheFileError, UnknownFormat, read_header
 from ollapy.cache.tempfiles import reapable
 
@@ -141,19 +141,28 @@ def collect_unreferenced(root: Path, grace: float = GRACE_S) -> int:
 
 
 def disk_usage(root: Path) -> dict:
-    """Bytes and file counts on disk: entry files, block files, pinned entries; ``disk_bytes`` is their total."""
+    """Bytes and file counts on disk: entry files, block files, pinned entries; ``disk_bytes`` is their total.
+
+    ``pinned_bytes``: what no eviction can free, the pinned entries' files and the block files they reference
+    (each once); ``pinned_files``: the pinned entries.
+    """
     total = pinned = n = n_pinned = 0
-    for _, st, pin, _ in iter_state_files(root):
+    pinned_chains: dict[Path, set[str]] = {}
+    for path, st, pin, _ in iter_state_files(root):
         total += st.st_size
         n += 1
         if pin:
             pinned += st.st_size
             n_pinned += 1
+            pinned_chains.setdefault(path.parent, set()).update(entry_blocks(path) or ())
     nb = block_bytes = 0
     for d in model_dirs(root):
-        for _, st in iter_block_files(d):
+        held = pinned_chains.get(d, set())
+        for p, st in iter_block_files(d):
             nb += 1
             block_bytes += st.st_size
+            if p.name[: -len(BLOCK_SUFFIX)] in held:
+                pinned += st.st_size
     return {"disk_bytes": total + block_bytes, "disk_files": n, "pinned_bytes": pinned, "pinned_files": n_pinned,
             "block_files": nb, "block_bytes": block_bytes}
 
@@ -163,11 +172,12 @@ def block_usage(root: Path) -> dict:
 
     ``logical_bytes``: the entries as whole states; ``held_bytes``: entry and
     block files; ``shared_bytes``: blocks two or more entries reference;
-    ``whole_entries``: entries kept whole (a state the splitter did not recognise);
+    ``whole_entries``: entries kept whole, of which ``short_entries`` are shorter than one block
+    (:data:`~ollapy.cache.blocks.BLOCK_TOKENS`) and the others hold a state the splitter did not recognise;
     ``unknown_files``: files of another format or version (left alone).
     """
-    out = {"entries": 0, "whole_entries": 0, "unknown_files": 0, "blocks": 0, "logical_bytes": 0, "held_bytes": 0,
-           "shared_bytes": 0, "unreferenced_blocks": 0}
+    out = {"entries": 0, "whole_entries": 0, "short_entries": 0, "unknown_files": 0, "blocks": 0,
+           "logical_bytes": 0, "held_bytes": 0, "shared_bytes": 0, "unreferenced_blocks": 0}
     for d in model_dirs(root):
         refs: Counter = Counter()
         for p, st, _, _ in iter_state_files_in(d):
@@ -180,6 +190,7 @@ def block_usage(root: Path) -> dict:
                 continue
             out["entries"] += 1
             out["whole_entries"] += not hdr.blocks
+            out["short_entries"] += not hdr.blocks and len(hdr.tokens) < BLOCK_TOKENS
             out["logical_bytes"] += hdr.state_len or hdr.payload_len
             out["held_bytes"] += st.st_size
             refs.update(hdr.blocks)

@@ -10,6 +10,7 @@ llama.cpp.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -98,7 +99,8 @@ def ls(model: str | None = typer.Argument(None, help="Only entries of this model
         typer.echo(json.dumps([{k: (str(v) if isinstance(v, Path) else v) for k, v in r.items()} for r in rows], indent=1))
         return
     if not rows:
-        typer.echo("no prompt-cache entries", err=True)
+        typer.echo(f"no prompt-cache entries for {model!r} (a model name, path or sha256 prefix; `ollapy cache ls` "
+                   "lists every model's)" if model else "no prompt-cache entries", err=True)
         return
     typer.echo(f"{'MODEL':<28} {'KV':<5} {'TOKENS':>7} {'BLOCKS':>6} {'STATE':>9} {'FILE':>9} {'LAST USED':>10} "
                f"{'PIN':<3}  PREFIX")
@@ -139,9 +141,13 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
                f"{data['corrupt']} bad file(s) dropped")
     typer.echo(f"disk held:      {_human(data['disk_bytes'])} in {data['disk_files']} entry file(s) and "
                f"{data['block_files']} block file(s) (cap {_human(data['disk_cap'])})")
-    typer.echo(f"pinned:         {_human(data['pinned_bytes'])} in {data['pinned_files']} file(s) (never evicted)")
-    typer.echo(f"entries:        {data['disk_entries']} ({data['disk_whole_entries']} kept whole: a state layout the "
-               f"block splitter does not know), {data['disk_unknown_files']} file(s) of another version left alone")
+    one = data["pinned_files"] == 1
+    typer.echo(f"pinned:         {_human(data['pinned_bytes'])}: {data['pinned_files']} entr{'y' if one else 'ies'} "
+               f"and {'its' if one else 'their'} blocks (never evicted)")
+    short, whole = data["disk_short_entries"], data["disk_whole_entries"]
+    typer.echo(f"entries:        {data['disk_entries']} ({whole} kept whole: {short} shorter than one block, "
+               f"{whole - short} of a state layout the block splitter does not know), "
+               f"{data['disk_unknown_files']} file(s) of another version left alone")
     typer.echo(f"blocks:         {data['disk_blocks']} ({_human(data['block_bytes'])}), {_human(data['disk_shared_bytes'])} "
                f"shared by two or more entries; written {data['blocks_written']}, reused {data['blocks_reused']}")
     typer.echo(f"dedupe:         {data['disk_dedupe_ratio']:.2f}x ({_human(data['disk_logical_bytes'])} of whole states "
@@ -167,6 +173,11 @@ def prune(max_bytes: str | None = typer.Option(None, "--max-bytes", help="Shrink
     u = disk_usage(root)
     typer.echo(f"removed {len(deleted)} entr{'y' if len(deleted) == 1 else 'ies'}; "
                f"{_human(u['disk_bytes'])} held ({_human(u['pinned_bytes'])} pinned)", err=True)
+    if u["disk_bytes"] > cap:
+        typer.echo(f"still above {_human(cap)}: what is left is pinned (`ollapy cache unpin` frees it)"
+                   if u["disk_bytes"] - u["pinned_bytes"] <= cap else
+                   f"still above {_human(cap)}: the rest is pinned, files of another ollapy version (left alone), "
+                   "or blocks written moments ago (try again shortly)", err=True)
 
 
 @cache_app.command("clear")
@@ -231,6 +242,9 @@ def warm(model: str = typer.Argument(..., help="Model name or path to a .gguf fi
         if block is None:
             raise UsageError("the prompt cache could not be opened", hint="set OLLAPY_DEBUG=1 to see why")
         prompt = loaded.chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": ""}])
+        # only the system prompt (``keep``: where conversations that share it part): the empty user turn after it
+        # is in no real prompt, and a state of it would be a second pinned entry
+        prompt = dataclasses.replace(prompt, tokens=prompt.tokens[:prompt.keep], save_points=())
         if len(prompt.tokens) < block:
             raise UsageError(f"the prompt is only {len(prompt.tokens)} tokens; the cache saves prefixes of at least "
                              f"{block} tokens", hint="a prompt this short is prefilled in milliseconds: no need to warm it")

@@ -39,6 +39,10 @@ def pull_cmd(
     """Pull a model from Hugging Face, the catalogue's mirrors or an Ollama registry."""
     from ollapy.store import pull_model
 
+    if name.lower().endswith(".gguf") or Path(name).expanduser().is_file():
+        raise UsageError(f"{name!r} is a file path, not a model name to pull",
+                         hint=f"run it as it is: `ollapy run {name}`; or store it under a name: `ollapy create "
+                              f"NAME` with a Modelfile saying `FROM {name}`")
     stored = pull_model(name, quiet=quiet, insecure=insecure)  # the name the manifest was written under
     if not quiet:
         print(f"success: {stored.display()}", file=sys.stderr)
@@ -118,8 +122,13 @@ def show_cmd(
     from ollapy.chat.reply import model_capabilities
     from ollapy.chat.templates import select_template
 
-    caps = model_capabilities(select_template(info["chat_template"], info["architecture"], ref.template).text,
-                              embedding_only=bool(info.get("embedding_only")))
+    template = select_template(info["chat_template"], info["architecture"], ref.template)
+    if not info.get("embedding_only"):
+        print(f"    {'chat template':<20}{template.source}")
+        if "fallback" in template.source:
+            print(f"    {'':<20}(the GGUF has none: often a base model, not instruction-tuned, which may not end its "
+                  "answers; bound them with -o num_predict=N)")
+    caps = model_capabilities(template.text, embedding_only=bool(info.get("embedding_only")))
     projector = getattr(ref, "projector", None)
     if projector:
         caps = [*caps, "vision"]
