@@ -99,13 +99,13 @@ def errors_as_json(route: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 
 
 def ndjson_line(obj: dict) -> bytes:
-    """One NDJSON line (UTF-8, non-ASCII kept)."""
-    return (json.dumps(obj, ensure_ascii=False) + "\n").encode()
+    """One NDJSON line (UTF-8, non-ASCII kept; compact, as Ollama's encoder writes it)."""
+    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
 def sse_event(obj: dict) -> bytes:
-    """One Server-Sent Event ``data: {...}`` (UTF-8, non-ASCII kept)."""
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n".encode()
+    """One Server-Sent Event ``data: {...}`` (UTF-8, non-ASCII kept; compact, as OpenAI's)."""
+    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
 class GenStream(StreamingResponse):

@@ -82,7 +82,7 @@ def message(gen: generation.Generation, model: str, msg_id: str, text: str, fina
 
 def sse(kind: str, data: dict) -> bytes:
     """One event: ``event: KIND`` and ``data: {"type": KIND, ...}``."""
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n".encode()
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
 class BlockWriter:
