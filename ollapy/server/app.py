@@ -179,9 +179,12 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
     from ollapy.server.hosts import HostCheck
 
-    # outermost: a rebinding request is refused before CORS, the key or a body is looked at
+    # a rebinding request is refused before CORS, the key or a body is looked at
     app.add_middleware(HostCheck, bind=bind or urlsplit(config.host()).hostname or "127.0.0.1",
                        extra=config.allowed_hosts())
+    from ollapy.server.accesslog import AccessLog
+
+    app.add_middleware(AccessLog)  # around everything: refused requests are logged too
     return app
 
 
