@@ -204,7 +204,7 @@ def _reply(conv, settings, msg: str) -> None:
         if stream is not None:
             stream.cancel()
         sink.finish()
-        print("^C (reply cancelled)", file=sys.stderr)
+        print("(reply cancelled)", file=sys.stderr)  # the terminal has echoed the ^C itself
         return
     except OllapyError as exc:
         sink.finish()
