@@ -40,7 +40,8 @@ def commands_markdown() -> str:
     root = typer.main.get_command(app)
     parts = []
     for path, cmd in _walk(root, "ollapy"):
-        ctx = cmd.context_class(cmd, info_name=path, terminal_width=100, max_content_width=100)
+        ctx = cmd.context_class(cmd, info_name=path, terminal_width=100, max_content_width=100,
+                                help_option_names=root.context_settings.get("help_option_names"))  # as main.py sets
         text = cmd.get_help(ctx)
         text = re.sub(r"[ \t]+\n", "\n", text).strip()
         parts.append(f"#### `{path}`\n\n```text\n{text}\n```\n")
