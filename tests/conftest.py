@@ -107,6 +107,16 @@ def _isolated_dirs(tmp_path_factory, monkeypatch):
     yield
 
 
+@pytest.fixture
+def bare_app_env(tmp_path, monkeypatch):
+    """For a server app run without its lifespan (FastAPI's TestClient): an empty store, no Ollama store, no
+    extra allowed hosts and no API key from the environment."""
+    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
+    monkeypatch.delenv("OLLAPY_ALLOWED_HOSTS", raising=False)
+    monkeypatch.delenv("OLLAPY_API_KEY", raising=False)
+
+
 HANG_GUARD_S = 900
 """Seconds after which a test treats a process or thread as hung: a guard, never a performance bound."""
 

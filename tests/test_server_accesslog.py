@@ -15,12 +15,7 @@ from ollapy.server.app import create_app
 LINE = re.compile(r"^(\d{3}|-) \| +(\d+\.\d{3})s \| (\S+) \| ([A-Z]+) (\S*)$")
 
 
-@pytest.fixture(autouse=True)
-def _store(tmp_path, monkeypatch):
-    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
-    monkeypatch.delenv("OLLAPY_ALLOWED_HOSTS", raising=False)
-    monkeypatch.delenv("OLLAPY_API_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("bare_app_env")
 
 
 def _lines(caplog) -> list[tuple[str, ...]]:

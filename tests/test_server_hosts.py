@@ -14,13 +14,7 @@ from fastapi.testclient import TestClient
 from ollapy.server.app import create_app
 from ollapy.server.hosts import host_allowed
 
-
-@pytest.fixture(autouse=True)
-def _store(tmp_path, monkeypatch):
-    monkeypatch.setenv("OLLAPY_MODELS", str(tmp_path / "models"))
-    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "no-ollama"))
-    monkeypatch.delenv("OLLAPY_ALLOWED_HOSTS", raising=False)
-    monkeypatch.delenv("OLLAPY_API_KEY", raising=False)
+pytestmark = pytest.mark.usefixtures("bare_app_env")
 
 
 def _every_route(app) -> list[tuple[str, str]]:
