@@ -96,6 +96,11 @@ printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER num_predict %s\nPARAMETER te
   "$GEMMA" "$MAX_OUT" > "$WORK/Modelfile.gemma"
 "$PY" -m ollapy.cli.main create smol -f "$WORK/Modelfile.smol" > /dev/null 2>&1
 "$PY" -m ollapy.cli.main create gemma3-agents -f "$WORK/Modelfile.gemma" > /dev/null 2>&1
+# an embedding model (SmolLM2 declaring a pooling type: /api/show lists "embedding"), for the clients that embed
+# only with such models (llm-ollama)
+"$PY" "$ROOT/scripts/make_embedding_gguf.py" "$SMOL" "$WORK/smol-embed.gguf" > /dev/null
+printf 'FROM %s\n' "$WORK/smol-embed.gguf" > "$WORK/Modelfile.embed"
+"$PY" -m ollapy.cli.main create smol-embed -f "$WORK/Modelfile.embed" > /dev/null 2>&1
 echo "ollapy serve at $URL; clients in $DIR"
 
 metrics() {  # requests, prompt tokens (evaluated), cached tokens, from /metrics
@@ -193,11 +198,11 @@ if want llm; then
   fi
   check "llm-think-refused" 120 bash -c "'$LLM' -m ollama/smol -o think true 'Hi' 2>&1 | grep -q 'does not support thinking'"
   # llm-ollama registers an embedding model only where /api/show lists the "embedding" capability (Ollama's
-  # embedding models); no embedding GGUF ships in any package here, and generative models do not list it
-  if "$LLM" embed-models | grep -q "^Ollama"; then
-    check "llm-embed" 120 bash -c "'$LLM' embed -m \"\$('$LLM' embed-models | grep -o 'ollama/[^ ]*' | head -1)\" -c 'hello world' | grep -q '\['"
+  # embedding models): smol-embed, made above
+  if "$LLM" embed-models | grep -q "ollama/smol-embed"; then
+    check "llm-embed" 120 bash -c "'$LLM' embed -m ollama/smol-embed -c 'hello world' | grep -q '\['"
   else
-    note "llm-embed: no embedding model on the server (llm-ollama lists only models with the embedding capability)"
+    fail "llm-embed" "llm embed-models does not list ollama/smol-embed: $("$LLM" embed-models 2>&1 | tr '\n' ' ' | cut -c1-200)"
   fi
 fi
 

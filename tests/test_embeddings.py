@@ -4,6 +4,7 @@ embedding-only model. The live server is test_server_api's fixture (4 slots, mod
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import struct
 import subprocess
@@ -199,34 +200,11 @@ def test_cli_embed_errors_are_one_line(smollm2_path):
 
 
 def _with_pooling_type(src: Path, dst: Path, pooling: int) -> None:
-    """Copy a GGUF adding ``{arch}.pooling_type`` (uint32) to its metadata; tensor data is kept aligned."""
-    from ollapy.store import info as gi
-
-    with open(src, "rb") as f:
-        f.read(4)
-        version = gi._read(f, "<I")
-        n_tensors, n_kv = gi._read(f, "<Q"), gi._read(f, "<Q")
-        kv_start = f.tell()
-        arch, align = "llama", 32
-        for _ in range(n_kv):
-            key = gi._string(f)
-            val = gi._value(f, gi._read(f, "<I"))
-            arch = val if key == "general.architecture" else arch
-            align = int(val) if key == "general.alignment" else align
-        kv_end = f.tell()
-        for _ in range(n_tensors):
-            gi._string(f)
-            f.seek(8 * gi._read(f, "<I") + 12, 1)
-        infos_end = f.tell()
-        f.seek(0)
-        data = f.read()
-    key = f"{arch}.pooling_type".encode()
-    kv = struct.pack("<Q", len(key)) + key + struct.pack("<II", 4, pooling)
-    head = b"GGUF" + struct.pack("<IQQ", version, n_tensors, n_kv + 1) + data[kv_start:kv_end] + kv + data[kv_end:infos_end]
-    old_data = -(-infos_end // align) * align
-    with open(dst, "wb") as out:
-        out.write(head + b"\0" * (-len(head) % align))
-        out.write(data[old_data:])
+    """A copy of the GGUF ``src`` declaring ``{arch}.pooling_type`` (scripts/make_embedding_gguf.py)."""
+    spec = importlib.util.spec_from_file_location("make_embedding_gguf", ROOT / "scripts" / "make_embedding_gguf.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.with_pooling_type(src, dst, pooling)
 
 
 def test_run_with_an_embedding_only_model_prints_its_vector(smollm2_path, tmp_path):
