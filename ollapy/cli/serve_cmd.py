@@ -73,7 +73,7 @@ def serve(
     app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h,
                      webui=False if no_webui else None)
     server = Server(uvicorn.Config(app, host=h, port=port, log_level="debug" if config.debug() else "warning",
-                                   timeout_graceful_shutdown=5))
+                                   timeout_graceful_shutdown=5, access_log=False))  # ollapy.access logs requests
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # Ctrl-C: uvicorn already shut down gracefully
