@@ -72,3 +72,5 @@ def test_pull_of_a_file_path_says_how_to_use_a_local_file(smollm2_path):
     assert r.returncode == 2
     err = r.stderr.decode()
     assert "is a file path, not a model name" in err and f"ollapy run {smollm2_path}" in err, err
+    named = run_cli("pull", "hf.co/no-such-org/no-such-repo:model-Q4_K_M.gguf")  # a file in a repo: a name
+    assert named.returncode != 0 and b"is a file path" not in named.stderr, named.stderr

@@ -53,11 +53,15 @@ def test_no_name_escapes_store(text):
     assert p.is_relative_to(root / "manifests") and len(p.relative_to(root / "manifests").parts) == 4
 
 
-def test_looks_like_path(tmp_path):
+def test_looks_like_path(tmp_path, monkeypatch):
     f = tmp_path / "x.gguf"
     f.write_bytes(b"GGUF")
     assert looks_like_path(str(f)) and looks_like_path("./m.gguf") and looks_like_path("m.gguf")
     assert not looks_like_path("smollm2:135m") and not looks_like_path("hf.co/o/r:file.gguf")
+    # a name too long for a file here is no OSError: bare, it reads as a path; in a folder, as no file there
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert looks_like_path("a" * 300 + ".gguf") and not looks_like_path("sub/" + "a" * 300 + ".gguf")
 
 
 @pytest.mark.parametrize(("text", "what", "length", "limit"), [

@@ -38,21 +38,15 @@ def pull_cmd(
 ) -> None:
     """Pull a model from Hugging Face, the catalogue's mirrors or an Ollama registry."""
     from ollapy.store import pull_model
+    from ollapy.store.names import looks_like_path
 
-    if name.lower().endswith(".gguf") or _is_file(name):
+    if looks_like_path(name):  # ./x.gguf, /abs/path, ~/x, x.gguf (hf.co/org/repo:file.gguf is a name)
         raise UsageError(f"{name!r} is a file path, not a model name to pull",
                          hint=f"run it as it is: `ollapy run {name}`; or store it under a name: `ollapy create "
                               f"NAME` with a Modelfile saying `FROM {name}`")
     stored = pull_model(name, quiet=quiet, insecure=insecure)  # the name the manifest was written under
     if not quiet:
         print(f"success: {stored.display()}", file=sys.stderr)
-
-
-def _is_file(text: str) -> bool:
-    try:
-        return Path(text).expanduser().is_file()
-    except (OSError, ValueError):  # a name too long for a path, or with a NUL
-        return False
 
 
 def list_cmd() -> None:

@@ -82,7 +82,14 @@ def looks_like_path(text: str) -> bool:
     if text.startswith(("./", "../", "/", "~", ".\\")):
         return True
     low = text.lower()
-    return low.endswith(".gguf") and ":" not in text and (Path(text).exists() or "/" not in text)
+    return low.endswith(".gguf") and ":" not in text and ("/" not in text or _exists(text))
+
+
+def _exists(text: str) -> bool:
+    try:
+        return Path(text).exists()
+    except (OSError, ValueError):  # a name too long for a path, or with a NUL: not a file here
+        return False
 
 
 def _shown(text: str, limit: int = 60) -> str:
