@@ -11,6 +11,7 @@ Shared, at this level:
 - :mod:`.http`, :mod:`.errors`: reading a body, error responses, streaming; the one exception→status table.
 - :mod:`.auth`, :mod:`.hosts`, :mod:`.origins`, :mod:`.metrics`: the API key; the ``Host`` allow-list (DNS
   rebinding); the ``Origin`` allow-list (CORS, and 403 to other sites' pages); Prometheus ``/metrics``.
+- :mod:`.accesslog`: one log line per request (status, seconds, client, method, path), as Ollama's server writes.
 
 One subpackage per API, each with its bodies (pydantic), routes and stream encoder:
 
