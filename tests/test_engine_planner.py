@@ -295,10 +295,12 @@ def test_cancel_records_the_phase(engine_parts):
     next(iter(busy))
     queued = e.submit([4, 5, 6], OPTS)
     queued.cancel()
+    # busy too, while the engine waits in its decode: released first, it could reach the fake context's end (a
+    # fake decode takes microseconds) and finish before a later cancel
+    busy.cancel()
     b.gate.set()
     with pytest.raises(Cancelled):
         queued.result()
-    busy.cancel()
     with pytest.raises(Cancelled):
         for _ in busy:
             pass
