@@ -11,7 +11,9 @@ fresh server with an empty cache directory:
   each <= 1.5x the distinct tokens' KV: the system prompt's cells once plus each conversation's own, and, on a
   sliding-window model, the in-window cells of the 11 states the workload must keep to resume (the system
   prompt's end and each conversation's end: llama.cpp keeps a sliding-window layer's cells only in its
-  window, so a state carries them whatever its length; ~0 bytes on a model without a window);
+  window, so a state carries them whatever its length; ~0 bytes on a model without a window). On a
+  sliding-window model the detail also gives, for information, the ratios against every layer's KV of each
+  distinct token once (what the model computed; its SWA layers keep only a window of it);
 
 Bytes written are the server's own counters (``bytes_written``) as persisted under its cache directory at shutdown,
 so the writes a clean shutdown makes (deferred interim states, :mod:`ollapy.cache.policy`) are counted.
@@ -161,6 +163,16 @@ def _kv_size(cache: Path) -> KvSize:
     return KvSize(total / n, per_cell, max(0.0, total - n * per_cell))
 
 
+def _sliding_window(path: Path) -> int:
+    """The model's sliding-window length in tokens (``{arch}.attention.sliding_window``), 0 without one."""
+    from gguf import GGUFReader
+
+    for key, field in GGUFReader(str(path)).fields.items():
+        if key.endswith(".attention.sliding_window"):
+            return int(field.parts[field.data[0]][0])
+    return 0
+
+
 def _written(cache: Path) -> float:
     """Bytes the server process wrote to the disk tier, its shutdown's deferred writes included (the counters it
     persisted under its cache directory)."""
@@ -243,6 +255,12 @@ def shared_system(tmp: Path, path: Path, tag: str, sys_tokens: int) -> list:
                  f"longer one superseded, kept in RAM as checkpoints" if kv.window > 1e5 else "")
               + f"); the old measure (tokens x {kv.per_token:.0f} B/token of the largest state) "
               f"{distinct_tokens * kv.per_token / 1e6:.0f} MB")
+    n_swa = _sliding_window(path) if kv.window > 1e5 else 0
+    if n_swa:  # information only: every layer's KV of each distinct token once (the window's cells per token)
+        every = distinct_tokens * (kv.per_cell + kv.window / n_swa)
+        detail += (f"; for comparison, each distinct token's KV in every layer once (window {n_swa} tokens): "
+                   f"{every / 1e6:.0f} MB, against which written/disk/RAM are {written / every:.2f}x / "
+                   f"{disk / every:.2f}x / {ram / every:.2f}x")
     return [(f"{tag}: 10 conversations x 3 turns, bytes written", f"{w:.2f}x", detail,
              f"<= {WRITE_SHARED_MAX}x distinct KV", w <= WRITE_SHARED_MAX),
             (f"{tag}: 10 conversations x 3 turns, held on disk", f"{d:.2f}x", "",

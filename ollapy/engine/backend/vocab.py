@@ -89,7 +89,7 @@ def check_draft_vocab(target: VocabHolder, draft: VocabHolder, target_name: str,
     """Raise DraftMismatch (one line naming both models) unless ``draft`` may draft for ``target`` (through
     ``token_ids``, a trimmed-vocabulary draft's map, when given).
 
-    Cost: one ctypes call per token id (about 50,000 for SmolLM2), tens of milliseconds, once per load.
+    Cost: one ctypes call per token id of the target's vocabulary (``n_vocab`` calls), once per load.
     """
     why = vocab_mismatch(target, draft, token_ids)
     if why is not None:

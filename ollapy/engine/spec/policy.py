@@ -253,8 +253,8 @@ class StepCost:
     def time(self, rows: int) -> float:
         """Predicted duration of a step of ``rows`` rows: the measured median when there is one; else the
         line's value, but no more than the largest smaller batch measured plus the prior's relative price of
-        the extra rows. That cap lets the planner find a cheap batch size the line cannot see (Gemma on a CPU:
-        4 rows cost what 3 do, while a line through 1, 2, 3 and 5 rows makes 4 dear) at a price that still
+        the extra rows. That cap lets the planner find a cheap batch size the line cannot see (a CPU's tiled
+        kernels can make 4 rows cost what 3 do, where a line through 1, 2, 3 and 5 rows makes 4 dear) at a price that still
         needs a good proposal; the real cost replaces it after :data:`MIN_SAMPLES` steps."""
         m = self.measured.get(rows)
         if m is not None:
