@@ -6,6 +6,7 @@ Prints one JSON list: the process's resident set size in bytes after each unload
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ def main(argv: list[str]) -> int:
             reqs = [m.submit(m.chat_prompt(mm, opts), opts) for mm in msgs]
             texts = [r.result()[0] for r in reqs]
             assert all(texts) and m.cache_stats().ram_bytes > 0  # real answers; the RAM tier holds states
+        gc.collect()  # reference cycles freed now, not at the collector's next threshold
         after_close.append(rss())
     print(json.dumps(after_close))
     return 0

@@ -51,8 +51,13 @@ def _cycles(model: Path, cache: Path, *flags: str) -> list[int]:
 
 
 def test_load_unload_cycles_leave_rss_flat(smollm2_path, tmp_path):
+    """Three more cycles after the first leave under 24 MiB more resident (8 MiB a cycle).
+
+    What a leak would hold is far above that: one cycle's KV cache (at least 1,024 cells x 23,040 B = 22.5 MiB), its
+    model (94 MiB of weights) or its RAM tier. The bound leaves room for the allocator's own drift, which is not
+    a leak: runs here stay within 8 MiB over ten cycles, and one CI run of the whole suite saw 68, 72, 77, 81 MiB."""
     after_close = _cycles(smollm2_path, tmp_path)
-    assert after_close[-1] - after_close[0] < 12 * MIB, [round(x / MIB) for x in after_close]
+    assert after_close[-1] - after_close[0] < 24 * MIB, [round(x / MIB) for x in after_close]
 
 
 def test_without_the_trim_more_stays_resident(smollm2_path, tmp_path):
