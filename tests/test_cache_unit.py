@@ -128,6 +128,19 @@ def test_ram_tier_cap_and_order():
     assert r.bytes == 3000
 
 
+def test_ram_tier_evicts_a_state_continued_from_before_the_state_that_continued_it():
+    """A conversation's previous turn (restored once, by the turn that went on from it) goes before the newest
+    turn's never-hit state; a state restored twice (a branch point) stays."""
+    r = RamTier(3000)
+    prev = Entry(name="prev", tokens=[1], nbytes=1000, last_used=1, hits=1, continued="restore")
+    branch = Entry(name="branch", tokens=[2], nbytes=1000, last_used=0, hits=2, continued="restore")
+    newest = Entry(name="newest", tokens=[1, 2], nbytes=1000, last_used=2)
+    for e in (branch, prev, newest):
+        r.put(e, b"x" * 1000)
+    r.put(Entry(name="other", tokens=[9], nbytes=1000, last_used=3), b"x" * 1000)
+    assert set(r.entries) == {"branch", "newest", "other"}
+
+
 def test_disk_cap_keeps_pinned_and_hit_entries(tmp_path):
     d = tmp_path / LAYOUT / "m-s"
     paths = []

@@ -168,3 +168,69 @@ def test_near_means_what_no_restore_is_planned_for():
     from ollapy.engine.prefix.planner import MIN_GAIN
 
     assert NEAR_TOKENS == MIN_GAIN
+
+
+def _conversation(k: int, n: int) -> list[list[int]]:
+    """Conversation ``k``'s ``n`` finished states after SYSTEM (each turn adds 2 blocks and a bit)."""
+    out, conv = [], list(SYSTEM)
+    for t in range(n):
+        conv = conv + [100_000 * (k + 1) + 1000 * t + j for j in range(2 * B + 11)]
+        out.append(list(conv))
+    return out
+
+
+def _turn(c, prev: list[int] | None, finished: list[int], restore: bool) -> None:
+    """One turn as the engine runs it: continue from ``prev`` (restored from the cache, or held by the slot), the
+    save point two tokens past it (the previous answer's end-of-turn markers), then the finished state."""
+    if prev is not None:
+        if restore:
+            hit = c.lookup(finished)
+            assert hit is not None and len(hit.tokens) == len(prev)
+            c.record_hit(hit, promote=False)
+        else:
+            c.record_reuse(finished, len(prev), promote=False)
+        _store(c, finished[: len(prev) + 2], persist=True, interim=True)
+    _store(c, finished, persist=False)
+
+
+def _held(c) -> set[int]:
+    return {len(e.tokens) for e in c.entries.values() if e.payload is not None}
+
+
+def test_interleaved_conversations_keep_one_state_each_in_ram_and_write_their_newest_once(tmp_path):
+    """Ten conversations x three turns on one slot (the 10x3 row of scripts/bench_cache_blocks.py): each turn
+    restores its conversation's previous finished state, which the new finished state then replaces in RAM, its
+    deferred write moving along. RAM holds one state per conversation, not one per turn; at close each
+    conversation's newest state is written, once, and a new process resumes it."""
+    c = _bound(tmp_path, n_swa=SWA)
+    _store(c, SYSTEM, persist=True)
+    convs = [_conversation(k, 3) for k in range(10)]
+    for t in range(3):
+        for conv in convs:
+            _turn(c, conv[t - 1] if t else None, conv[t], restore=True)
+    held = {n for n in _held(c) if n != len(SYSTEM)}
+    assert held == {len(convs[0][2])}  # every conversation's turn 3 (all equally long), nothing older
+    assert sum(1 for e in c.entries.values() if e.payload is not None) == 11
+    assert c.snapshot().continued == 20
+    c.close()
+    on_disk = [e for e in c.entries.values() if e.on_disk]
+    assert sorted(len(e.tokens) for e in on_disk) == [len(SYSTEM)] + [len(convs[0][2])] * 10
+    c2 = _bound(tmp_path, n_swa=SWA)
+    hit = c2.lookup(convs[3][2] + [5, 6, 7])
+    assert hit is not None and hit.tier == "disk" and bytes(hit.load()) == bytes(fake_state(convs[3][2]))
+    c2.record_hit(hit, promote=False)
+    c2.close()
+
+
+def test_a_conversation_that_keeps_its_slot_holds_two_states_and_writes_its_save_point(tmp_path):
+    """On the slot path the previous finished state carries the deferred write (the save point it stands in for)
+    and stays; the ones before it go. Bytes written stay what they were: SYSTEM and that save point, once."""
+    c = _bound(tmp_path, n_swa=SWA)
+    _store(c, SYSTEM, persist=True)
+    conv = _conversation(0, 6)
+    for t in range(6):
+        _turn(c, conv[t - 1] if t else None, conv[t], restore=False)
+    assert _held(c) == {len(SYSTEM), len(conv[4]), len(conv[5])}
+    assert c.snapshot().continued == 4
+    c.close()
+    assert _on_disk(c) == {len(SYSTEM), len(conv[4])}

@@ -90,7 +90,8 @@ class StateIntake:
                 return
             near = None if pinned else self.policy.near_prefix(self.index, tokens)
             if near is not None:  # a sliding-window state a few tokens past a held one: that one takes its role
-                if persist and not near.persisted and near.payload is not None:
+                if persist and not (near.on_disk or near.pending) and near.payload is not None:  # (a deferred
+                    # write that is waiting restarts its delay, as a new save point's would)
                     self._adopt(near, interim)
                 self.stats.add(skipped_stores=1)
                 return
@@ -173,6 +174,8 @@ class StateIntake:
         else:
             self._ram_put(e, payload)
         self.stats.add(stores=1, bytes_stored=len(payload))
+        if not persist and e.payload is not None:
+            self._release_continued(e)
         if persist and self.policy.defers(e) and e.payload is not None:
             e.due = time.monotonic() + self.write_delay  # written when due, evicted, or at close
         elif persist:
@@ -202,6 +205,21 @@ class StateIntake:
             e.due = time.monotonic() + self.write_delay
         else:
             self._persist(e, e.payload, [])
+
+    def _release_continued(self, e: Entry) -> None:
+        """Drop from RAM the states that the request which left ``e`` continued from (under the lock), on a model
+        whose states serve only whole (:meth:`AdmissionPolicy.continued_by`). A deferred write of a restored one
+        moves to ``e``: the conversation reaches the disk once per pause, as its newest state."""
+        for r in self.policy.continued_by(self.index, e.tokens):
+            if r is e:
+                continue
+            if r.due > 0:
+                e.interim = True
+                e.due = max(e.due, r.due)
+            log.debug("prompt cache: %s (%d tokens) continued by a state of %d: dropped from RAM", r.name,
+                      len(r.tokens), len(e.tokens))
+            self.stats.add(continued=1)
+            self._forget(r)
 
     def _write_deferred(self, e: Entry) -> None:
         """Queue the deferred write of ``e`` now (under the lock). Shorter deferred states of its chain are not

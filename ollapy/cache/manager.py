@@ -368,6 +368,8 @@ class BoundCache(StateIntake, EntryCatalog):
         with self._lock:
             e.hits += 1
             e.last_used = time.time()
+            if used == len(e.tokens):
+                e.continued = "restore"
             if hit.tier == "disk":
                 self.stats.add(hits_disk=1, tokens_reused=used)
                 if e.payload is None and self.entries.get(e.name) is e:
@@ -398,6 +400,8 @@ class BoundCache(StateIntake, EntryCatalog):
             if e is None:
                 return
             e.last_used = time.time()
+            if n == len(e.tokens) and not e.continued:
+                e.continued = "slot"
             if not promote or e.persisted or self.entries.get(e.name) is not e \
                     or not self.policy.worth_promoting(self.index, e, n):
                 return

@@ -43,6 +43,10 @@ policy like a page cache's dirty expiry):
   a pause deletes the interim file it wrote then. A deferred write is queued
   when it is due, when the RAM tier evicts the entry, and when the cache
   closes (a server's shutdown, a model's unload), so only a crash loses it.
+* a RAM-only state that a request continued from whole gives way to that
+  request's finished state (:meth:`AdmissionPolicy.continued_by`): one window
+  per conversation in RAM, not one per turn; a deferred write it carried
+  moves to the finished state when it was restored from the cache.
 """
 from __future__ import annotations
 
@@ -121,6 +125,24 @@ class AdmissionPolicy:
         if self.trimmable:
             return []
         return [r for r in index.covered_by(tokens) if r.due > 0 and not r.pinned]
+
+    def continued_by(self, index: BlockIndex, tokens: list[int]) -> list[Entry]:
+        """On a model whose states serve only whole: the RAM-only strict prefixes of a finished state of ``tokens``
+        that a request continued from whole (:attr:`Entry.continued`), so that the new state takes their role;
+        empty elsewhere (a trimmable model's longer state serves them already: :meth:`replaced_by`).
+
+        Each of them holds a window, and serves only a prompt that contains all of it: after its conversation
+        went on, that is the same conversation with its last turn regenerated or edited, which then prefills from
+        the nearest context checkpoint instead (llama.cpp's server keeps a checkpoint per prompt end instead, and
+        one window per turn). Kept: pinned and persisted ones, a state restored more than once (a branch point),
+        and one its slot still holds with a deferred write (the conversation stayed in its slot, whose newest state
+        is in RAM too): that write ends the pause, and moving it to the longer state would add a turn's blocks to
+        each pause's write."""
+        if self.trimmable:
+            return []
+        return [r for r in index.covered_by(tokens)
+                if r.continued and not (r.on_disk or r.pending or r.pinned) and r.payload is not None
+                and r.hits <= 1 and not (r.continued == "slot" and r.due > 0)]
 
     def worth_promoting(self, index: BlockIndex, e: Entry, n_used: int) -> bool:
         """True when RAM-only ``e``, which just served ``n_used`` tokens, offers a block more than persisted entries."""

@@ -25,7 +25,7 @@ _HOST = socket.gethostname()
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
             "bytes_stored", "bytes_written", "files_written", "corrupt", "blocks_written", "blocks_reused",
-            "whole_states", "superseded")
+            "whole_states", "superseded", "continued")
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class CacheStats:
     queued because the disk lacked them), ``blocks_reused`` (blocks an entry
     written to disk found there already), ``whole_states`` (states the splitter
     did not recognise, kept whole), ``superseded`` (states a longer save point of their
-    chain replaced before they were written: :mod:`ollapy.cache.policy`). Gauges: ``ram_bytes``, ``ram_entries``,
+    chain replaced before they were written: :mod:`ollapy.cache.policy`), ``continued`` (RAM-only states dropped
+    because the finished state of a request that continued from them took their role). Gauges: ``ram_bytes``, ``ram_entries``,
     ``ram_pinned_bytes``, ``entries`` (known to this process), ``ram_blocks``
     and ``ram_block_bytes`` (the RAM tier's blocks), ``ram_shared_bytes``
     (blocks two or more entries hold), ``ram_logical_bytes`` (the RAM tier's
@@ -71,6 +72,7 @@ class CacheStats:
     blocks_reused: int = 0
     whole_states: int = 0
     superseded: int = 0
+    continued: int = 0
     ram_blocks: int = 0
     ram_block_bytes: int = 0
     ram_shared_bytes: int = 0

@@ -97,6 +97,7 @@ class Entry:
     block_tokens: int = 0
     interim: bool = False  # a conversation's save point that its next turn supersedes (see policy: write-behind)
     due: float = 0.0  # time.monotonic() when its deferred disk write is due; 0: no write deferred
+    continued: str = ""  # how a request continued from it whole in this process: "restore", "slot", "" (never)
 
     @property
     def persisted(self) -> bool:
@@ -179,13 +180,17 @@ class RamTier:
         return out
 
     def fit(self, keep: Entry | None = None) -> list[Entry]:
-        """Evict until under the cap: unpinned before pinned, never-hit before hit, oldest first."""
+        """Evict until under the cap: unpinned before pinned, unproven before proven, oldest first.
+
+        Proven: restored more often than the one request that continued from it (:attr:`Entry.continued`). That
+        request's own finished state serves the conversation's next turn, so a state it continued from goes
+        before it, by age, and never outlives it for a hit the conversation already used."""
         out: list[Entry] = []
         while self.bytes > self.cap:
             victims = [x for x in self.entries.values() if x is not keep]
             if not victims:
                 break
-            v = min(victims, key=lambda x: (x.pinned, x.hits > 0, x.last_used))
+            v = min(victims, key=lambda x: (x.pinned, x.hits - bool(x.continued) > 0, x.last_used))
             if self.before_evict is not None:
                 self.before_evict(v)
             self.drop(v)

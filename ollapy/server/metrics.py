@@ -92,6 +92,9 @@ class _RuntimeCollector:
         superseded = CounterMetricFamily("ollapy_prompt_cache_superseded", "States a longer save point of their "
                                          "conversation replaced before they were written (sliding-window models' "
                                          "write-behind).", labels=["model"])
+        continued = CounterMetricFamily("ollapy_prompt_cache_continued", "RAM-only states dropped because the "
+                                        "finished state of a request that continued from them took their role "
+                                        "(sliding-window models).", labels=["model"])
         b_shared = GaugeMetricFamily("ollapy_prompt_cache_block_shared_bytes", "Bytes of RAM-tier KV blocks that two "
                                      "or more entries share.", labels=["model"])
         b_held = GaugeMetricFamily("ollapy_prompt_cache_block_bytes", "Bytes of KV blocks held in the RAM tier.",
@@ -127,10 +130,11 @@ class _RuntimeCollector:
             b_reused.add_metric([e.key], getattr(cs, "blocks_reused", 0))
             b_evicted.add_metric([e.key], getattr(cs, "blocks_evicted", 0))
             superseded.add_metric([e.key], getattr(cs, "superseded", 0))
+            continued.add_metric([e.key], getattr(cs, "continued", 0))
             b_shared.add_metric([e.key], getattr(cs, "ram_shared_bytes", 0))
             b_held.add_metric([e.key], getattr(cs, "ram_block_bytes", 0))
             b_logical.add_metric([e.key], getattr(cs, "ram_logical_bytes", 0))
             restore.add_metric([e.key], getattr(cs, "restore_buffer_bytes", 0))
             queued.add_metric([e.key], getattr(cs, "queued_bytes", 0))
         yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
-                    b_evicted, superseded, b_shared, b_held, b_logical, restore, queued)
+                    b_evicted, superseded, continued, b_shared, b_held, b_logical, restore, queued)
