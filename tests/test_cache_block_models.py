@@ -92,6 +92,7 @@ def test_a_gemma_conversation_writes_its_system_prompt_then_its_newest_save_poin
                 msgs.append({"role": "assistant", "content": text})
             assert files == [1, 1, 1], files  # the system prompt's state only
             assert c.snapshot().superseded >= 2
+            assert c.snapshot().continued >= 1  # turn 1's state, once turn 3's took over (turn 2's carries the write)
         finally:
             c.close()
             m.engine.cache = None
@@ -111,4 +112,45 @@ def test_a_gemma_conversation_writes_its_system_prompt_then_its_newest_save_poin
             assert warm == cold
         finally:
             c2.close()
+            m.engine.cache = None
+
+
+def test_interleaved_gemma_conversations_keep_their_newest_state_and_answer_as_cold(gemma_path, tmp_path):
+    """Two Gemma conversations taking turns on one slot: each turn restores its conversation's previous finished
+    state from RAM, and that state gives way to the new one (one window per conversation in RAM, not one per turn).
+    The third turn, restored from what is left, answers as a cold run."""
+    opts = Options(num_ctx=4096, num_parallel=1, temperature=0, num_predict=12)
+    with LoadedModel(gemma_path, opts) as m:
+        c = PromptCache(_Ref(m.path), opts, root=tmp_path).bind(m)
+        m.engine.cache = c
+        convs = {k: [{"role": "system", "content": SYSTEM}] for k in "ab"}
+        try:
+            for turn in range(3):
+                for k, msgs in convs.items():
+                    notes = " ".join(f"Note {k}{turn}.{i}: crate {turn * 9 + i} left on day {i}." for i in range(25))
+                    msgs.append({"role": "user", "content": f"{notes} Which crate left last?"})
+                    prompt = m.chat_prompt(msgs)
+                    if turn == 2 and k == "b":
+                        slot_tokens = list(m.engine.slots[0].tokens)
+                        _clear(m)
+                        cold, _ = m.submit(prompt, opts, cache=False).result()
+                        _clear(m)
+                        m.engine.slots[0].tokens = []  # the slot held conversation a: b restores from the cache
+                        assert slot_tokens  # (a's turn ran just before)
+                    text, last = m.submit(prompt, opts).result()
+                    if turn:
+                        assert last.metrics.prefix_source == "cache ram", last.metrics
+                    if turn == 2 and k == "b":
+                        assert text == cold
+                    msgs.append({"role": "assistant", "content": text})
+            snap = c.snapshot()
+            assert snap.continued >= 3, snap  # each restored finished state gave way to the next (the last of b too)
+            for k, msgs in convs.items():  # its finished states held in RAM (checkpoints lie on the 512 grid)
+                whole = m.chat_prompt(msgs + [{"role": "user", "content": "And the first?"}]).tokens
+                first = len(m.chat_prompt(msgs[:2]).tokens)
+                held = [len(e.tokens) for e in c.entries.values() if e.payload is not None and len(e.tokens) % 512
+                        and len(e.tokens) > first and whole[:len(e.tokens)] == e.tokens]
+                assert len(held) == 1, (k, held)  # turn 3's; turns 1 and 2 gave way
+        finally:
+            c.close()
             m.engine.cache = None
