@@ -211,9 +211,41 @@ def test_verbose_prompt_eval_rate_counts_only_the_tokens_evaluated():
     """A cache hit reuses most of the prompt: the rate is the evaluated tokens over the prefill time."""
     from ollapy.cli.output import format_stats
 
-    m = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 2661, "prompt_cache_tokens": 2660,
+    m = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 2661, "prompt_cache_tokens": 2560,
          "prefix_source": "cache disk", "prompt_eval_duration": 50 * 10**6, "eval_count": 4,
          "eval_duration": 10**8}
     text = format_stats(m)
-    assert "prompt eval rate:     20.00 tokens/s" in text  # 1 token in 50 ms, not 2661 tokens
-    assert "prompt cache:         2660 token(s) reused (cache disk)" in text
+    assert "prompt eval rate:     2020.00 tokens/s" in text  # 101 tokens in 50 ms, not 2661 tokens
+    assert "prompt cache:         2560 token(s) reused (cache disk)" in text
+
+
+def test_verbose_prompt_eval_says_new_and_cached_tokens_and_rates_no_handful():
+    """After a cache hit ``--verbose`` splits the prompt into evaluated and reused tokens; a rate over fewer than
+    MIN_RATED_TOKENS evaluated tokens is ``n/a``, not a number."""
+    from ollapy.cli.output import MIN_RATED_TOKENS, format_stats
+
+    hit = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 3043, "prompt_cache_tokens": 3042,
+           "prefix_source": "slot", "prompt_eval_duration": 19 * 10**6, "eval_count": 4, "eval_duration": 10**8}
+    lines = format_stats(hit).splitlines()
+    assert "prompt eval count:    3043 token(s) (1 new, 3042 from the cache)" in lines, lines
+    assert "prompt eval rate:     n/a (1 new token: too few to rate)" in lines, lines
+    assert "tokens/s" not in "".join(x for x in lines if x.startswith("prompt eval rate"))
+    assert re.search(r"^prompt eval count: +(\d+) token", "\n".join(lines), re.M).group(1) == "3043"  # parsers
+    few = {**hit, "prompt_cache_tokens": 3043 - (MIN_RATED_TOKENS - 1)}
+    assert f"n/a ({MIN_RATED_TOKENS - 1} new tokens: too few to rate)" in format_stats(few)
+    enough = {**hit, "prompt_cache_tokens": 3043 - MIN_RATED_TOKENS, "prompt_eval_duration": 10**9}
+    assert f"prompt eval rate:     {MIN_RATED_TOKENS:.2f} tokens/s" in format_stats(enough)
+    cold = {**hit, "prompt_cache_tokens": 0, "prompt_eval_duration": 10**9}
+    text = format_stats(cold)
+    assert "prompt eval count:    3043 token(s)\n" in text and "prompt eval rate:     3043.00 tokens/s" in text
+
+
+def test_run_help_names_its_arguments_in_capitals():
+    """``run --help`` reads as Ollama's ``ollama run MODEL [PROMPT]``: no ``{model}`` placeholder."""
+    p = run_cli("run", "--help")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.decode()
+    usage = out.splitlines()[0]
+    assert usage.endswith(" run [OPTIONS] MODEL [PROMPT...]"), usage
+    assert "{" not in out and re.search(r"^  MODEL +Model name", out, re.M), out
+    assert re.search(r"^  PROMPT\.\.\. +Prompt", out, re.M), out

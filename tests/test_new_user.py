@@ -1,6 +1,6 @@
 """What a new user who knows Ollama met (issue 23, items 8 and 9): honest `/set parameter`, `run --local`, a
 client's `--parallel` with a server, one-line `--verbose` facts through a server, the REPL's sub-help and
-license, `serve --host` errors, and the README's port."""
+license, `serve --host` errors, the chat page's address at `serve`'s start, and the README's port."""
 from __future__ import annotations
 
 import os
@@ -145,6 +145,50 @@ def test_serve_host_errors_name_the_flag():
     assert r.returncode == 1 and r.stderr.decode().splitlines() == [
         "Error: cannot listen on nonsense:11435: --host names no address of this machine (give an IP address or a "
         "name that resolves to one, e.g. --host 127.0.0.1:11435)"]
+
+
+def _serve_stderr(tmp_path, *args: str) -> str:
+    """Start ``ollapy serve ARGS`` on a free loopback port, wait until it answers, stop it; its stderr."""
+    import subprocess
+    import time
+
+    from rpc_helpers import free_port
+
+    port = free_port()
+    env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_MODELS=str(tmp_path / "models"))
+    env.pop("OLLAPY_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", *args], env=env, cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.monotonic() < deadline, "ollapy serve did not answer"
+                time.sleep(0.1)
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    assert proc.returncode == 0, err
+    return err.decode().replace(str(port), "PORT")
+
+
+def test_serve_says_where_the_chat_page_is(tmp_path):
+    lines = _serve_stderr(tmp_path).splitlines()
+    at = lines.index("ollapy serve listening on http://127.0.0.1:PORT")
+    assert lines[at + 1] == "chat page: http://127.0.0.1:PORT/ (open in a browser)", lines
+    assert not [x for x in _serve_stderr(tmp_path, "--no-webui").splitlines() if "chat page" in x]
+    from ollapy.cli.serve_cmd import chat_page_url
+
+    assert chat_page_url("0.0.0.0", 11435) == "http://127.0.0.1:11435/"  # a wildcard bind: this machine's loopback
+    assert chat_page_url("::", 11435) == "http://[::1]:11435/"
+    assert chat_page_url("fe80::1", 8080) == "http://[fe80::1]:8080/"
+    assert chat_page_url("192.168.1.5", 8080) == "http://192.168.1.5:8080/"
 
 
 def test_readme_says_where_to_point_existing_clients():

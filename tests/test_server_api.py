@@ -365,6 +365,37 @@ def test_cli_run_through_server_matches_in_process(server, smollm2_path):
     assert none.returncode == 1 and b"no ollapy server is running" in none.stderr
 
 
+def test_cli_run_pulls_a_missing_model_through_the_server(server, gemma_path):
+    """`run` of a model the server lacks: with --no-pull the server's one-line 404; without it the server pulls it
+    (its /api/pull, progress on stderr as a pull here shows it), then answers; the client's store stays empty."""
+    from fake_registry import sha256_path
+
+    server.registry.add_model("library", "gemmarun", "270m", Path(gemma_path))
+    env = {"OLLAPY_HOST": f"127.0.0.1:{server.port}"}
+    greedy = ("-o", "temperature=0", "-o", "num_predict=8")
+    refused = run_cli("run", "gemmarun:270m", "--no-pull", *greedy, "hi", env=env)
+    assert refused.returncode == 1 and refused.stderr.decode().splitlines() == [
+        "Error: model 'gemmarun:270m' not found (try `ollapy pull gemmarun:270m`)"], refused.stderr
+    r = run_cli("run", "gemmarun:270m", *greedy, "The capital of France is", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip()
+    err = r.stderr.decode().splitlines()
+    digest = "sha256:" + sha256_path(Path(gemma_path))[:12]
+    assert err[0] == "pulling manifest", err
+    assert f"pulling manifest of gemmarun:270m from {server.registry.url}" in err, err
+    assert f"pulling {digest} (253 MB)" in err, err  # PlainProgress's lines, as a pull in this process prints them
+    assert any(x.startswith(f"done {digest} 253 MB in ") for x in err), err
+    assert "success" not in err and len(err) == len(set(err)), err
+    tags = httpx.get(server.url + "/api/tags").json()["models"]
+    assert "gemmarun:270m" in [m["name"] for m in tags]
+    assert not list(Path(os.environ["OLLAPY_MODELS"]).rglob("*gemmarun*"))  # pulled by the server, not here
+    missing = run_cli("run", "nosuchrun", "hi", env=env)
+    assert missing.returncode == 1 and missing.stderr.decode().splitlines()[-1] == (
+        "Error: model 'nosuchrun:latest' not found"), missing.stderr  # no "try `ollapy pull`": that pull failed
+    httpx.post(server.url + "/api/generate", json={"model": "gemmarun:270m", "keep_alive": 0}, timeout=60)
+    httpx.request("DELETE", server.url + "/api/delete", json={"model": "gemmarun:270m"}, timeout=60)
+
+
 # ---- load ---------------------------------------------------------------------------------------------------
 WORDS = ["zebra", "mango", "violet", "copper", "falcon", "tulip", "walnut", "orchid", "raven", "maple", "saturn",
          "lemon", "tiger", "amber", "banana", "cactus", "dolphin", "eagle", "forest", "garden", "harbor", "island",

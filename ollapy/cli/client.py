@@ -148,6 +148,14 @@ class Client:
             body["keep_alive"] = keep_alive
         return self._call("POST", "/api/generate", json=body).json()
 
+    def pull(self, model: str, *, insecure: bool = False) -> Stream:
+        """``/api/pull``: a :class:`Stream` of status dicts (``status``; a blob's also carry ``digest``, ``total``
+        and ``completed`` bytes); the server's last one is ``{"status": "success"}``."""
+        body: dict[str, Any] = {"model": model, "stream": True}
+        if insecure:
+            body["insecure"] = True
+        return self._stream("/api/pull", body)
+
     def stop(self, model: str) -> dict:
         """Unload a model (``keep_alive: 0`` with no prompt)."""
         return self._call("POST", "/api/generate", json={"model": model, "keep_alive": 0}).json()

@@ -127,6 +127,9 @@ class SplitStream:
 def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
     """Return ``(runner, ref)``: a server-backed runner when a server answers at OLLAPY_HOST, else in-process.
 
+    A missing model is pulled when ``pull``: by the server into its store when the model runs there, else into
+    the local store.
+
     Three cases load in this process even with a server running: a model given as a file path (a server
     resolves only its store's names), ``run --local`` (``settings.local``), and options a request may not
     set (:data:`ollapy.options.SERVER_ONLY_OPTIONS`, e.g. ``rpc``: the server's operator sets those); the
@@ -150,7 +153,7 @@ def connect_runner(name: str, cli_options: dict, settings, pull: bool = True):
             info(f"{shown} is set by a server's operator, not by its clients: loading {name} in this process, "
                  f"not on the server at {config.host()} (--local does this for any run)")
     if use_server:
-        remote = probe_server(arg, cli_options, settings)
+        remote = probe_server(arg, cli_options, settings, pull=pull)
         if remote is not None:
             return remote
     ref = loader.resolve(arg, pull=pull, allow_paths=True)

@@ -196,27 +196,41 @@ def _dur(ns: int) -> str:
     return f"{ns / 1e3:.3f}µs"
 
 
+MIN_RATED_TOKENS = 8
+"""Fewest evaluated prompt tokens for which ``--verbose`` prints a prompt eval rate."""
+
+
 def format_stats(m: dict, *, with_load: bool = True) -> str:
-    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse; the prompt eval rate counts
-    only the tokens evaluated (``prompt_eval_count`` minus those reused from the cache).
+    """Ollama's ``--verbose`` block (durations from ns), plus prompt-cache reuse.
+
+    The prompt eval count says how many of the prompt's tokens were evaluated (new) and how many were reused from
+    the prompt cache when any were. The prompt eval rate counts only the tokens evaluated (``prompt_eval_count``
+    minus ``prompt_cache_tokens``); under :data:`MIN_RATED_TOKENS` of them it is ``n/a`` with the count, since a
+    rate over a handful of tokens measures the per-call overhead, not prefill speed.
 
     ``with_load=False`` leaves out the ``load duration`` line (a batch prints
     the one load once, not as 0 for every later answer).
     """
     # the rate of the tokens actually evaluated: reused (cached) prompt tokens took no prefill time
-    evaluated = m["prompt_eval_count"] - m.get("prompt_cache_tokens", 0)
+    reused = int(m.get("prompt_cache_tokens") or 0)
+    evaluated = m["prompt_eval_count"] - reused
     pe_rate = evaluated / (m["prompt_eval_duration"] / 1e9) if m.get("prompt_eval_duration") else 0.0
+    if evaluated < MIN_RATED_TOKENS:
+        rate_text = f"n/a ({evaluated} new token{'s' if evaluated != 1 else ''}: too few to rate)"
+    else:
+        rate_text = f"{pe_rate:.2f} tokens/s"
     ev_rate = m["eval_count"] / (m["eval_duration"] / 1e9) if m.get("eval_duration") else 0.0
     lines = [
         f"total duration:       {_dur(m['total_duration'])}",
         *([f"load duration:        {_dur(m['load_duration'])}"] if with_load else []),
-        f"prompt eval count:    {m['prompt_eval_count']} token(s)",
+        f"prompt eval count:    {m['prompt_eval_count']} token(s)"
+        + (f" ({evaluated} new, {reused} from the cache)" if reused else ""),
         f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused"
         + (f" ({m['prefix_source']}" + (f", {m['prompt_cache_blocks']} blocks joined" if m.get("prompt_cache_blocks")
                                          else "") + ")" if m.get("prefix_source") not in (None, "", "none") else ""),
         *([f"image encode duration: {_dur(m['image_encode_duration'])}"] if m.get("image_encode_duration") else []),
         f"prompt eval duration: {_dur(m['prompt_eval_duration'])}",
-        f"prompt eval rate:     {pe_rate:.2f} tokens/s",
+        f"prompt eval rate:     {rate_text}",
         f"eval count:           {m['eval_count']} token(s)",
         f"eval duration:        {_dur(m['eval_duration'])}",
         f"eval rate:            {ev_rate:.2f} tokens/s",

@@ -2,12 +2,16 @@
 
 :func:`probe_server` asks ``OLLAPY_HOST`` for a heartbeat (short timeout); when
 a server answers it loads the model there (so unknown models and bad options
-fail before anything is printed) and returns ``(RemoteRunner, ref)``. The
-server applies the model's SYSTEM/MESSAGE lines itself, so the ref carries
-only the system prompt (for the REPL's ``/show system``) and no messages.
+fail before anything is printed) and returns ``(RemoteRunner, ref)``. A model
+the server does not have is pulled by the server first (its ``/api/pull``,
+:func:`pull_on_server`) unless ``run --no-pull`` said not to, as the in-process
+path pulls it into the local store. The server applies the model's
+SYSTEM/MESSAGE lines itself, so the ref carries only the system prompt (for
+the REPL's ``/show system``) and no messages.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -156,11 +160,76 @@ def port_open(timeout: float = 0.3) -> bool:
         return False
 
 
-def probe_server(name: str, cli_options: dict, settings):
+_PULL_HINT = re.compile(r" \(try `ollapy pull [^`]*`\)$")
+
+
+def pull_on_server(client, name: str, progress=None) -> None:
+    """Have the server pull ``name`` into its store (``/api/pull``), its statuses on stderr as a pull in this
+    process shows them: ``progress`` (default :func:`ollapy.store.progress.make_progress`: bars on a terminal,
+    one plain line per stage otherwise) gets each blob as ``start``/``advance``/``finish`` and every other status
+    as a ``stage`` line (each text once; the closing ``success`` not at all).
+
+    Raises the server's error: a model no source has is ModelNotFound, without the server's "try `ollapy pull`"
+    hint (that pull is what failed).
+    """
+    from ollapy.errors import ModelNotFound, OllapyError
+    from ollapy.store.progress import make_progress
+
+    own = progress is None
+    progress = progress or make_progress()
+    blobs: dict[str, list] = {}  # label -> [task, completed, finished]
+    said: set[str] = {"", "success"}
+    try:
+        for s in client.pull(name):
+            status = str(s.get("status") or "")
+            if "completed" not in s and "total" not in s:
+                if status not in said:
+                    said.add(status)
+                    progress.stage(status)
+                continue
+            label = s.get("digest") or status.removeprefix("pulling ")
+            total, done = int(s.get("total") or 0), int(s.get("completed") or 0)
+            blob = blobs.get(label)
+            if blob is None:
+                blob = blobs[label] = [progress.start(label, total or None, done), done, False]
+            elif done > blob[1]:
+                progress.advance(blob[0], done - blob[1])
+                blob[1] = done
+            if total and done >= total and not blob[2]:
+                blob[2] = True
+                progress.finish(blob[0])
+        for task, _, finished in blobs.values():  # a blob of unknown size ends with the pull
+            if not finished:
+                progress.finish(task)
+    except OllapyError as exc:
+        words = _PULL_HINT.sub("", exc.message)
+        if words != exc.message or isinstance(exc, ModelNotFound):
+            raise ModelNotFound(words, exc.hint if isinstance(exc, ModelNotFound) else "", name=name) from None
+        raise
+    finally:
+        if own:
+            progress.close()
+
+
+def _missing_on(client, name: str) -> bool:
+    """True when the server says it has no model ``name`` (``/api/show`` answers 404)."""
+    from ollapy.errors import ModelNotFound
+
+    try:
+        client.show(name)
+    except ModelNotFound:
+        return True
+    except Exception:  # noqa: BLE001 - another failure is not "missing": the load's own error is reported
+        return False
+    return False
+
+
+def probe_server(name: str, cli_options: dict, settings, pull: bool = True):
     """``(RemoteRunner, RemoteRef)`` when a server answers at OLLAPY_HOST, else None.
 
-    Raises the server's error (unknown model 404, bad options 400...) as the
-    matching OllapyError, like the in-process path would.
+    A model the server does not have is pulled through it first (:func:`pull_on_server`) when ``pull``;
+    without ``pull`` its 404 is raised as it is. Raises the server's error (unknown model 404, bad options
+    400...) as the matching OllapyError, like the in-process path would.
     """
     if not port_open():
         return None  # nothing listens: skip importing httpx at all (fast start of in-process runs)
@@ -172,9 +241,17 @@ def probe_server(name: str, cli_options: dict, settings):
     if not client.heartbeat():
         client.close()
         return None
+    from ollapy.errors import ModelNotFound
+
     keep_alive = getattr(settings, "keepalive", None)
     opts = to_server_options(cli_options)
-    client.load(name, opts, keep_alive)
+    try:
+        client.load(name, opts, keep_alive)
+    except ModelNotFound:
+        if not pull or not _missing_on(client, name):  # e.g. a missing draft model: pulling `name` would not help
+            raise
+        pull_on_server(client, name)
+        client.load(name, opts, keep_alive)
     show = {}
     try:
         show = client.show(name)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand
 
 from ollapy.cli.output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 from ollapy.errors import Cancelled, OllapyError, OptionError, UsageError
@@ -44,8 +45,9 @@ def build_prompt(stdin_text: str | None, args: list[str]) -> str | None:
 
 
 def run(
-    model: str = typer.Argument(..., help="Model name (see `ollapy list`) or path to a .gguf file."),
-    prompt: Optional[List[str]] = typer.Argument(None, help="Prompt; piped stdin is put before it."),
+    model: str = typer.Argument(..., metavar="MODEL", help="Model name (see `ollapy list`) or path to a .gguf file."),
+    prompt: Optional[List[str]] = typer.Argument(None, metavar="PROMPT...",
+                                                 help="Prompt; piped stdin is put before it."),
     system: Optional[str] = typer.Option(None, "--system", help="System prompt for this run."),
     format: Optional[str] = typer.Option(None, "--format", help="Response format: json, or a path to a JSON schema file."),
     verbose: bool = typer.Option(False, "--verbose", help="Print timings and token counts to stderr."),
@@ -211,6 +213,14 @@ def _template_source(loaded) -> str | None:
         return None
 
 
+class _RunCommand(TyperCommand):
+    """``run``'s command: its usage line names the arguments as Ollama's does (``MODEL [PROMPT...]``), not as
+    typer writes a required argument (``{model}``)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
+
+
 def register(app: typer.Typer) -> None:
     """Add ``run`` to the app."""
-    app.command("run")(run)
+    app.command("run", cls=_RunCommand)(run)

@@ -52,6 +52,9 @@ def serve(
         print(f"warning: listening on {h}:{port}, reachable from other machines"
               + ("" if key else " with no API key (set OLLAPY_API_KEY or --api-key-file)"), file=sys.stderr)
     print(f"ollapy serve listening on http://{h}:{port}" + (" (API key required)" if key else ""), file=sys.stderr)
+    webui = not no_webui and not config.no_webui()
+    if webui:
+        print(f"chat page: {chat_page_url(h, sock.getsockname()[1])} (open in a browser)", file=sys.stderr)
     # uvicorn shuts down gracefully on SIGTERM (the lifespan closes every model: engine joined, prompt cache saved,
     # model freed), then raises the signal again; with this handler that ends as exit code 0, not death by signal
     import signal
@@ -70,8 +73,7 @@ def serve(
             generation.cancel_all()
             super().handle_exit(sig, frame)
 
-    app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h,
-                     webui=False if no_webui else None)
+    app = create_app(allow_paths=allow_paths, defaults=defaults, api_key=key, bind=h, webui=webui)
     server = Server(uvicorn.Config(app, host=h, port=port, log_level="debug" if config.debug() else "warning",
                                    timeout_graceful_shutdown=5, access_log=False))  # ollapy.access logs requests
     try:
@@ -84,6 +86,16 @@ def serve(
         print("ollapy serve stopped", file=sys.stderr)
     if not server.started:
         raise OllapyError(f"server on {h}:{port} failed to start", hint="set OLLAPY_DEBUG=1 to see why")
+
+
+def chat_page_url(host: str, port: int) -> str:
+    """The address a browser on this machine opens for the chat page of a server listening on ``host:port``: a
+    wildcard address (``0.0.0.0``, ``::``) as the loopback address of its family, an IPv6 literal in brackets."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
 def read_api_key(api_key: str | None, api_key_file: Path | None) -> str:
