@@ -90,8 +90,8 @@ class StateIntake:
                 return
             near = None if pinned else self.policy.near_prefix(self.index, tokens)
             if near is not None:  # a sliding-window state a few tokens past a held one: that one takes its role
-                if persist and not (near.on_disk or near.pending) and near.payload is not None:  # (a deferred
-                    # write that is waiting restarts its delay, as a new save point's would)
+                # a deferred write already waiting restarts its delay, as a new save point's would
+                if persist and not (near.on_disk or near.pending) and near.payload is not None:
                     self._adopt(near, interim)
                 self.stats.add(skipped_stores=1)
                 return
@@ -210,9 +210,7 @@ class StateIntake:
         """Drop from RAM the states that the request which left ``e`` continued from (under the lock), on a model
         whose states serve only whole (:meth:`AdmissionPolicy.continued_by`). A deferred write of a restored one
         moves to ``e``: the conversation reaches the disk once per pause, as its newest state."""
-        for r in self.policy.continued_by(self.index, e.tokens):
-            if r is e:
-                continue
+        for r in self.policy.continued_by(self.index, e.tokens):  # strict prefixes: never e
             if r.due > 0:
                 e.interim = True
                 e.due = max(e.due, r.due)
