@@ -60,6 +60,16 @@ def test_cli_errors_are_one_line(store_env, registry):
         assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1, r.stderr
 
 
+def test_show_of_a_catalogue_model_not_pulled_says_to_pull_it(store_env):
+    """A catalogue alias not in the store is not "not in the catalogue": the line names the pull to run."""
+    r = cli("show", "smollm2:135m")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "is in the catalogue but not pulled" in r.stderr and "run `ollapy pull smollm2:135m`" in r.stderr
+    assert "not in the catalogue" not in r.stderr
+    r = cli("show", "nosuch")
+    assert "not in the catalogue" in r.stderr and "catalogue aliases:" in r.stderr
+
+
 def test_broken_manifest_in_cli(store_env, registry, smollm2_path):
     registry.add_model("library", "tiny", "q4", smollm2_path)
     pull_model("tiny:q4", quiet=True)

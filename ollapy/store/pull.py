@@ -114,7 +114,13 @@ def _write_catalogue_manifest(store: Store, name: ModelName, entry: catalogue.Ca
 
 
 def not_found(name: ModelName, why: str = "") -> ModelNotFound:
-    """The 'unknown model' error: where it looked, and what to try."""
+    """The 'unknown model' error: where it looked, and what to try. A catalogue name that is not pulled yet (and
+    no ``why`` from a pull that failed) says so, with the pull to run."""
+    entry = None if why else catalogue.lookup(name)
+    if entry is not None:
+        return ModelNotFound(f"model {name.display()!r} is in the catalogue but not pulled into {config.models_dir()}",
+                             hint=f"run `ollapy pull {entry.alias}`", public=f"model {name.display()!r} not found",
+                             name=name.display())
     aliases = catalogue.default_aliases()
     shown = ", ".join(aliases[:8]) + (", ..." if len(aliases) > 8 else "")
     looked = f"not in the store {config.models_dir()}, not in the catalogue {catalogue.catalogue_dir()}"
