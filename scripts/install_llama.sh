@@ -47,7 +47,7 @@ libs = [f for f in dist.files or [] if "libggml-rpc" in f.name]
 sys.exit(0 if libs and pathlib.Path(dist.locate_file(libs[0])).exists() else 1)
 PYEOF
 }
-PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot state-seq-segments"
+PATCHES="sgemm-one-row sgemm-one-row-q0-vec-dot state-seq-segments-2"
 write_marker() {  # write_marker VENV_PYTHON FILE: $PATCHES with the installed version and libggml-cpu.so's sha256
   "$1" - "$2" "$PATCHES" <<'PYEOF'
 import hashlib, importlib.metadata as md, json, pathlib, sys

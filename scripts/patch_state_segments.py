@@ -7,7 +7,9 @@ joining the blocks into one buffer first: one more copy of the whole state. The 
 an ordered list of ``n_segments`` pieces (``ptrs[i]``, ``sizes[i]`` bytes; together the bytes that
 ``llama_state_seq_get_data`` wrote) and reads it through a ``llama_io_read_i`` that walks the pieces: header
 fields are copied out, and tensor data is handed to ``ggml_backend_tensor_set`` piece by piece from where it lies,
-deferred until the read succeeded, as ``llama_io_read_host`` does. It returns the bytes read, or 0 on failure
+deferred until the read succeeded, as ``llama_io_read_host`` does (a tensor in host memory is then written with
+one ``memcpy`` per piece, its bounds checked once per read: a transposed V makes one piece per embedding row per
+KV block, tens of thousands for a long state). It returns the bytes read, or 0 on failure
 (the sequence is then cleared, as with ``llama_state_seq_set_data_ext``). ``LLAMA_STATE_SEQ_FLAGS_ON_DEVICE`` is
 not supported (returns 0).
 
@@ -40,11 +42,17 @@ IMPL = """
 // ollapy: a reader over a state given as pieces (see llama_state_seq_set_data_segments)
 class llama_io_read_segments : public llama_io_read_i {
 public:
-    llama_io_read_segments(const uint8_t * const * ptrs, const size_t * sizes, size_t n) : ptrs(ptrs), sizes(sizes), n(n) {}
+    llama_io_read_segments(const uint8_t * const * ptrs, const size_t * sizes, size_t n) : ptrs(ptrs), sizes(sizes), n(n) {
+        rinfos.reserve(n + 64);  // about one deferred copy per piece
+    }
 
     ~llama_io_read_segments() {
         for (const auto & r : rinfos) {
-            ggml_backend_tensor_set(r.tensor, r.ptr, r.offset, r.size);
+            if (r.host) {  // a tensor in host memory: bounds checked in read_tensor, copied as its buffer would
+                memcpy(r.host + r.offset, r.ptr, r.size);
+            } else {
+                ggml_backend_tensor_set(r.tensor, r.ptr, r.offset, r.size);
+            }
         }
     }
 
@@ -61,9 +69,14 @@ public:
     }
 
     void read_tensor(ggml_tensor * tensor, size_t offset, size_t size) override {
+        // a transposed V arrives as one read per embedding row, each split into one piece per KV block:
+        // the checks ggml_backend_tensor_set makes per call are made here once per read
+        ggml_backend_buffer_t buf = tensor->view_src ? tensor->view_src->buffer : tensor->buffer;
+        GGML_ASSERT(buf != NULL && tensor->data != NULL && offset + size <= ggml_nbytes(tensor));
+        uint8_t * host = ggml_backend_buffer_is_host(buf) ? (uint8_t *) tensor->data : nullptr;
         while (size > 0) {
             const size_t k = take(size);
-            rinfos.push_back({tensor, ptrs[i] + pos, k, offset});
+            rinfos.push_back({tensor, host, ptrs[i] + pos, k, offset});
             offset += k;
             size   -= k;
             pos    += k;
@@ -101,6 +114,7 @@ private:
 
     struct read_info {
         ggml_tensor * tensor;
+        uint8_t * host;  // tensor->data when the tensor is in host memory, else null
         const uint8_t * ptr;
         size_t size;
         size_t offset;

@@ -399,3 +399,27 @@ def test_verbose_says_how_many_blocks_a_restore_joined():
     assert "prompt cache:         2560 token(s) reused (cache disk, 10 blocks joined)" in format_stats(m)
     m["prompt_cache_blocks"] = 0
     assert "2560 token(s) reused (cache disk)\n" in format_stats(m) + "\n"
+
+
+def test_a_block_file_is_written_whole_when_the_kernel_takes_a_few_bytes_a_call(tmp_path, monkeypatch):
+    """write_block sends the header with the first chunk in one ``writev`` (a separate small write leaves the
+    page cache in small folios: more page faults when a restore maps the block) and resumes after a short write."""
+    import ollapy.cache.blocks as blocks_mod
+
+    calls = []
+    real = os.writev
+
+    def short_writev(fd, bufs):
+        calls.append([len(b) for b in bufs])
+        head = bytes(memoryview(bufs[0]).cast("B")[:7])  # at most 7 bytes a call
+        return real(fd, [head])
+
+    monkeypatch.setattr(blocks_mod.os, "writev", short_writev)
+    data = os.urandom(100)
+    p = tmp_path / f"{'ab' * 16}{BLOCK_SUFFIX}"
+    assert write_block(p, data, ".tmp-t-")
+    assert calls[0] == [blocks_mod._BHDR.size, 100]  # header and data in one call
+    assert len(calls) > 100 // 7  # it went on after each short write
+    monkeypatch.undo()
+    view, crc = map_block(p)
+    assert bytes(view) == data and crc == zlib.crc32(data)

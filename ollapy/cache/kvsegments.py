@@ -27,8 +27,15 @@ _U32 = struct.Struct("<I")
 
 
 def _address(buf) -> int:
-    """The address of ``buf``'s first byte (any buffer: bytes, bytearray, a memoryview of an mmap)."""
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
+    """The address of ``buf``'s first byte (any buffer: bytes, bytearray, a memoryview of an mmap).
+
+    A writable buffer (a block's copy-on-write mapping) goes through ctypes, several times faster than a
+    numpy view; a read-only one (bytes) through numpy. The export ends before this returns.
+    """
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    except (TypeError, ValueError):  # read-only, or empty
+        return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
 
 @dataclass
@@ -70,60 +77,65 @@ def join_segments(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes 
 
     Validates as :func:`~ollapy.cache.kvstate.join_into` does and raises KVStateError on the same input: a
     block count or size that does not match the tail, a truncated, corrupt or unknown tail. Copies no cell
-    data: only the header, the cells' metadata (12 bytes a cell) and the per-layer type fields are written.
+    data: only the header, the cells' metadata (12 bytes a cell) and the per-layer type fields are written,
+    into one buffer. The pieces of a layer group (every K layer; every V layer) are computed as one array.
     """
     layout, segs, rest = _chain_segments(blocks, tail)
-    n = layout.n_cells
-    keep: list = [mv for mv, _ in segs]
-    bases = np.array([_address(mv) for mv, _ in segs], dtype=np.uint64)
-    cells = np.array([m for _, m in segs], dtype=np.uint64)
-    read = np.zeros(len(segs), dtype=np.uint64)  # bytes consumed so far inside each segment
-    ptrs: list[np.ndarray] = []
-    sizes: list[np.ndarray] = []
+    n, n_seg, n_layer = layout.n_cells, len(segs), layout.n_layer
+    bases = np.fromiter((_address(mv) for mv, _ in segs), dtype=np.uint64, count=n_seg)
+    cells = np.fromiter((m for _, m in segs), dtype=np.uint64, count=n_seg)
 
-    def small(data: bytes | bytearray) -> None:  # a piece this function writes
-        if data:
-            keep.append(data)
-            ptrs.append(np.array([_address(data)], dtype=np.uint64))
-            sizes.append(np.array([len(data)], dtype=np.uint64))
-
-    head = bytearray(layout.header)
-    head += _U32.pack(layout.n_stream)
-    head += b"\0\0\0\0" * layout.stream  # the empty streams before the one with cells
-    head += _U32.pack(n)
+    # the fields this function writes, in one buffer: the header and cell metadata, then one 12-byte type field
+    # per K layer and per V layer, then the empty streams after the one with cells
     meta = np.empty((n, 3), dtype="<i4")
     meta[:, 0] = np.arange(n, dtype=np.int32)
     meta[:, 1] = 1
     meta[:, 2] = layout.cell_seq
-    head += meta.tobytes()
-    head += struct.pack("<II", int(layout.v_trans), layout.n_layer)
-    small(head)
-    for t, row in zip(layout.k_types, layout.k_rows):
-        small(struct.pack("<iQ", t, row))
-        ptrs.append(bases + read)
-        sizes.append(cells * np.uint64(row))
-        read += cells * np.uint64(row)
-    for t, row, el, embd in zip(layout.v_types, layout.v_rows, layout.v_elems, layout.n_embd_v):
-        if layout.v_trans:  # element j's values of every cell: B*el bytes per block, block after block
-            small(struct.pack("<iII", t, el, embd))
+    head = b"".join((layout.header, _U32.pack(layout.n_stream), b"\0\0\0\0" * layout.stream, _U32.pack(n),
+                     meta.tobytes(), struct.pack("<II", int(layout.v_trans), layout.n_layer)))
+    k_fields = b"".join(struct.pack("<iQ", t, row) for t, row in zip(layout.k_types, layout.k_rows))
+    if layout.v_trans:
+        v_fields = b"".join(struct.pack("<iII", t, el, embd)
+                            for t, el, embd in zip(layout.v_types, layout.v_elems, layout.n_embd_v))
+    else:
+        v_fields = b"".join(struct.pack("<iQ", t, row) for t, row in zip(layout.v_types, layout.v_rows))
+    after = b"\0\0\0\0" * (layout.n_stream - 1 - layout.stream)
+    fields = bytearray(b"".join((head, k_fields, v_fields, after)))
+    f0 = _address(fields)
+    k0, v0, a0 = len(head), len(head) + len(k_fields), len(head) + len(k_fields) + len(v_fields)
+
+    # bytes per cell before each layer's rows inside a block (K layers, then V layers)
+    rows = np.array(layout.k_rows + layout.v_rows, dtype=np.uint64)
+    before = np.concatenate(([0], np.cumsum(rows)[:-1])).astype(np.uint64)
+    field = np.full((n_layer, 1), 12, dtype=np.uint64)
+    k_ptr = np.hstack((f0 + k0 + 12 * np.arange(n_layer, dtype=np.uint64)[:, None],
+                       bases[None, :] + cells[None, :] * before[:n_layer, None]))
+    k_size = np.hstack((field, cells[None, :] * rows[:n_layer, None]))
+    parts_p = [np.array([f0], dtype=np.uint64), k_ptr.ravel()]
+    parts_s = [np.array([len(head)], dtype=np.uint64), k_size.ravel()]
+    v_before = before[n_layer:]
+    if layout.v_trans:  # element j's values of every cell: B*el bytes per block, block after block
+        for i, (el, embd) in enumerate(zip(layout.v_elems, layout.n_embd_v)):
             width = cells * np.uint64(el)
-            rows = np.arange(embd, dtype=np.uint64)[:, None]
-            ptrs.append(((bases + read)[None, :] + rows * width[None, :]).ravel())
-            sizes.append(np.broadcast_to(width, (embd, len(segs))).ravel())
-        else:
-            small(struct.pack("<iQ", t, row))
-            ptrs.append(bases + read)
-            sizes.append(cells * np.uint64(row))
-        read += cells * np.uint64(row)
-    small(b"\0\0\0\0" * (layout.n_stream - 1 - layout.stream))  # the empty streams after it
+            j = np.arange(embd, dtype=np.uint64)[:, None]
+            parts_p += [np.array([f0 + v0 + 12 * i], dtype=np.uint64),
+                        (bases[None, :] + cells[None, :] * v_before[i] + j * width[None, :]).ravel()]
+            parts_s += [field[0], np.broadcast_to(width, (embd, n_seg)).ravel()]
+    else:
+        v_ptr = np.hstack((f0 + v0 + 12 * np.arange(n_layer, dtype=np.uint64)[:, None],
+                           bases[None, :] + cells[None, :] * v_before[:, None]))
+        parts_p.append(v_ptr.ravel())
+        parts_s.append(np.hstack((field, cells[None, :] * rows[n_layer:, None])).ravel())
+    if after:
+        parts_p.append(np.array([f0 + a0], dtype=np.uint64))
+        parts_s.append(np.array([len(after)], dtype=np.uint64))
+    keep: list = [mv for mv, _ in segs] + [fields]
     if len(rest):
         keep.append(rest)
-        ptrs.append(np.array([_address(rest)], dtype=np.uint64))
-        sizes.append(np.array([len(rest)], dtype=np.uint64))
-    p = np.concatenate(ptrs)
-    s = np.ascontiguousarray(np.concatenate(sizes), dtype=np.uint64)
-    total = int(s.sum())
+        parts_p.append(np.array([_address(rest)], dtype=np.uint64))
+        parts_s.append(np.array([len(rest)], dtype=np.uint64))
+    p = np.ascontiguousarray(np.concatenate(parts_p), dtype=np.uint64)
+    sz = np.ascontiguousarray(np.concatenate(parts_s), dtype=np.uint64)
+    total = int(sz.sum())
     assert total == 8 + _cache_size(layout, n) + len(rest), "pieces do not add up to the joined state"
-    return StateSegments(np.ascontiguousarray(p, dtype=np.uint64), s, total, keep, blocks, tail,
-                         len(p) - 1 if len(rest) else -1)
-
+    return StateSegments(p, sz, total, keep, blocks, tail, len(p) - 1 if len(rest) else -1)

@@ -38,6 +38,7 @@ from ollapy.cache.blocks import (
     BlockFileError,
     BlockPool,
     ChecksumsCheck,
+    block_dir,
     block_path,
     map_block,
     write_block,
@@ -344,8 +345,9 @@ class DiskTier:
         tail = map_payload(hdr)
         items = [("tail", tail, hdr.payload_crc32)]
         views = []
+        bdir = os.fspath(block_dir(self.dir, hdr.block_tokens))  # joined as strings: a restore maps tens of blocks
         for name in hdr.blocks:
-            path = block_path(self.dir, hdr.block_tokens, name)
+            path = f"{bdir}{os.sep}{name}{BLOCK_SUFFIX}"
             try:
                 view, crc = map_block(path)
             except FileNotFoundError:
