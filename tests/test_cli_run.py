@@ -249,3 +249,28 @@ def test_run_help_names_its_arguments_in_capitals():
     assert usage.endswith(" run [OPTIONS] MODEL [PROMPT...]"), usage
     assert "{" not in out and re.search(r"^  MODEL +Model name", out, re.M), out
     assert re.search(r"^  PROMPT\.\.\. +Prompt", out, re.M), out
+
+
+def test_every_usage_line_names_its_arguments_as_click_does():
+    """No command's usage line carries typer's ``{name}`` braces: ``pull [OPTIONS] NAME``, ``rm ... NAMES...``,
+    ``cache ls [OPTIONS] [MODEL]``."""
+    import click
+    import typer
+
+    from ollapy.cli.main import app
+
+    root = typer.main.get_command(app)
+    seen = {}
+
+    def walk(cmd, path):
+        ctx = click.Context(cmd, info_name=path)
+        seen[path] = cmd.get_usage(ctx)
+        for name in getattr(cmd, "list_commands", lambda _c: [])(ctx):
+            walk(cmd.get_command(ctx, name), f"{path} {name}")
+
+    walk(root, "ollapy")
+    assert len(seen) > 15, seen
+    assert not [u for u in seen.values() if "{" in u or "}" in u], seen
+    assert seen["ollapy pull"].endswith("pull [OPTIONS] NAME"), seen["ollapy pull"]
+    assert seen["ollapy rm"].endswith("rm [OPTIONS] NAMES..."), seen["ollapy rm"]
+    assert seen["ollapy cache ls"].endswith("ls [OPTIONS] [MODEL]"), seen["ollapy cache ls"]

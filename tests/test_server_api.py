@@ -396,6 +396,24 @@ def test_cli_run_pulls_a_missing_model_through_the_server(server, gemma_path):
     httpx.request("DELETE", server.url + "/api/delete", json={"model": "gemmarun:270m"}, timeout=60)
 
 
+def test_cli_embed_pulls_a_missing_model_through_the_server(server, smollm2_path):
+    """`embed` of a model the server lacks, as `run`: --no-pull gives the server's one-line 404; without it the
+    server pulls the model, then the vectors print; the client's store stays empty."""
+    server.registry.add_model("library", "embedpull", "135m", Path(smollm2_path))
+    env = {"OLLAPY_HOST": f"127.0.0.1:{server.port}"}
+    refused = run_cli("embed", "embedpull:135m", "--no-pull", "a cat", env=env)
+    assert refused.returncode == 1 and refused.stderr.decode().splitlines() == [
+        "Error: model 'embedpull:135m' not found (try `ollapy pull embedpull:135m`)"], refused.stderr
+    r = run_cli("embed", "embedpull:135m", "a cat", "--dimensions", "8", env=env)
+    assert r.returncode == 0, r.stderr
+    vec = json.loads(r.stdout.decode())
+    assert len(vec) == 8 and all(isinstance(x, float) for x in vec)
+    assert "pulling manifest" in r.stderr.decode().splitlines(), r.stderr
+    assert not list(Path(os.environ["OLLAPY_MODELS"]).rglob("*embedpull*"))  # pulled by the server, not here
+    httpx.post(server.url + "/api/generate", json={"model": "embedpull:135m", "keep_alive": 0}, timeout=60)
+    httpx.request("DELETE", server.url + "/api/delete", json={"model": "embedpull:135m"}, timeout=60)
+
+
 # ---- load ---------------------------------------------------------------------------------------------------
 WORDS = ["zebra", "mango", "violet", "copper", "falcon", "tulip", "walnut", "orchid", "raven", "maple", "saturn",
          "lemon", "tiger", "amber", "banana", "cactus", "dolphin", "eagle", "forest", "garden", "harbor", "island",

@@ -107,7 +107,8 @@ class _Remote:
 
 def connect(name: str, cli_options: dict, keep_alive=None, pull: bool = True):
     """The embedding side ``embed`` talks to: a server when one answers at OLLAPY_HOST (``run``'s rule), else
-    the model loaded here. A model path always loads here. Raises ModelNotFound, ModelLoadError..."""
+    the model loaded here. A model path always loads here. With ``pull``, a model the server lacks is pulled
+    through it first, as ``run`` does. Raises ModelNotFound, ModelLoadError..."""
     from ollapy.cli.embedded import absolute_model_arg
     from ollapy.cli.remote import port_open
     from ollapy.runner import loader
@@ -117,6 +118,15 @@ def connect(name: str, cli_options: dict, keep_alive=None, pull: bool = True):
 
         client = Client()
         if client.heartbeat():
+            if pull:  # as `run` does: a model the server lacks is pulled through it (`--no-pull`: its 404)
+                from ollapy.cli.remote import missing_on, pull_on_server
+
+                try:
+                    if missing_on(client, name):
+                        pull_on_server(client, name)
+                except BaseException:
+                    client.close()
+                    raise
             return _Remote(client, name, cli_options, keep_alive)
         client.close()
     return _Local(name, cli_options, pull)

@@ -51,6 +51,9 @@ def _register_all() -> None:
                 continue
             raise
         mod.register(app)
+    from ollapy.cli.usage import apply_plain_usage
+
+    apply_plain_usage(app)  # `pull [OPTIONS] NAME`, not typer's `{name}`
 
 
 _register_all()

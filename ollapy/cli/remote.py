@@ -211,7 +211,7 @@ def pull_on_server(client, name: str, progress=None) -> None:
             progress.close()
 
 
-def _missing_on(client, name: str) -> bool:
+def missing_on(client, name: str) -> bool:
     """True when the server says it has no model ``name`` (``/api/show`` answers 404)."""
     from ollapy.errors import ModelNotFound
 
@@ -248,7 +248,7 @@ def probe_server(name: str, cli_options: dict, settings, pull: bool = True):
     try:
         client.load(name, opts, keep_alive)
     except ModelNotFound:
-        if not pull or not _missing_on(client, name):  # e.g. a missing draft model: pulling `name` would not help
+        if not pull or not missing_on(client, name):  # e.g. a missing draft model: pulling `name` would not help
             raise
         pull_on_server(client, name)
         client.load(name, opts, keep_alive)

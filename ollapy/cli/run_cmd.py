@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.core import TyperCommand
+from ollapy.cli.usage import PlainUsageCommand
 
 from ollapy.cli.output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 from ollapy.errors import Cancelled, OllapyError, OptionError, UsageError
@@ -213,14 +213,6 @@ def _template_source(loaded) -> str | None:
         return None
 
 
-class _RunCommand(TyperCommand):
-    """``run``'s command: its usage line names the arguments as Ollama's does (``MODEL [PROMPT...]``), not as
-    typer writes a required argument (``{model}``)."""
-
-    def collect_usage_pieces(self, ctx) -> list[str]:
-        return [p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)]
-
-
 def register(app: typer.Typer) -> None:
-    """Add ``run`` to the app."""
-    app.command("run", cls=_RunCommand)(run)
+    """Add ``run`` to the app (its usage line ``MODEL [PROMPT...]``, as Ollama's: :mod:`ollapy.cli.usage`)."""
+    app.command("run", cls=PlainUsageCommand)(run)
