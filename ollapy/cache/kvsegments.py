@@ -29,8 +29,8 @@ _U32 = struct.Struct("<I")
 def _address(buf) -> int:
     """The address of ``buf``'s first byte (any buffer: bytes, bytearray, a memoryview of an mmap).
 
-    A writable buffer (a block's copy-on-write mapping) goes through ctypes, several times faster than a
-    numpy view; a read-only one (bytes) through numpy. The export ends before this returns.
+    A writable buffer (a block's copy-on-write mapping) goes through ctypes, which costs less than making a
+    numpy view; a read-only one (bytes) through numpy. The buffer export ends before this returns.
     """
     try:
         return ctypes.addressof(ctypes.c_char.from_buffer(buf))
