@@ -202,7 +202,8 @@ def test_a_vanished_block_is_a_miss_not_corruption(tmp_path):
     e = c2.entries[c2._name(toks)]
     block_path(c2.disk.dir, B, e.blocks[1]).unlink()
     assert c2.lookup(toks) is None
-    assert c2.snapshot().corrupt == 0
+    snap = c2.snapshot()
+    assert snap.corrupt == 0 and snap.misses == 1  # counted as a miss (`ollapy cache stats`, /metrics)
     assert e.path.exists()  # the entry file is not deleted either
     c2.close()
 
@@ -390,13 +391,13 @@ def test_snapshot_never_waits_for_a_state_being_copied(tmp_path):
     c.close()
 
 
-def test_verbose_says_how_many_blocks_a_restore_joined():
+def test_verbose_says_how_many_kv_blocks_a_restore_read():
     from ollapy.cli.output import format_stats
 
     m = {"total_duration": 2 * 10**9, "load_duration": 0, "prompt_eval_count": 2661, "prompt_cache_tokens": 2560,
          "prefix_source": "cache disk", "prompt_cache_blocks": 10, "prompt_eval_duration": 50 * 10**6,
          "eval_count": 4, "eval_duration": 10**8}
-    assert "prompt cache:         2560 token(s) reused (cache disk, 10 blocks joined)" in format_stats(m)
+    assert "prompt cache:         2560 token(s) reused (cache disk, 10 KV blocks)" in format_stats(m)
     m["prompt_cache_blocks"] = 0
     assert "2560 token(s) reused (cache disk)\n" in format_stats(m) + "\n"
 

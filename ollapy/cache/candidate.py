@@ -42,7 +42,7 @@ class Hit:
     check: PayloadCheck | None = None  # or a blocks.ChecksumsCheck (same ok())
     header: Header | None = None  # the file header a disk payload was mapped through
     parts: object = None  # a block entry read from disk (tiers.Parts): its tail and mapped blocks
-    n_blocks: int = 0  # blocks the restore joined (0: a whole state)
+    n_blocks: int = 0  # KV blocks the restore read (0: a whole state)
 
     def load(self):
         """The state payload (checksum-verified, or being verified: see :meth:`verified`)."""

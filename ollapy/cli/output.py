@@ -226,7 +226,7 @@ def format_stats(m: dict, *, with_load: bool = True) -> str:
         f"prompt eval count:    {m['prompt_eval_count']} token(s)"
         + (f" ({evaluated} new, {reused} from the cache)" if reused else ""),
         f"prompt cache:         {m.get('prompt_cache_tokens', 0)} token(s) reused"
-        + (f" ({m['prefix_source']}" + (f", {m['prompt_cache_blocks']} blocks joined" if m.get("prompt_cache_blocks")
+        + (f" ({m['prefix_source']}" + (f", {m['prompt_cache_blocks']} KV blocks" if m.get("prompt_cache_blocks")
                                          else "") + ")" if m.get("prefix_source") not in (None, "", "none") else ""),
         *([f"image encode duration: {_dur(m['image_encode_duration'])}"] if m.get("image_encode_duration") else []),
         f"prompt eval duration: {_dur(m['prompt_eval_duration'])}",

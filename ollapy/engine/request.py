@@ -35,7 +35,7 @@ class Metrics:
     truncated: bool = False
     shifts: int = 0
     prefix_source: str = ""  # none, slot, copy, cache ram, cache disk (see ollapy.engine.prefix.planner)
-    prompt_cache_blocks: int = 0  # KV blocks a prompt-cache restore joined (0: none, or a state kept whole)
+    prompt_cache_blocks: int = 0  # KV blocks a prompt-cache restore read (0: none, or a state kept whole)
     draft: str = ""  # how the request drafted: "" (not), "ngram", "model" (ollapy.engine.spec.speculator)
     draft_tokens: int = 0  # drafted tokens verified
     draft_accepted: int = 0  # of them, accepted

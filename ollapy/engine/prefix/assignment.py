@@ -78,7 +78,7 @@ class SlotAssigner:
         b = self.engine.backend
         prompt = req.tokens
         use_cache = self.engine.cache is not None and req.cache
-        self.joined = 0  # KV blocks the cache restore joined (shown by --verbose)
+        self.joined = 0  # KV blocks the cache restore read (shown by --verbose)
         excluded: set[str] = set()
         holed: set[int] = set()
         while True:
