@@ -1,7 +1,8 @@
 """The ``ollapy`` command line (typer). Must not import llama_cpp at import time (fast start).
 
-- :mod:`.main`: the typer app, built from the command modules; :mod:`.errors_out` turns every exception into
-  one stderr line and an exit code (0 ok, 1 error, 2 usage, 130 interrupted).
+- :mod:`.main`: the typer app, built from the command modules, with every usage line as click writes it
+  (:mod:`.usage`: ``pull [OPTIONS] NAME``); :mod:`.errors_out` turns every exception into one stderr line and an
+  exit code (0 ok, 1 error, 2 usage, 130 interrupted).
 - Commands: :mod:`.run_cmd` (``run``: one-shot, piped, ``--each-line`` via :mod:`.batch`, the REPL in
   :mod:`.repl`; images from ``--image`` and prompt paths in :mod:`.images`), :mod:`.models_cmd` (``pull``,
   ``list``, ``show``, ``rm``, ``cp``, ``create``),
