@@ -165,7 +165,12 @@ def block_dir(model_dir: Path, block_tokens: int) -> Path:
 
 def block_path(model_dir: Path, block_tokens: int, name: str) -> Path:
     """Where block ``name`` lives."""
-    return block_dir(model_dir, block_tokens) / f"{name}{BLOCK_SUFFIX}"
+    return Path(block_file(os.fspath(block_dir(model_dir, block_tokens)), name))
+
+
+def block_file(bdir: str, name: str) -> str:
+    """Block ``name``'s path in block directory ``bdir``, joined as strings (a restore maps tens of blocks)."""
+    return f"{bdir}{os.sep}{name}{BLOCK_SUFFIX}"
 
 
 def _write_all(fd: int, parts: list) -> None:

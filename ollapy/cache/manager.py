@@ -289,8 +289,11 @@ class BoundCache(StateIntake, EntryCatalog):
             return None if state is None else Hit(cand.n_tokens, list(e.tokens), "ram", e, state, n_blocks=len(blocks))
         data = self.disk.load(e, defer_check=defer_check)  # outside the lock: /api/ps never waits on a disk read
         if data is None:
-            with self._lock:  # a missing block is a miss, not corruption (counted where a check failed)
-                self.stats.add(**({"misses": 1} if e.blocks else {"corrupt": 1}))
+            with self._lock:
+                if e.blocks:  # a missing block is a miss, not corruption (counted where a check failed)
+                    self.stats.add(misses=1)
+                else:
+                    self.stats.add(corrupt=1)
                 self._forget(e)
             return None
         if isinstance(data, Parts):

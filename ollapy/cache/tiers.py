@@ -39,6 +39,7 @@ from ollapy.cache.blocks import (
     BlockPool,
     ChecksumsCheck,
     block_dir,
+    block_file,
     block_path,
     map_block,
     write_block,
@@ -345,9 +346,9 @@ class DiskTier:
         tail = map_payload(hdr)
         items = [("tail", tail, hdr.payload_crc32)]
         views = []
-        bdir = os.fspath(block_dir(self.dir, hdr.block_tokens))  # joined as strings: a restore maps tens of blocks
+        bdir = os.fspath(block_dir(self.dir, hdr.block_tokens))
         for name in hdr.blocks:
-            path = f"{bdir}{os.sep}{name}{BLOCK_SUFFIX}"
+            path = block_file(bdir, name)
             try:
                 view, crc = map_block(path)
             except FileNotFoundError:

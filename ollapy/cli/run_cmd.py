@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from ollapy.cli.usage import PlainUsageCommand
 
 from ollapy.cli.output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 from ollapy.errors import Cancelled, OllapyError, OptionError, UsageError
@@ -214,5 +213,6 @@ def _template_source(loaded) -> str | None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``run`` to the app (its usage line ``MODEL [PROMPT...]``, as Ollama's: :mod:`ollapy.cli.usage`)."""
-    app.command("run", cls=PlainUsageCommand)(run)
+    """Add ``run`` to the app (its usage line ``MODEL [PROMPT...]``, as Ollama's: :mod:`ollapy.cli.usage`, which
+    :mod:`ollapy.cli.main` applies to every command)."""
+    app.command("run")(run)
