@@ -111,8 +111,8 @@ def test_a_draft_with_another_vocabulary_is_refused_in_one_line(smollm2_path, ge
     with Backend(smollm2_path, CFG) as smol, Backend(gemma_path, CFG) as gemma:
         assert vocab_mismatch(smol, gemma) == "tokenizer SentencePiece (SPM) vs byte-level BPE"
         with pytest.raises(DraftMismatch) as err:
-            check_draft_vocab(smol, gemma, "smollm2:135m", "gemma3:270m")
-    assert str(err.value) == ("draft model gemma3:270m does not share the vocabulary of smollm2:135m (tokenizer "
+            check_draft_vocab(smol, gemma, "smollm2:135m", "gemma3:270m-pt")
+    assert str(err.value) == ("draft model gemma3:270m-pt does not share the vocabulary of smollm2:135m (tokenizer "
                               "SentencePiece (SPM) vs byte-level BPE) (a draft model must come from the same model "
                               "family and tokenizer as the model)")
     assert "\n" not in str(err.value)

