@@ -143,7 +143,7 @@ ALLOWED_HOSTS = _setting(
     "`*` = any); loopback names, private addresses and the served address are always allowed (DNS rebinding guard).",
 )
 NO_WEBUI = _setting("OLLAPY_NO_WEBUI", "0", "1 turns off the chat page that `ollapy serve` shows a browser at `/` "
-                    "(as `serve --no-webui`); every client then gets `Ollama is running`.")
+                    "(as `serve --no-webui`); every client then gets `Ollama is running (ollapy)`.")
 MAX_BODY = _setting("OLLAPY_MAX_BODY", "32MiB", "Largest request body a server accepts (blob uploads excepted).")
 RESPONSES_STORE = _setting(
     "OLLAPY_RESPONSES_STORE",
@@ -156,3 +156,34 @@ API_KEY = _setting(
     "API key: a server set with it answers 401 to any request but `GET /` without `Authorization: Bearer KEY` "
     "or `x-api-key: KEY`; the CLI and `ollapy launch` (to the agent) send it (default: none, no authentication).",
 )
+
+
+# ---- scripts (read by scripts/*.sh at install and check time, never by ollapy itself) -------------------------
+#: Variables the repository's scripts read; docs/settings.md lists them under the settings (scripts/gen_docs.py).
+SCRIPT_SETTINGS: dict[str, Setting] = {}
+
+
+def _script_setting(env: str, default: str, description: str) -> Setting:
+    s = Setting(env, default, description)
+    SCRIPT_SETTINGS[env] = s
+    return s
+
+
+LLAMA_VERSION = _script_setting("OLLAPY_LLAMA_VERSION", "0.3.36",
+                                "scripts/install_llama.sh: the llama-cpp-python version it builds.")
+CMAKE_ARGS = _script_setting("OLLAPY_CMAKE_ARGS", "",
+                             "scripts/install_llama.sh: extra CMake flags for the llama.cpp build, e.g. "
+                             "`-DGGML_CUDA=on`, `-DGGML_METAL=on`, `-DGGML_VULKAN=on` (llama.cpp's RPC backend is "
+                             "always on); the wheel is cached per set of flags.")
+VULKAN_SDK = _script_setting("OLLAPY_VULKAN_SDK", "",
+                             "scripts/install_vulkan_deps.sh: where it unpacks the Vulkan headers (default: the "
+                             "user cache dir + /ollapy/vulkan-sdk).")
+CLIENTS_DIR = _script_setting("OLLAPY_CLIENTS_DIR", "",
+                              "scripts/check_clients.sh: scratch folder of the clients it installs (default "
+                              "~/.cache/ollapy/clients).")
+AGENTS_DIR = _script_setting("OLLAPY_AGENTS_DIR", "",
+                             "scripts/check_agents.sh: scratch folder of the coding agents it installs (default "
+                             "~/.cache/ollapy/agents).")
+
+#: Variables ollapy sets for its own child processes (a runner, a Vulkan probe); a user never sets them.
+INTERNAL_VARIABLES = ("OLLAPY_RUNNER_SYS_PATH", "OLLAPY_VK_SOFTWARE_DEVICE")

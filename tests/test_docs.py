@@ -85,3 +85,45 @@ def test_architecture_map_matches_the_package():
             continue
         name = f"{child.name}/" if child.is_dir() else child.name
         assert name in block, name
+
+
+def test_every_option_has_a_description():
+    """The options table (docs/options.md) comes from ollapy/options.py: a new option needs its line in
+    ``OPTION_HELP`` (the generator refuses an undocumented one)."""
+    from ollapy.options import OPTION_HELP, Options
+
+    assert sorted(set(Options.names()) - set(OPTION_HELP)) == [], "add them to ollapy.options.OPTION_HELP"
+    assert sorted(set(OPTION_HELP) - set(Options.names())) == [], "OPTION_HELP names options that do not exist"
+
+
+ENV_NAME = re.compile(r"\bOLLAPY_[A-Z][A-Z0-9_]*\b")
+
+
+def test_every_ollapy_variable_read_anywhere_is_in_the_settings_page():
+    """An ``OLLAPY_*`` name in the package or the scripts is a setting (docs/settings.md, generated from
+    ollapy/settings.py), a script's variable (the page's second table) or one ollapy sets for its children."""
+    from ollapy.settings import INTERNAL_VARIABLES, SCRIPT_SETTINGS, SETTINGS
+
+    files = [*(ROOT / "ollapy").rglob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "scripts").glob("*.sh")]
+    used = {name: f.relative_to(ROOT) for f in files for name in ENV_NAME.findall(f.read_text(errors="replace"))}
+    used.pop("OLLAPY_X", None)  # ollapy/config.py's docstring: the shape of a setting error, not a variable
+    known = {*SETTINGS, *SCRIPT_SETTINGS, *INTERNAL_VARIABLES}
+    assert {n: str(f) for n, f in used.items() if n not in known} == {}
+    page = (DOCS / "settings.md").read_text()
+    assert [n for n in (*SETTINGS, *SCRIPT_SETTINGS) if f"`{n}`" not in page] == []
+
+
+METRIC_NAME = re.compile(r"\bollapy_[a-z][a-z0-9_]*\b")
+
+
+def test_every_metric_a_page_names_is_a_series_the_server_exposes():
+    """PromQL written from the docs works: each ``ollapy_*`` metric a page names is a series ``/metrics`` exposes
+    (a counter with its ``_total``), as the generated list in docs/metrics.md has them."""
+    listed = (DOCS / "metrics.md").read_text().split("<!-- BEGIN metrics -->")[1].split("<!-- END metrics -->")[0]
+    series = set(re.findall(r"`(ollapy_[a-z0-9_]+)`", listed))
+    assert "ollapy_requests_total" in series and "ollapy_time_to_first_token_seconds_bucket" in series
+    bad = []
+    for page in _pages():
+        for name in set(METRIC_NAME.findall(page.read_text())) - series - {"ollapy_version"}:  # /api/version's field
+            bad.append(f"{page.relative_to(ROOT)}: {name}")
+    assert bad == []
