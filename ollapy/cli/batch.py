@@ -9,7 +9,8 @@ Output is exactly one line per input line, in input order, so a shell loop
   and no model call; a failed line gives an empty line and a warning on stderr.
 * ``--json``: one JSON object per input line (``index`` = 0-based input line,
   ``prompt``, ``response``, ``thinking`` (a thinking model's reasoning, when it reasoned and
-  ``--hidethinking`` is off), ``done_reason`` and the stats, or ``error``).
+  ``--hidethinking`` is off), ``done_reason`` and the stats under the API's names (``prompt_cache_tokens``,
+  ``prompt_cache_source``...), or ``error``).
   Plain lines carry the answer only: a thinking model's reasoning is left out. A
   blank line's object has the same keys: ``done_reason`` ``"stop"`` and zero
   stats (nothing was generated).
@@ -82,10 +83,19 @@ def _metrics(final) -> dict:
     return final.metrics.as_dict() if hasattr(final.metrics, "as_dict") else dict(final.metrics)
 
 
+def _json_stats(m: dict) -> dict:
+    """A request's metrics under the API's names: where the reused prompt tokens came from is
+    ``prompt_cache_source`` (``none`` when none were), as the server's final objects call it."""
+    out = {k: v for k, v in m.items() if k != "prefix_source"}
+    if m:
+        out["prompt_cache_source"] = m.get("prefix_source") or "none"
+    return out
+
+
 def _blank_record(i: int, line: str) -> dict:
     """The ``--json`` object of a blank input line: the keys of an answered one, nothing generated."""
     return {"index": i, "prompt": line, "response": "", "done_reason": "stop",
-            **Metrics(prefix_source="none").as_dict()}
+            **_json_stats(Metrics(prefix_source="none").as_dict())}
 
 
 def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) -> None:
@@ -140,7 +150,7 @@ def run_each_line(conv, lines: list[str], suffix: str, settings, as_json: bool) 
                     if reasoning and not settings.hidethinking:
                         rec["thinking"] = reasoning
                     if final is not None:
-                        rec.update(done_reason=final.done_reason, **m)
+                        rec.update(done_reason=final.done_reason, **_json_stats(m))
                 if error:
                     rec["error"] = error
                 write_out(sys.stdout, json.dumps(rec, ensure_ascii=False) + "\n")

@@ -1,7 +1,7 @@
 """The chat page's routes: ``index.html`` at ``/`` for a browser, the page's files at ``/web/NAME``.
 
 Only a request whose ``Accept`` names ``text/html`` (what a browser sends for a page, never what an API client
-or a load balancer's heartbeat sends) gets the page; every other ``GET /`` keeps Ollama's ``Ollama is running``.
+or a load balancer's heartbeat sends) gets the page; every other ``GET /`` keeps ``Ollama is running (ollapy)``.
 ``serve --no-webui`` or ``OLLAPY_NO_WEBUI=1`` turns the page off (``/`` is then text for every client and
 ``/web/*`` a 404). The files are the fixed set found in :mod:`ollapy.web` at start (no path from a request
 reaches the file system), sent with a Content-Security-Policy that allows scripts, styles and connections to this
