@@ -17,6 +17,9 @@ server is (:func:`api_options`: unknown names are logged and skipped, nulls
 skipped, names Ollama's clients still send but ollapy has no use for
 (:data:`COMPAT_OPTIONS`) accepted without effect; only a wrong type is an error, and
 ``rpc``, which only the server's operator sets: :data:`SERVER_ONLY_OPTIONS`).
+
+:data:`OPTION_HELP` says what each option does and :func:`option_values` what it accepts: docs/options.md is
+generated from them (``scripts/gen_docs.py``), so a new option needs its line there.
 """
 from __future__ import annotations
 

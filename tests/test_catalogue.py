@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
+
 from ollapy.errors import UsageError
 from ollapy.store import catalogue
 from ollapy.store.info import read_gguf_header
