@@ -79,7 +79,11 @@ def script_settings_markdown() -> str:
 
 
 def _option_type(name: str, typ: str) -> str:
-    return "list of strings" if name == "stop" else {"str": "string"}.get(typ, typ)
+    from ollapy import options as o
+
+    if name in getattr(o, "LIST_OPTIONS", ("stop",)):  # options whose value is a list of strings
+        return "list of strings"
+    return {"str": "string"}.get(typ, typ)
 
 
 def _option_default(f) -> str:
@@ -106,7 +110,7 @@ def options_markdown() -> str:
             applies = "request"
         if f.name in o.SERVER_ONLY_OPTIONS:
             applies += "; not in an HTTP request"
-        rows.append(f"| `{f.name}` | {_option_type(f.name, f.type)} | {_option_default(f)} | "
+        rows.append(f"| `{f.name}` | {_cell(_option_type(f.name, f.type))} | {_cell(_option_default(f))} | "
                     f"{_cell(o.option_values(f.name))} | {applies} | {_cell(o.option_help(f.name))} |")
     compat = ", ".join(f"`{n}`" for n in sorted(o.COMPAT_OPTIONS))
     return "\n".join(rows) + ("\n\nAccepted in an HTTP request's `options` and ignored (Ollama's client still "
