@@ -51,7 +51,8 @@ def test_show_modelfile_round_trips_awkward_parameter_values():
     ("FROM x\nPARAMETER nosuch 1", "unknown option"),
     ("FROM x\nPARAMETER temperature hot", "temperature"),
     ("FROM x\nSYSTEM \"\"\"open", "unterminated"),
-    ("FROM x\nADAPTER y", "ADAPTER"),
+    ("FROM x\nADAPTER ", "ADAPTER needs the path"),
+    ("FROM x\nQUANTIZE q8_0", "unknown instruction"),
     ("FROM x\nMESSAGE robot hi", "role"),
 ])
 def test_errors(text, match):

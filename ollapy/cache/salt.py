@@ -104,10 +104,25 @@ def salt_key(salt: dict) -> str:
 
 
 def salt_from_backend(backend) -> dict:
-    """The KV salt of a loaded :class:`ollapy.engine.backend.context.Backend`."""
+    """The KV salt of a loaded :class:`ollapy.engine.backend.context.Backend`.
+
+    A model with LoRA adapters computes other KV than its base model from the same tokens, so each adapter's
+    identity (its file's sha256) and scale join the salt, in the order they are applied: a base model's state
+    never serves the adapted model, nor one adapter's another's."""
     cfg = backend.cfg
-    return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
+    salt = kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
                    getattr(backend, "state_layout", "seq-portable-1"))
+    adapters = getattr(cfg, "adapters", ())
+    if adapters:
+        salt["adapters"] = [[adapter_identity(a.path), a.scale] for a in adapters]
+    return salt
+
+
+def adapter_identity(path: str | Path) -> str:
+    """A LoRA adapter file's sha256: from a store blob's name (``sha256-<hex>``) when it is one, else hashed."""
+    p = Path(path)
+    named = normalize_digest(p.name) if p.name.startswith("sha256-") else None
+    return named or file_sha256(p)
 
 
 def library_version() -> str:

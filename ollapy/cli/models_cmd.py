@@ -90,7 +90,8 @@ def show_cmd(
 
     ref = resolve_model(name, pull=False)
     if modelfile:
-        text = format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages)
+        text = format_modelfile(str(ref.path), ref.parameters, ref.system, ref.template, ref.license, ref.messages,
+                                [str(a) for a in getattr(ref, "adapters", None) or ()])
         if getattr(ref, "projector", None):  # a vision model: the projector is its second FROM, as in Ollama
             first, _, rest = text.partition("\n")
             text = f"{first}\nFROM {ref.projector}\n{rest}"
@@ -144,6 +145,15 @@ def show_cmd(
         print(f"    {'type':<20}{meta.get('clip.projector_type')}")
         print(f"    {'embedding length':<20}{meta.get('clip.vision.projection_dim')}")
         print(f"    {'file':<20}{projector} ({projector.stat().st_size:,} bytes)")
+    adapters = getattr(ref, "adapters", None) or []
+    if adapters:
+        from ollapy.store.info import read_gguf_header
+
+        print("\n  Adapters")  # LoRA adapters (Modelfile ADAPTER), applied in this order at scale 1.0
+        for a in adapters:
+            meta = read_gguf_header(a)[0]
+            print(f"    {'lora':<20}{meta.get('general.name') or a.name} (alpha {meta.get('adapter.lora.alpha')})")
+            print(f"    {'file':<20}{a} ({a.stat().st_size:,} bytes)")
     if ref.parameters:
         print("\n  Parameters")
         for k, text in parameter_rows(ref.parameters):
@@ -177,10 +187,17 @@ def cp_cmd(
 def create_cmd(
     name: Annotated[str, typer.Argument(help="Name for the new model.")],
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Modelfile path, - for stdin (default: ./Modelfile).")] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress output.")] = False,
+    quantize: Annotated[str | None, typer.Option(
+        "--quantize", "-q", metavar="TYPE",
+        help="Quantize the model (an F16 or F32 GGUF) to TYPE, e.g. q4_K_M, q4_K_S, q8_0.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress output.")] = False,
 ) -> None:
-    """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, DRAFT)."""
+    """Create a model from a Modelfile (FROM path-or-name, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, ADAPTER,
+    DRAFT); with --quantize, a quantized copy of its F16/F32 weights as a new blob."""
     from ollapy.store import create_model
+    from ollapy.store.adapters import quant_type
+
+    qtype = quant_type(quantize) if quantize else None  # a bad type is a usage error before anything is read
 
     path = file or Path("Modelfile")
     if str(path) == "-":  # standard input; a relative FROM is taken from the current directory
@@ -193,7 +210,14 @@ def create_cmd(
         except UnicodeDecodeError:
             raise UsageError(f"{path}: not a UTF-8 text Modelfile", hint="pass -f PATH of a Modelfile") from None
         base = path.resolve().parent if path.is_file() else Path.cwd()
-    ref = create_model(name, text, base, quiet=quiet)
+    if qtype is None:
+        ref = create_model(name, text, base, quiet=quiet)
+    else:
+        from ollapy.cli.quantize_progress import tensor_progress
+        from ollapy.engine.system import quantize_model
+
+        with tensor_progress(f"quantizing to {qtype}", quiet) as progress:
+            ref = create_model(name, text, base, quiet=quiet, quantize=(qtype, quantize_model, progress))
     print(f"success: created {ref.name}", file=sys.stderr)
 
 

@@ -20,12 +20,14 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ollapy import config
 from ollapy.chat import templates as chat
 from ollapy.engine.backend import bindings
+from ollapy.engine.backend.adapters import AdapterSpec
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.engine import Engine
 from ollapy.engine.heap import release_free_heap
@@ -81,7 +83,8 @@ class LoadedModel(PromptBuilder):
 
     def __init__(self, path: str | Path, options: Options | None = None, *, name: str | None = None,
                  template: str | None = None, cache=None, max_queue: int = 512, digest: str | None = None,
-                 draft_path: str | Path | None = None, projector_path: str | Path | None = None) -> None:
+                 draft_path: str | Path | None = None, projector_path: str | Path | None = None,
+                 adapter_paths: Sequence[str | Path] = ()) -> None:
         options = options or Options()
         t0 = time.perf_counter_ns()
         self.options = options
@@ -92,7 +95,9 @@ class LoadedModel(PromptBuilder):
             n_parallel=options.num_parallel, num_ctx=options.num_ctx, num_batch=options.num_batch,
             num_gpu=options.num_gpu, num_thread=options.num_thread, kv_cache_type=options.kv_cache_type,
             flash_attn=options.flash_attn, extra_bufts=options.extra_bufts,
-            rpc=tuple(e for e in options.rpc.split(",") if e), tensor_split=tuple(tensor_split_values(options.tensor_split))))
+            rpc=tuple(e for e in options.rpc.split(",") if e), tensor_split=tuple(tensor_split_values(options.tensor_split)),
+            adapters=tuple(AdapterSpec(str(p)) for p in adapter_paths)))
+        self.adapter_paths = tuple(Path(p) for p in adapter_paths)
         self.architecture = self.backend.meta("general.architecture") or "unknown"
         override = template if template and ("{%" in template or "messages" in template) else None
         self.template = chat.select_template(self.backend.chat_template(), self.architecture, override)
@@ -286,6 +291,7 @@ class LoadedModel(PromptBuilder):
             "row_invariant": b.row_invariant,  # drafting's output is bit-identical to plain decoding's
             "vision": self.media is not None,  # a vision projector is loaded (Ollama's "vision" capability)
             "projector": str(self.projector_path) if self.projector_path else "",
+            "adapters": [str(p) for p in self.adapter_paths],  # LoRA adapters attached to every context, in order
         }
 
     def _draft_bytes(self) -> int:

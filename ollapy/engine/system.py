@@ -1,8 +1,8 @@
 """What this machine's llama.cpp build offers, for callers above the engine (``ollapy info``, ``ollapy
 rpc-server``): versions, ggml devices, GPU offload, the CPU safety choice, RPC.
 
-The CLI and the server reach :mod:`ollapy.engine.backend` (the llama.cpp boundary) only through these
-functions. Importing this module loads nothing; each function loads llama.cpp when it is called.
+The CLI and the server (``ollapy create --quantize`` too) reach :mod:`ollapy.engine.backend` (the llama.cpp
+boundary) only through these functions. Importing this module loads nothing; each function loads llama.cpp when it is called.
 """
 from __future__ import annotations
 
@@ -111,3 +111,12 @@ def serve_rpc(endpoint: str, devices: list[int], n_threads: int, cache_dir: str 
     from ollapy.engine.backend import rpc
 
     rpc.start_server(endpoint, devices, n_threads, cache_dir)
+
+
+def quantize_model(src, dst, type_name: str, progress=lambda done, total: None) -> None:
+    """Quantize the GGUF ``src`` (F16/F32) into ``dst`` as ``type_name`` with llama.cpp's
+    ``llama_model_quantize`` (:func:`ollapy.engine.backend.quantize.quantize_gguf`: ``progress(done, total)``
+    counts tensors). A :class:`ollapy.store.adapters.Quantizer`. Raises ModelLoadError when llama.cpp fails."""
+    from ollapy.engine.backend.quantize import quantize_gguf
+
+    quantize_gguf(src, dst, type_name, progress)

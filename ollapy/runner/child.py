@@ -71,7 +71,7 @@ class RunnerChild:
 
         r = spec["ref"]
         ref = PathRef(name=r["name"], path=r["path"], digest=r.get("digest"), template=r.get("template"),
-                      projector=r.get("projector"))
+                      projector=r.get("projector"), adapters=list(r.get("adapters") or ()))
         try:
             model = open_local(ref, spec["options"], cache=spec["cache"], write_back=spec["write_back"],
                                max_queue=spec["max_queue"])

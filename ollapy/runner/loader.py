@@ -49,6 +49,7 @@ class PathRef:
     messages: list = field(default_factory=list)
     license: str | None = None
     projector: Path | None = None  # a vision projector GGUF (none for a bare path)
+    adapters: list = field(default_factory=list)  # LoRA adapter GGUFs (Modelfile ADAPTER; none for a bare path)
 
 
 def is_path_name(name: str) -> bool:
@@ -145,7 +146,7 @@ def open_local(ref, options: Options, *, cache: bool = True, write_back: bool = 
             log.exception("prompt cache unavailable for %s", getattr(ref, "name", ref))
     return LoadedModel(ref.path, options, name=ref.name, template=getattr(ref, "template", None), cache=prompt_cache,
                        max_queue=max_queue, digest=getattr(ref, "digest", None), draft_path=draft_path(options),
-                       projector_path=getattr(ref, "projector", None))
+                       projector_path=getattr(ref, "projector", None), adapter_paths=getattr(ref, "adapters", None) or ())
 
 
 def draft_path(options: Options) -> Path | None:

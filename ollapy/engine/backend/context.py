@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ollapy.engine.backend import bindings, seqstate, window
+from ollapy.engine.backend.adapters import LoraSet
 from ollapy.engine.backend.bindings import (
     C,
     choose_extra_bufts,
@@ -84,6 +85,7 @@ class ContextConfig:
     extra_bufts: str = "auto"
     rpc: tuple[str, ...] = ()  # RPC servers ("host:port") whose devices take layers (see .rpc)
     tensor_split: tuple[float, ...] = ()  # proportions per device in .rpc.model_devices order; () = by free memory
+    adapters: tuple = ()  # LoRA adapters (.adapters.AdapterSpec), attached to every context of the model
 
 
 def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
@@ -158,6 +160,11 @@ class Backend:
             # (layers on devices, layers) as llama.cpp counts them: the repeating layers plus the output layer
             n_layers = C.llama_model_n_layer(self.model) + 1
             self.gpu_layers = (min(mp.n_gpu_layers, n_layers), n_layers)
+            try:
+                self.loras = LoraSet(self.model, cfg.adapters)  # frees what it loaded and raises on a bad adapter
+            except ModelLoadError:
+                self.close()
+                raise
             self.vocab = C.llama_model_get_vocab(self.model)
             self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
             self.n_ctx_train = C.llama_model_n_ctx_train(self.model)
@@ -184,10 +191,14 @@ class Backend:
                 self.close()
                 raise KeyboardInterrupt
         if not self.ctx:
-            C.llama_model_free(self.model)
-            self.model = None
+            self.close()
             raise ModelLoadError(f"{path}: could not create a context of {cp.n_ctx} tokens",
                                  hint="lower num_ctx or num_parallel")
+        try:
+            self.loras.attach(self.ctx)
+        except ModelLoadError:
+            self.close()
+            raise
         self.mem = C.llama_get_memory(self.ctx)
         # every row of a ubatch computed by the same kernels whatever the batch (engine/speculation.py): tinyBLAS
         # for one row too (or not at all), no tiled K-quant matmul, no repacked weights, nothing on a GPU
@@ -480,6 +491,8 @@ class Backend:
         if getattr(self, "ctx", None):
             C.llama_free(self.ctx)
             self.ctx = None
+        if getattr(self, "loras", None) is not None:
+            self.loras.close()  # after the contexts that use them, before the model
         if getattr(self, "model", None):
             C.llama_model_free(self.model)
             self.model = None

@@ -280,6 +280,11 @@ class Embedder:
         if not ctx:
             raise DecodeError(f"could not create an embedding context of {self.n_ctx} tokens",
                               hint="lower num_ctx or num_batch")
+        try:
+            b.loras.attach(ctx)  # a LoRA model embeds with its adapters, as it generates
+        except Exception:
+            C.llama_free(ctx)
+            raise
         self._ctx = ctx
         self._mem = C.llama_get_memory(ctx)
         self._batch = C.llama_batch_init(self.n_batch, 0, 1)

@@ -72,6 +72,23 @@ def projector_fields(ref) -> dict:
                                "size": Path(path).stat().st_size}}
 
 
+def adapter_fields(ref) -> dict:
+    """``adapters`` (ollapy's extra to ``/api/show``): each LoRA adapter's blob digest, size and ``general.name``,
+    in the order they are applied; nothing for a model without adapters. Never a path on the server."""
+    out = []
+    for path in getattr(ref, "adapters", None) or ():
+        p = Path(path)
+        if not p.exists():
+            continue
+        from ollapy.store.info import read_gguf_header
+
+        meta = read_gguf_header(p)[0]
+        digest = p.name.replace("sha256-", "sha256:", 1) if p.name.startswith("sha256-") else None
+        out.append({"digest": digest, "size": p.stat().st_size, "name": meta.get("general.name"),
+                    "lora_alpha": meta.get("adapter.lora.alpha")})
+    return {"adapters": out} if out else {}
+
+
 @router.post("/api/show")
 @errors_as_json
 async def api_show(request: Request):
@@ -97,7 +114,8 @@ async def api_show(request: Request):
     return {
         # FROM the model's name, never the blob's path on the server (a client can create from the name)
         "modelfile": format_modelfile(ref.name, params, ref.system, ref.template, ref.license,
-                                      list(ref.messages or [])),
+                                      list(ref.messages or []),
+                                      [Path(a).name for a in getattr(ref, "adapters", None) or ()]),
         "parameters": param_text,
         "template": template,
         "template_source": chosen.source,  # ollapy's extra: gguf tokenizer.chat_template, modelfile or a fallback
@@ -110,6 +128,7 @@ async def api_show(request: Request):
         "capabilities": model_capabilities(template, embedding_only=bool(info.get("embedding_only")))
         + (["vision"] if getattr(ref, "projector", None) else []),
         **projector_fields(ref),
+        **adapter_fields(ref),
         "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
     }
 
