@@ -193,9 +193,11 @@ class LineLimits:
 
 
 def _timings(m: dict) -> dict:
-    prompt_n, prompt_ms = int(m.get("prompt_eval_count") or 0), (m.get("prompt_eval_duration") or 0) / 1e6
+    cached = int(m.get("prompt_cache_tokens") or 0)  # prompt_eval_count counts every prompt token, reused or not
+    prompt_n = max(0, int(m.get("prompt_eval_count") or 0) - cached)
+    prompt_ms = (m.get("prompt_eval_duration") or 0) / 1e6
     pred_n, pred_ms = int(m.get("eval_count") or 0), (m.get("eval_duration") or 0) / 1e6
-    return {"cache_n": int(m.get("prompt_cache_tokens") or 0), "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    return {"cache_n": cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
             "predicted_n": pred_n, "predicted_ms": pred_ms,
@@ -206,8 +208,6 @@ def _timings(m: dict) -> dict:
 def final_object(gen, model: str, content: str, stop_type: str, stopping_word: str, settings: dict) -> dict:
     """llama-server's final ``/infill`` object (see the module docstring); ``stop_type`` eos, word or limit."""
     m = gen.metrics() if gen.final is not None else gen.partial_metrics()
-    cached = int(m.get("prompt_cache_tokens") or 0)
-    prompt_n = int(m.get("prompt_eval_count") or 0)
     predicted = int(m.get("eval_count") or 0)
     return {"index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True, "model": model,
             "tokens_predicted": predicted, "tokens_evaluated": gen.prompt_tokens,
@@ -215,7 +215,7 @@ def final_object(gen, model: str, content: str, stop_type: str, stopping_word: s
             "truncated": bool(m.get("truncated")), "stop_type": stop_type, "stopping_word": stopping_word,
             "stopped_eos": stop_type == "eos", "stopped_word": stop_type == "word",
             "stopped_limit": stop_type == "limit", "tokens_cached": gen.prompt_tokens + predicted,
-            "timings": {**_timings(m), "cache_n": cached, "prompt_n": prompt_n}}
+            "timings": _timings(m)}
 
 
 def _stop_type(final) -> tuple[str, str]:
