@@ -75,8 +75,16 @@ def _tokenize(api, text: str) -> list[int]:
     return httpx.post(api.url + "/tokenize", json={"model": "coder", "content": text}, timeout=60).json()["tokens"]
 
 
-def _ps(api) -> dict:
-    return next(m for m in httpx.get(api.url + "/api/ps", timeout=30).json()["models"] if m["name"].startswith("coder"))
+def _ps(api, since: float | None = None) -> dict:
+    """The model's /api/ps row; with ``since`` (a ``time.monotonic()``), one whose figures were taken after it (a
+    runner child refreshes them every second)."""
+    api.oc.generate(model="coder", prompt="")  # loaded (an empty prompt only loads)
+    while True:
+        t = time.monotonic()
+        row = next(m for m in httpx.get(api.url + "/api/ps", timeout=30).json()["models"] if m["name"] == "coder:latest")
+        if since is None or row["stats_age_s"] < t - since:
+            return row
+        time.sleep(0.2)
 
 
 def test_generate_suffix_is_the_fim_layout_streamed_or_not(api):
@@ -157,11 +165,11 @@ def test_keystrokes_answer_as_cold_and_write_the_file_once(api):
     """A keystroke trace over one file (llama.vscode's shape): every answer equals the same request cold (slot
     emptied by another prompt, prompt cache off) and restored from the prompt cache; the cache writes the file's
     stable part once, not a state per keystroke (bytes written at most 1.5x the file's KV)."""
-    before = _ps(api)["prompt_cache"] or {}
+    before = _ps(api, since=time.monotonic())["prompt_cache"] or {}
     base = {"input_prefix": FILE_HEAD, "input_suffix": FILE_TAIL, "n_predict": 6, "temperature": 0}
     warm = [_infill(api, **base, prompt=t).json() for t in TYPED]
     assert all(w["timings"]["cache_n"] > 150 for w in warm[1:]), [w["timings"] for w in warm]
-    stats = _ps(api)
+    stats = _ps(api, since=time.monotonic())
     cache = stats["prompt_cache"]
     written = cache["bytes_written"] - before.get("bytes_written", 0)
     stable_kv = stats["kv_bytes_per_token"] * (warm[0]["tokens_evaluated"] - 2)
