@@ -150,6 +150,21 @@ def test_infill_layout_fields_and_stream(api):
     assert "".join(e["content"] for e in events) == out["content"]
 
 
+def test_infill_n_indent_and_t_max_predict_ms_end_at_a_line(api):
+    """llama-server's line limits: ``n_indent`` cuts the answer at the first line indented less (the function's
+    end), ``t_max_predict_ms`` at the first new line once its time is up; both are prefixes of the whole answer."""
+    body = {"input_prefix": "def clamp(x, lo, hi):\n", "input_suffix": "\n", "prompt": "    if x < lo:",
+            "n_predict": 48, "temperature": 0}
+    full = _infill(api, **body).json()["content"]
+    lines = full.split("\n")
+    assert len(lines) > 3 and any(line and not line.startswith("    ") for line in lines[1:]), full
+    cut = _infill(api, **body, n_indent=4).json()
+    assert cut["stop_type"] == "limit" and full.startswith(cut["content"]) and len(cut["content"]) < len(full)
+    assert all(not line.strip() or line.startswith("    ") for line in cut["content"].split("\n")[1:]), cut
+    timed = _infill(api, **body, t_max_predict_ms=1).json()
+    assert timed["content"] == full[:full.index("\n") + 1] and timed["stop_type"] == "limit"
+
+
 def test_infill_bad_bodies_are_llama_server_errors(api):
     for body, words in (({"input_suffix": ""}, '"input_prefix" is required'),
                         ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]},

@@ -7,8 +7,8 @@ The body is llama-server's (``tools/server/server-context.cpp``, ``post_infill``
   chunks), laid out with the model's ``FIM_REP``/``FIM_SEP`` tokens (:mod:`ollapy.chat.fim`);
 * ``prompt``: the text typed so far on the current line; where it goes is the ``fim_layout`` option (default:
   after ``FIM_MID``, so a keystroke extends a cached prefix; ``plain``: llama-server's place, the prefix's end);
-* ``n_predict`` (-1: no limit), ``t_max_predict_ms`` (after the first new line, stop at the next new line once
-  this much time went into generating), ``n_indent`` (stop at a new line indented less: that line is cut);
+* ``n_predict`` (-1: no limit), ``t_max_predict_ms`` (stop at a new line once this much time went into
+  generating), ``n_indent`` (stop at a new line indented less: that line is cut);
 * ``samplers``: the names in the chain (llama-server's ``top_k``, ``top_p``, ``min_p``, ``typ_p``,
   ``temperature``...; the one-letter string form too); a sampler left out is turned off (its neutral value).
   ``dry``, ``xtc``, ``infill`` and ``penalties`` are accepted and have no sampler of their own here;
@@ -155,15 +155,14 @@ class LineLimits:
 
     ``feed(piece, now_s)`` returns the text to send and whether to stop: a line after the first new line whose
     first character other than spaces and tabs comes before column ``n_indent`` ends the answer (its indentation
-    is kept, the rest cut); once a new line was generated, a later piece with a new line ends it when more than
-    ``t_max_ms`` went into generating since the first piece."""
+    is kept, the rest cut); a piece with a new line ends it when more than ``t_max_ms`` went into generating
+    since the first piece (llama-server's code; its comment speaks of a second new line)."""
 
     def __init__(self, n_indent: int, t_max_ms: int) -> None:
         self.n_indent, self.t_max_ms = n_indent, t_max_ms
         self.text = ""
         self.sent = 0
         self.t0: float | None = None
-        self.has_new_line = False
 
     def feed(self, piece: str, now_s: float) -> tuple[str, bool]:
         if self.t0 is None:
@@ -174,9 +173,8 @@ class LineLimits:
             out, self.sent = self.text[self.sent:cut], max(self.sent, cut)
             return out, True
         stop = False
-        if "\n" in piece:
-            stop = self.has_new_line and self.t_max_ms > 0 and (now_s - self.t0) * 1000 > self.t_max_ms
-            self.has_new_line = True
+        if "\n" in piece:  # llama-server stops at any new line once the time is up (first or later)
+            stop = self.t_max_ms > 0 and (now_s - self.t0) * 1000 > self.t_max_ms
         out, self.sent = self.text[self.sent:], len(self.text)
         return out, stop
 
