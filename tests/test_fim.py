@@ -160,6 +160,11 @@ def test_infill_n_indent_and_t_max_predict_ms_end_at_a_line(api):
     assert len(lines) > 3 and any(line and not line.startswith("    ") for line in lines[1:]), full
     cut = _infill(api, **body, n_indent=4).json()
     assert cut["stop_type"] == "limit" and full.startswith(cut["content"]) and len(cut["content"]) < len(full)
+    assert cut["timings"]["predicted_n"] >= len(_tokenize(api, cut["content"])) and cut["tokens_evaluated"] > 5
+    with httpx.stream("POST", api.url + "/infill", json={"model": "coder", **body, "n_indent": 4, "stream": True},
+                      timeout=600) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == cut["content"] and events[-1]["stop_type"] == "limit"
     assert all(not line.strip() or line.startswith("    ") for line in cut["content"].split("\n")[1:]), cut
     timed = _infill(api, **body, t_max_predict_ms=1).json()
     assert timed["content"] == full[:full.index("\n") + 1] and timed["stop_type"] == "limit"
