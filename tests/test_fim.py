@@ -89,7 +89,8 @@ def _ps(api, since: float | None = None) -> dict:
 
 def test_generate_suffix_is_the_fim_layout_streamed_or_not(api):
     """Continue's request: ``/api/generate`` with ``prompt`` (the whole prefix) and ``suffix``: the same answer as
-    the FIM tokens sent raw, streamed or not; ``system`` is not used with a suffix (as in Ollama)."""
+    the FIM tokens sent raw, streamed or not; ``system`` is not used with a suffix, ``raw`` ignores it (as in
+    Ollama)."""
     r = api.oc.generate(model="coder", prompt=PRE, suffix=SUF, options=GREEDY)
     want = _raw(api, FIM.format(pre=PRE, suf=SUF))
     assert r.response == want["response"] and "pi" in r.response, r.response
@@ -98,6 +99,10 @@ def test_generate_suffix_is_the_fim_layout_streamed_or_not(api):
     parts = list(api.oc.generate(model="coder", prompt=PRE, suffix=SUF, options=GREEDY, stream=True,
                                  system="Answer in French."))
     assert "".join(p.response for p in parts) == r.response and parts[-1].done
+    # raw: the prompt is sent as it is and the suffix unused (Ollama's GenerateHandler), no context returned
+    fim_text = FIM.format(pre=PRE, suf=SUF)
+    raw = api.oc.generate(model="coder", prompt=fim_text, suffix="ignored", raw=True, options=GREEDY)
+    assert raw.response == r.response and raw.prompt_eval_count == r.prompt_eval_count and not raw.context
 
 
 def test_openai_completions_suffix(api):
