@@ -9,6 +9,9 @@ from ollapy.chat.fim import FimRequest, FimTokens, fim_tokens, window_for
 
 @pytest.fixture(scope="module")
 def vocab(qwen_coder_path):
+    from ollapy.engine.backend.bindings import finish_imports
+
+    finish_imports()  # ollapy may be importing llama_cpp in its background thread: wait for it first
     from llama_cpp import Llama
 
     llm = Llama(str(qwen_coder_path), vocab_only=True, verbose=False)
