@@ -416,6 +416,9 @@ OPTION_HELP: dict[str, str] = {
                 "error (HTTP 400 with the token counts).",
     "tool_parser": "How tool calls are read from the output: auto (from the chat template), hermes, llama3, "
                    "mistral, generic.",
+    "fim_layout": "Code completion: where the text typed on the current line goes: plain (at the end of the prefix, "
+                  "before the suffix), moved-line (after the middle token, so typing extends a cached prefix), auto "
+                  "(docs/code-completion.md).",
 }
 
 
