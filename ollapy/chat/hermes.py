@@ -146,7 +146,7 @@ class _Reader:
             got.extend(calls)
             self.i = end
             if tag is None and not fenced:
-                return end, got  # a bare call (or list) is decided where its JSON ends
+                return self.stray_fence(end), got  # a bare call (or list) is decided where its JSON ends
             self.skip(SEPARATORS)
             if self.at_end():
                 if self.final:
@@ -164,6 +164,19 @@ class _Reader:
                         return self.i, got
                     raise _More()
         return self.i, got
+
+    def stray_fence(self, end: int) -> int:
+        """Where a bare call whose JSON ends at ``end`` ends: after a closing fence that follows it with no
+        opening one (Qwen2.5-Coder-0.5B, after a history of calls, closes a bare call with a fence it never
+        opened). Raises :class:`_More` while the text after the call is blank or a beginning of such a fence."""
+        text = self.text
+        i = _skip_blank(text, end)
+        rest = text[i:i + len(FENCE) + 1]
+        if rest == FENCE or (len(rest) < len(FENCE) and FENCE.startswith(rest)):
+            if not self.final:
+                raise _More()
+            return end if rest != FENCE else i + len(FENCE)
+        return i + len(FENCE) if rest[:len(FENCE)] == FENCE and rest[-1] in "\r\n" else end
 
     def check_head(self) -> None:
         """A call object outside ``<tool_call>`` opens with a call key (a list: its first item does); a first
