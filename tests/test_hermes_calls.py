@@ -1,9 +1,9 @@
 """The Hermes / Qwen2.5 family's tool calls as the models really write them (ollapy.chat.hermes), and the
 cut-short test of streamed JSON (ollapy.chat.calljson.json_value). Fast: no model is loaded.
 
-``RECORDED`` holds answers of Qwen2.5-Coder-0.5B-Instruct Q4_K_M (the real template, greedy, tools on), recorded
-once through ``/api/chat`` of a model made with ``PARAMETER tool_parser mistral`` (whose parser leaves this text
-as it is). The model writes its calls as a fenced ``json`` block, not in Qwen's ``<tool_call>`` tags; after a
+``RECORDED`` holds answers of Qwen2.5-Coder-0.5B-Instruct Q4_K_M (one of the 1.5B; the real template, greedy,
+tools on), recorded once through ``/api/chat`` of a model made with ``PARAMETER tool_parser mistral`` (whose
+parser leaves this text as it is). The models write their calls as fenced ``json`` blocks, not in Qwen's ``<tool_call>`` tags; after a
 history of calls it wrote one bare object closed by a fence it never opened. Asked for code without a call, it
 "called" a function that is not among the tools: a look-alike, which stays text.
 """
@@ -34,6 +34,10 @@ RECORDED = {
     "bare": '{"name": "get_weather", "arguments": {"city": "Rome"}}\n```',
     # the same history, then "Now get the weather in Rome and in Berlin. Use the tool for both."
     "list_arg": '```json\n{"name": "get_weather", "arguments": {"city": ["Rome", "Berlin"]}}\n```',
+    # Qwen2.5-Coder-1.5B-Instruct Q4_K_M, the same history, then "Now get the weather in Rome and in Berlin. Use
+    # the tool for both.": parallel calls, one fence each
+    "parallel": ('```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Rome"}\n}\n```\n\n'
+                 '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Berlin"}\n}\n```'),
     # "Write a Python function that adds two numbers." (get_weather): no tool of that name
     "lookalike": ('```json\n{\n    "name": "add_numbers",\n    "arguments": {\n        "a": 5,\n        "b": 3\n'
                   '    }\n}\n```'),
@@ -45,6 +49,7 @@ EXPECTED = {
     "write": ("", [ToolCall("Write", {"file_path": "/path/to/output.txt", "content": "Hello, World!"})]),
     "bare": ("", [ToolCall("get_weather", {"city": "Rome"})]),
     "list_arg": ("", [ToolCall("get_weather", {"city": ["Rome", "Berlin"]})]),
+    "parallel": ("", [ToolCall("get_weather", {"city": "Rome"}), ToolCall("get_weather", {"city": "Berlin"})]),
     "lookalike": (RECORDED["lookalike"], []),
     "text": (RECORDED["text"], []),
 }

@@ -118,7 +118,7 @@ def test_drafting_gives_the_tokens_plain_greedy_decoding_gives(qwen_coder_path):
         by_ngram = _generate(m, CODE, raw=False, num_predict=24, draft="ngram")
     assert len(plain[1]) == 24 and "def is_even" in plain[0] + by_model[0]
     assert by_model[1] == plain[1] and by_model[2].draft == "model" and by_model[2].draft_accepted > 0
-    assert by_ngram[1] == plain[1] and by_ngram[2].draft == "ngram"
+    assert by_ngram[1] == plain[1] and by_ngram[2].draft == "ngram" and by_ngram[2].draft_tokens > 0
 
 
 # ---- a restored conversation answers as a cold one --------------------------------------------------
