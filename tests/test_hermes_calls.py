@@ -3,9 +3,9 @@ cut-short test of streamed JSON (ollapy.chat.calljson.json_value). Fast: no mode
 
 ``RECORDED`` holds answers of Qwen2.5-Coder-0.5B-Instruct Q4_K_M (one of the 1.5B; the real template, greedy,
 tools on), recorded once through ``/api/chat`` of a model made with ``PARAMETER tool_parser mistral`` (whose
-parser leaves this text as it is). The models write their calls as fenced ``json`` blocks, not in Qwen's ``<tool_call>`` tags; after a
-history of calls it wrote one bare object closed by a fence it never opened. Asked for code without a call, it
-"called" a function that is not among the tools: a look-alike, which stays text.
+parser leaves this text as it is). The models write their calls as fenced ``json`` blocks, not in Qwen's
+``<tool_call>`` tags; after a history of calls the 0.5B wrote one bare object closed by a fence it never opened.
+Asked for code without a call, it "called" a function that is not among the tools: a look-alike, which stays text.
 """
 from __future__ import annotations
 
@@ -172,3 +172,20 @@ def test_every_beginning_of_a_json_value_is_cut_short_never_bad(value, ascii_onl
                                   '{"a": 1.x', '{"a": "\\q"}', '{"a": "\\u12g4"}', "{'a': 1}"])
 def test_json_that_no_continuation_can_mend_is_bad(text):
     assert json_value(text, 0)[0] == "bad"
+
+
+DEEP = '{"name": "get_weather", "arguments": {"a": ' + "[" * 5000
+
+
+@pytest.mark.parametrize("family", ["hermes", "llama3", "mistral", "generic"])
+@pytest.mark.parametrize("text", [DEEP, DEEP + "]" * 5000 + "}}", "<tool_call>" + DEEP, "[TOOL_CALLS]" + DEEP,
+                                  '{"name": "get_weather", "arguments": {"a": ' + "[" * 65 + "]" * 65 + "}}"])
+def test_json_nested_too_deep_is_text_in_every_family_never_an_error(family, text):
+    """A model that loops on ``[`` once made the decoder raise RecursionError (a 500); calls nest at most
+    MAX_DEPTH (64) levels."""
+    for names in (NAMES, None):
+        assert parse_tool_calls(text, family, tool_names=names).calls == []
+    from ollapy.chat.generic_tools import GenericCallParser
+
+    p = GenericCallParser(tool_names=NAMES)
+    assert p.feed('{"tool_calls": [' + text[text.index("{"):]) == ("", []) and p.finish()[1] == []

@@ -20,22 +20,56 @@ SEPARATORS = " \t\r\n;,"
 Raw = tuple[str, dict, "str | None"]
 """A call before it gets its id: (name, arguments, id the model wrote or None)."""
 
+MAX_DEPTH = 64
+"""How deeply a call's arguments may nest (objects and lists); deeper JSON is not a call but text. A bound, so no
+call reaches an encoder (``json.dumps`` recurses) nested as deep as Python's recursion limit."""
+
 _LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _NUMBER_TAILS = frozenset({".", "e", "E", "e+", "e-", "E+", "E-"})
 
 
+def raw_decode(text: str, pos: int = 0) -> tuple[Any, int]:
+    """:data:`DECODER`'s ``raw_decode``: ``(value, end)``. Raises ValueError for text that is not JSON, JSON
+    nested too deep for the decoder (its RecursionError) included."""
+    try:
+        return DECODER.raw_decode(text, pos)
+    except RecursionError:
+        raise ValueError(f"JSON nested too deep at {pos}") from None
+
+
+def loads(text: str) -> Any:
+    """``json.loads``; raises ValueError for text that is not JSON, JSON nested too deep included."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def shallow(value: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``value`` (decoded JSON) nests objects and lists at most ``limit`` deep (checked without recursion)."""
+    stack = [(value, 0)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= limit:
+                return False
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return True
+
+
 def arguments_of(value: Any) -> dict | None:
-    """Arguments as a dict: an object, a JSON string holding one, or null/"" (no arguments); None otherwise."""
+    """Arguments as a dict: an object (at most :data:`MAX_DEPTH` deep), a JSON string holding one, or null/""
+    (no arguments); None otherwise."""
     if value is None:
         return {}
     if isinstance(value, str):
         if not value.strip():
             return {}
         try:
-            value = json.loads(value)
+            value = loads(value)
         except ValueError:
             return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, dict) and shallow(value) else None
 
 
 def one_call(obj: Any, require_args: bool, names: frozenset[str] | None) -> Raw | None:
@@ -92,7 +126,7 @@ def json_sequence(text: str, require_args: bool, names: frozenset[str] | None) -
         if pos >= len(text) or text[pos] not in "{[":
             return calls, end
         try:
-            value, stop = DECODER.raw_decode(text, pos)
+            value, stop = raw_decode(text, pos)
         except ValueError:
             return calls, end
         got = calls_from(value, require_args, names)
@@ -109,11 +143,14 @@ def json_value(text: str, pos: int) -> tuple[str, Any, int]:
     JSON value (cut short: a later piece may complete it); ``("bad", None, pos)`` when no continuation can make
     it JSON. The decision reads the standard decoder's error: a cut-short text fails at its very end, inside an
     unterminated string, inside a ``\\uXXXX`` escape, or inside a literal (``tru``) or a number (``1.``, ``1e+``).
+    JSON nested deeper than the decoder can go is ``bad`` (no call is nested so deep: :data:`MAX_DEPTH`).
     """
     try:
         value, end = DECODER.raw_decode(text, pos)
     except json.JSONDecodeError as err:
         return ("more" if _cut_short(err, text) else "bad"), None, pos
+    except RecursionError:
+        return "bad", None, pos
     return "done", value, end
 
 

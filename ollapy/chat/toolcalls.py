@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ollapy.chat.calljson import DECODER, SEPARATORS, Raw, calls_from, json_sequence, one_call
+from ollapy.chat.calljson import SEPARATORS, Raw, calls_from, json_sequence, one_call, raw_decode
 from ollapy.chat.hermes import HERMES_TAG, split_calls
 from ollapy.errors import OptionError
 
@@ -265,7 +265,7 @@ class ToolCallParser:
             return wait
         if buf[p] in "[{":
             try:
-                value, end = DECODER.raw_decode(buf, p)
+                value, end = raw_decode(buf, p)
             except ValueError:
                 return wait
             calls = calls_from(value, False, self._names)
@@ -292,7 +292,7 @@ class ToolCallParser:
         if buf[a] != "{":
             return None, 0
         try:
-            value, end = DECODER.raw_decode(buf, a)
+            value, end = raw_decode(buf, a)
         except ValueError:
             return wait
         call = one_call({"name": name, "arguments": value, "id": call_id}, False, self._names)
