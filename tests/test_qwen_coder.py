@@ -132,6 +132,7 @@ def _chat(url: str, model: Path, messages: list[dict]) -> dict:
     return r.json()
 
 
+@pytest.mark.slow  # three server processes
 def test_a_conversation_restored_by_a_new_process_answers_as_a_cold_one(tmp_path, qwen_coder_path):
     with live_server(tmp_path, "--allow-paths") as url:
         first = _chat(url, qwen_coder_path, TURNS)
@@ -143,5 +144,5 @@ def test_a_conversation_restored_by_a_new_process_answers_as_a_cold_one(tmp_path
         cold = _chat(url, qwen_coder_path, second_turn)
     assert first.get("prompt_cache_tokens", 0) == 0 and cold.get("prompt_cache_tokens", 0) == 0
     assert warm["prompt_cache_tokens"] > first["prompt_eval_count"] // 2  # the first turn, from RAM
-    assert restored["prompt_cache_tokens"] >= warm["prompt_cache_tokens"]  # ...and from disk in the new process
+    assert restored["prompt_cache_tokens"] >= first["prompt_eval_count"]  # ...and from disk in the new process
     assert restored["message"]["content"] == warm["message"]["content"] == cold["message"]["content"]
