@@ -41,14 +41,14 @@ HERMES_TWO = (
 def test_hermes_two_calls_with_object_and_string_arguments():
     r = parse_tool_calls(HERMES_TWO, "hermes")
     assert _calls(r) == [("get_weather", W), ("get_time", T)]
-    assert r.content == "Let me check both.\n\n"
+    assert r.content == "Let me check both.\n"  # the blanks after a call are dropped (llama.cpp's parser)
     assert all(c.id is None for c in r.calls)
 
 
 def test_hermes_content_after_the_call_and_no_arguments():
     r = parse_tool_calls('<tool_call>{"name": "ping"}</tool_call> done', "hermes")
     assert _calls(r) == [("ping", {})]
-    assert r.content == " done"
+    assert r.content == "done"
 
 
 def test_hermes_malformed_json_is_content():
@@ -83,7 +83,8 @@ def test_hermes_streaming_holds_back_a_partial_marker_and_emits_calls_when_close
     assert p.feed("Sure <tool") == ("Sure ", [])
     assert p.feed("_ca") == ("", [])
     assert p.feed('ll>{"name": "a", "arguments": {}}') == ("", [])
-    assert p.feed("</tool_call>\nok") == ("\nok", [ToolCall("a", {})])
+    assert p.feed("</tool_call>\n") == ("", [ToolCall("a", {})])
+    assert p.feed(" ok") == ("ok", [])
     assert p.feed(" <tool!") == (" <tool!", [])
     assert p.finish() == ("", [])
 

@@ -59,7 +59,8 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 64}
 @pytest.fixture(scope="module")
 def api(tmp_path_factory, smollm2_path):
     models = {"smol": {}, "smol-tools": {"template": HERMES},
-              "smol-json": {"template": HERMES, "parameters": {"tool_parser": "generic"}}}
+              "smol-json": {"template": HERMES, "parameters": {"tool_parser": "generic"}},
+              "smol-mistral": {"template": HERMES, "parameters": {"tool_parser": "mistral"}}}
     with live_api(tmp_path_factory.mktemp("tools"), smollm2_path, models) as api:
         yield api
 
@@ -294,18 +295,20 @@ def test_history_arguments_render_as_dict_and_as_string():
 
 
 def test_modelfile_tool_parser_decides_the_family(api):
-    """Output that is a bare JSON call (made so by ``format``) is a call for ``tool_parser generic`` (smol-json),
-    and content for the template's own hermes format (smol-tools), which needs ``<tool_call>`` tags."""
+    """Output that is a bare JSON call (made so by ``format``) is a call for ``tool_parser generic`` (smol-json)
+    and for the template's own hermes format (smol-tools: a bare call object, as llama.cpp's Hermes 2 Pro parser
+    reads it), and content for ``tool_parser mistral`` (smol-mistral), which needs ``[TOOL_CALLS]``."""
     from ollapy.chat.reply import forced_call_schema
 
     body = {"messages": ASK, "tools": TOOLS, "format": forced_call_schema(TOOLS, "get_weather"), "stream": False,
             "options": GREEDY}
-    generic = httpx.post(api.url + "/api/chat", json={"model": "smol-json", **body}, timeout=120).json()["message"]
-    (call,) = generic["tool_calls"]
-    assert call["function"]["name"] == "get_weather" and generic["content"] == ""
-    jsonschema.validate(call["function"]["arguments"], WEATHER)
-    hermes = httpx.post(api.url + "/api/chat", json={"model": "smol-tools", **body}, timeout=120).json()["message"]
-    assert "tool_calls" not in hermes and json.loads(hermes["content"])["name"] == "get_weather"
+    for model in ("smol-json", "smol-tools"):
+        msg = httpx.post(api.url + "/api/chat", json={"model": model, **body}, timeout=120).json()["message"]
+        (call,) = msg["tool_calls"]
+        assert call["function"]["name"] == "get_weather" and msg["content"] == "", model
+        jsonschema.validate(call["function"]["arguments"], WEATHER)
+    mistral = httpx.post(api.url + "/api/chat", json={"model": "smol-mistral", **body}, timeout=120).json()["message"]
+    assert "tool_calls" not in mistral and json.loads(mistral["content"])["name"] == "get_weather"
 
 
 def test_modelfile_tool_parser_parameter_is_checked():

@@ -12,5 +12,7 @@ The meaning of a reply (model text in, structured answer out; whole or streamed)
 - :mod:`.reply`: an answer split into reasoning, content and tool calls; forced-call schemas.
 - :mod:`.thinking`: the ``<think>…</think>`` section.
 - :mod:`.toolcalls`: tool calls in each model family's format (hermes, llama 3, mistral…).
+- :mod:`.hermes`: the Hermes / Qwen2.5 family's calls as the models write them (tags, fences, bare JSON).
+- :mod:`.calljson`: call objects read out of JSON, and whether a streamed JSON value is cut short.
 - :mod:`.generic_tools`: llama.cpp's generic tool-call format for templates without tool support.
 """

@@ -35,6 +35,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Iterable
 
+from ollapy.chat import calljson
 from ollapy.chat.toolcalls import ToolCall, call_id_factory, selected_functions
 
 log = logging.getLogger(__name__)
@@ -269,11 +270,11 @@ class GenericCallParser:
     def _whole(self) -> tuple[str, list[ToolCall]]:
         text, self._buf = self._buf, ""
         try:
-            value = json.loads(text)
+            value = calljson.loads(text)
         except ValueError:
             value = None
         if isinstance(value, dict):
-            if "response" in value and len(value) == 1:
+            if "response" in value and len(value) == 1 and calljson.shallow(value):
                 r = value["response"]
                 return (r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)), []
             items = [value["tool_call"]] if "tool_call" in value else value.get("tool_calls")
@@ -295,13 +296,8 @@ class GenericCallParser:
                 return None
             if self._names is not None and item["name"] not in self._names:
                 return None
-            args = item.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except ValueError:
-                    return None
-            if not isinstance(args, dict):
+            args = calljson.arguments_of(item.get("arguments", {}))
+            if args is None:
                 return None
             call_id = None
             if self._new_id is not None:
@@ -311,7 +307,6 @@ class GenericCallParser:
 
 
 _CALLS_HEAD = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
-_DECODER = json.JSONDecoder()
 
 
 def complete_calls(text: str) -> list | None:
@@ -330,7 +325,7 @@ def complete_calls(text: str) -> list | None:
         while pos < len(text) and text[pos] in " \t\r\n":
             pos += 1
         try:
-            item, pos = _DECODER.raw_decode(text, pos)
+            item, pos = calljson.raw_decode(text, pos)
         except ValueError:
             break
         items.append(item)

@@ -4,7 +4,8 @@ Families (what the model writes when it calls a tool):
 
 ``hermes``  (Hermes function-calling format, used by Qwen 2.5/3 and many fine-tunes)
     ``<tool_call>{"name": "f", "arguments": {...}}</tool_call>``, one tag per call, text may
-    come before, between and after the tags.
+    come before, between and after the tags; also the same call object in a Markdown fence or
+    bare, as these models really write it (:mod:`ollapy.chat.hermes`).
 ``llama3``  (Meta's Llama 3.1+ model card, "JSON based tool calling")
     the whole answer is ``{"name": "f", "parameters": {...}}`` (``"arguments"`` accepted too),
     optionally after ``<|python_tag|>``; several calls are separated by ``;`` or newlines.
@@ -16,8 +17,8 @@ Families (what the model writes when it calls a tool):
     a bare object with ``name`` + ``arguments``/``parameters``, a list of such objects,
     ``{"tool_calls": [...]}`` or ``{"function": {"name": ..., "arguments": ...}}``.
 
-In every family ``arguments`` may be a JSON object or a string holding one. Malformed or
-partial output never raises: it comes back as content (and a debug line is logged).
+In every family ``arguments`` may be a JSON object or a string holding one (:mod:`ollapy.chat.calljson`
+reads call objects). Malformed or partial output never raises: it comes back as content.
 
 The whole-text parser (:func:`parse_tool_calls`) is the streaming parser
 (:class:`ToolCallParser`) fed once and finished, so both agree on every input by
@@ -26,13 +27,14 @@ This module knows nothing of HTTP, terminals or llama_cpp.
 """
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ollapy.chat.calljson import SEPARATORS, Raw, calls_from, json_sequence, one_call, raw_decode
+from ollapy.chat.hermes import HERMES_TAG, split_calls
 from ollapy.errors import OptionError
 
 log = logging.getLogger(__name__)
@@ -40,17 +42,11 @@ log = logging.getLogger(__name__)
 FAMILIES = ("hermes", "llama3", "mistral", "generic")
 _ALIASES = {"qwen": "hermes", "llama": "llama3", "llama3.1": "llama3", "json": "generic"}
 
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_CALLS, MISTRAL_ARGS, MISTRAL_CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
 
-_DECODER = json.JSONDecoder()
 _NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _ID = re.compile(r"[A-Za-z0-9_\-]+")
-_SEPARATORS = " \t\r\n;,"
-
-# A call before it gets its id: (name, arguments, id the model wrote or None).
-_Raw = tuple[str, dict, "str | None"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ def detect_family(template: str | None, override: str | None = None) -> str:
     if override:
         return normalize_family(override)
     text = template or ""
-    if HERMES_OPEN in text:
+    if HERMES_TAG in text:
         return "hermes"
     if MISTRAL_CALLS in text:
         return "mistral"
@@ -110,81 +106,7 @@ def call_id_factory(seed: int | None = None) -> Callable[[], str]:
     return lambda: f"call_{rng.getrandbits(32):08x}"
 
 
-# ---------------------------------------------------------------- JSON -> calls
-
-
-def _arguments(value: Any) -> dict | None:
-    """Arguments as a dict: an object, a JSON string holding one, or null/"" (no arguments)."""
-    if value is None:
-        return {}
-    if isinstance(value, str):
-        if not value.strip():
-            return {}
-        try:
-            value = json.loads(value)
-        except ValueError:
-            return None
-    return value if isinstance(value, dict) else None
-
-
-def _one_call(obj: Any, require_args: bool, names: frozenset[str] | None) -> _Raw | None:
-    """One call object (plain or ``{"function": {...}}``), or None when it is not a call."""
-    if not isinstance(obj, dict):
-        return None
-    call_id = obj.get("id") if isinstance(obj.get("id"), str) else None
-    src = obj["function"] if isinstance(obj.get("function"), dict) else obj
-    name = src.get("name")
-    if not isinstance(name, str) or not name.strip():
-        return None
-    if names is not None and name not in names:
-        return None
-    for key in ("arguments", "parameters"):
-        if key in src:
-            args = _arguments(src[key])
-            if args is None:
-                return None
-            break
-    else:
-        if require_args:
-            return None
-        args = {}
-    return name, args, call_id
-
-
-def _calls_from(value: Any, require_args: bool, names: frozenset[str] | None) -> list[_Raw] | None:
-    """Calls in one decoded JSON value (object, list, ``{"tool_calls": [...]}``), or None."""
-    if isinstance(value, dict) and isinstance(value.get("tool_calls"), list):
-        value = value["tool_calls"]
-    items = value if isinstance(value, list) else [value]
-    if not items:
-        return None
-    out = []
-    for item in items:
-        call = _one_call(item, require_args, names)
-        if call is None:
-            return None
-        out.append(call)
-    return out
-
-
-def _json_sequence(text: str, require_args: bool, names: frozenset[str] | None) -> tuple[list[_Raw], int]:
-    """Leading JSON calls of ``text`` separated by blanks, ``;`` or ``,``: (calls, end of the last)."""
-    calls: list[_Raw] = []
-    pos = end = 0
-    while True:
-        while pos < len(text) and text[pos] in _SEPARATORS:
-            pos += 1
-        if pos >= len(text) or text[pos] not in "{[":
-            return calls, end
-        try:
-            value, stop = _DECODER.raw_decode(text, pos)
-        except ValueError:
-            return calls, end
-        got = _calls_from(value, require_args, names)
-        if got is None:
-            return calls, end
-        calls.extend(got)
-        pos = end = stop
+# ---------------------------------------------------------------- helpers
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -209,8 +131,9 @@ class ToolCallParser:
 
     ``feed(piece)`` and ``finish()`` return ``(content_delta, calls)``: the text known to be
     content so far and the calls completed by this piece. Text that may be the start of a
-    call marker (``<tool_call>``, ``[TOOL_CALLS]``) is held back until it is decided, as a
-    stop-string matcher does. For the JSON-only families (``llama3``, ``generic``) the
+    call (``<tool_call>``, ``[TOOL_CALLS]``; for ``hermes`` also a fence or a call object) is
+    held back until it is decided, as a stop-string matcher does, and released unchanged when
+    it is not a call. For the JSON-only families (``llama3``, ``generic``) the
     decision is made at the start: if the first non-blank character is ``{`` or ``[`` (or
     the text starts with ``<|python_tag|>``) everything is buffered until ``finish``,
     otherwise it streams straight through as content.
@@ -234,6 +157,7 @@ class ToolCallParser:
         self._new_id = call_id_factory(seed) if ids else None
         self._buf = ""
         self._state = "start" if self.family in ("llama3", "generic") else "text"
+        self._after_call = False  # hermes: the text so far ends with a call (blanks after it are dropped)
         self._finished = False
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
@@ -256,18 +180,20 @@ class ToolCallParser:
     def _step(self, final: bool) -> tuple[str, list[ToolCall]]:
         if self.family in ("llama3", "generic"):
             content, raw = self._step_json(final)
+        elif self.family == "hermes":
+            content, raw = self._step_hermes(final)
         else:
-            content, raw = self._step_marker(final)
+            content, raw = self._step_mistral(final)
         return content, [self._finish_call(r) for r in raw]
 
-    def _finish_call(self, raw: _Raw) -> ToolCall:
+    def _finish_call(self, raw: Raw) -> ToolCall:
         name, args, model_id = raw
         call_id = None
         if self._new_id is not None:
             call_id = model_id or self._new_id()
         return ToolCall(name, args, call_id)
 
-    def _step_json(self, final: bool) -> tuple[str, list[_Raw]]:
+    def _step_json(self, final: bool) -> tuple[str, list[Raw]]:
         """llama3 / generic: decide at the first non-blank character, buffer JSON to the end."""
         if self._state == "start":
             head = self._buf.lstrip()
@@ -289,18 +215,22 @@ class ToolCallParser:
         body = text.lstrip()
         if self.family == "llama3" and body.startswith(PYTHON_TAG):
             body = body[len(PYTHON_TAG):]
-        calls, end = _json_sequence(body, True, self._names)
+        calls, end = json_sequence(body, True, self._names)
         if not calls:
             log.debug("tool calls: %s output is not a tool call, kept as content: %.80r", self.family, text)
             return text, []
-        return body[end:].lstrip(_SEPARATORS), calls
+        return body[end:].lstrip(SEPARATORS), calls
 
-    def _step_marker(self, final: bool) -> tuple[str, list[_Raw]]:
-        """hermes / mistral: stream text, hold back a partial marker, parse each call body."""
-        marker = HERMES_OPEN if self.family == "hermes" else MISTRAL_CALLS
-        body_of = self._hermes_body if self.family == "hermes" else self._mistral_body
+    def _step_hermes(self, final: bool) -> tuple[str, list[Raw]]:
+        """hermes: tags, fences and bare call objects (:func:`ollapy.chat.hermes.split_calls`)."""
+        content, calls, self._buf, self._after_call = split_calls(self._buf, final, self._names, self._after_call)
+        return content, calls
+
+    def _step_mistral(self, final: bool) -> tuple[str, list[Raw]]:
+        """mistral: stream text, hold back a partial ``[TOOL_CALLS]``, parse each call body."""
+        marker = MISTRAL_CALLS
         out: list[str] = []
-        calls: list[_Raw] = []
+        calls: list[Raw] = []
         while True:
             if self._state == "text":
                 i = self._buf.find(marker)
@@ -313,7 +243,7 @@ class ToolCallParser:
                 self._buf = self._buf[i + len(marker):]
                 self._state = "call"
                 continue
-            got = body_of(final)
+            got = self._mistral_body(final)
             if got is None:  # incomplete: wait for more text
                 break
             found, used = got
@@ -326,22 +256,7 @@ class ToolCallParser:
             self._buf = self._buf[used:]
         return "".join(out), calls
 
-    def _hermes_body(self, final: bool) -> tuple[list[_Raw] | None, int] | None:
-        """After ``<tool_call>``: None to wait, else (calls or None if malformed, chars used)."""
-        buf = self._buf
-        j = buf.find(HERMES_CLOSE)
-        if j < 0:
-            if not final:
-                return None
-            body, used = buf, len(buf)  # unclosed at the end: accept a complete JSON body
-        else:
-            body, used = buf[:j], j + len(HERMES_CLOSE)
-        calls, end = _json_sequence(body, False, self._names)
-        if not calls or body[end:].strip(_SEPARATORS):
-            return None, 0
-        return calls, used
-
-    def _mistral_body(self, final: bool) -> tuple[list[_Raw] | None, int] | None:
+    def _mistral_body(self, final: bool) -> tuple[list[Raw] | None, int] | None:
         """After ``[TOOL_CALLS]``: a JSON list/object, or ``name[CALL_ID]id[ARGS]{...}``."""
         buf = self._buf
         wait = None if not final else (None, 0)
@@ -350,10 +265,10 @@ class ToolCallParser:
             return wait
         if buf[p] in "[{":
             try:
-                value, end = _DECODER.raw_decode(buf, p)
+                value, end = raw_decode(buf, p)
             except ValueError:
                 return wait
-            calls = _calls_from(value, False, self._names)
+            calls = calls_from(value, False, self._names)
             return (calls, end) if calls else (None, 0)
         m = _NAME.match(buf, p)
         if m is None:
@@ -377,10 +292,10 @@ class ToolCallParser:
         if buf[a] != "{":
             return None, 0
         try:
-            value, end = _DECODER.raw_decode(buf, a)
+            value, end = raw_decode(buf, a)
         except ValueError:
             return wait
-        call = _one_call({"name": name, "arguments": value, "id": call_id}, False, self._names)
+        call = one_call({"name": name, "arguments": value, "id": call_id}, False, self._names)
         return ([call], end) if call else (None, 0)
 
 

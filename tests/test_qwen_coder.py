@@ -1,0 +1,148 @@
+"""Issue 55's tests on a real instruct model, Qwen2.5-Coder-0.5B-Instruct Q4_K_M (its own template, tools on).
+
+* a tool call through each API's official client (``ollama``, ``openai`` chat and Responses, ``anthropic``),
+  whole and streamed: the model writes its call as a fenced ``json`` block (see tests/test_hermes_calls.py for
+  its recorded answers), which every API returns as a call, never as text;
+* drafting (n-gram, and the model as its own draft) gives the tokens plain greedy decoding gives;
+* a conversation restored from the disk cache by a new server process answers as a cold server does.
+
+Skipped when the model file is not on disk (COMMON: /work/models, or the test-model cache).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import live_api, live_server
+from test_speculation import _generate, _open
+
+QWEN_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+
+
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M: /work/models or the test-model cache; skip when neither has it."""
+    for d in (Path("/work/models"), Path(os.path.expanduser("~/.cache/ollapy/test-models"))):
+        if (d / QWEN_FILE).is_file():
+            return d / QWEN_FILE
+    pytest.skip(f"{QWEN_FILE} is not on disk")
+
+
+PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+WEATHER = {"name": "get_weather", "description": "Get the current weather in a city", "parameters": PARAMS}
+ASK = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+CALL = ("", [("get_weather", {"city": "Paris"})])  # (content, calls) every API must give
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory, qwen_coder_path):
+    import anthropic
+
+    with live_api(tmp_path_factory.mktemp("qwen"), qwen_coder_path, {"qc": {}}) as api:
+        api.ac = anthropic.Anthropic(base_url=api.url, api_key="none", max_retries=0)
+        yield api
+
+
+def _ollama(api, stream: bool):
+    tools = [{"type": "function", "function": WEATHER}]
+    r = api.oc.chat(model="qc", messages=ASK, tools=tools, stream=stream, options={"temperature": 0, "num_predict": 64})
+    parts = list(r) if stream else [r]
+    assert parts[-1].done_reason == "stop"
+    calls = [(c.function.name, dict(c.function.arguments)) for p in parts for c in p.message.tool_calls or ()]
+    return "".join(p.message.content or "" for p in parts), calls
+
+
+def _openai_chat(api, stream: bool):
+    kw = dict(model="qc", messages=ASK, tools=[{"type": "function", "function": WEATHER}], temperature=0, max_tokens=64)
+    if not stream:
+        ch = api.oai.chat.completions.create(**kw).choices[0]
+        assert ch.finish_reason == "tool_calls" and ch.message.tool_calls[0].id.startswith("call_")
+        return ch.message.content or "", [(c.function.name, json.loads(c.function.arguments))
+                                          for c in ch.message.tool_calls]
+    content, calls, finish = "", {}, []
+    for chunk in api.oai.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            finish.append(ch.finish_reason)
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or ():
+                c = calls.setdefault(d.index, ["", ""])
+                c[0] += d.function.name or ""
+                c[1] += d.function.arguments or ""
+    assert finish[-1] == "tool_calls"
+    return content, [(n, json.loads(a)) for n, a in calls.values()]
+
+
+def _responses(api, stream: bool):
+    kw = dict(model="qc", input=ASK, tools=[{"type": "function", **WEATHER}], temperature=0, max_output_tokens=64)
+    if stream:
+        events = list(api.oai.responses.create(stream=True, **kw))
+        r = next(e.response for e in events if e.type == "response.completed")
+    else:
+        r = api.oai.responses.create(**kw)
+    assert r.status == "completed"
+    calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
+    return r.output_text, calls
+
+
+def _anthropic(api, stream: bool):
+    kw = dict(model="qc", max_tokens=64, messages=ASK, extra_body={"temperature": 0},
+              tools=[{"name": WEATHER["name"], "description": WEATHER["description"], "input_schema": PARAMS}])
+    if stream:
+        with api.ac.messages.stream(**kw) as s:
+            m = s.get_final_message()
+    else:
+        m = api.ac.messages.create(**kw)
+    assert m.stop_reason == "tool_use"
+    text = "".join(b.text for b in m.content if b.type == "text")
+    return text, [(b.name, b.input) for b in m.content if b.type == "tool_use"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("ask", [_ollama, _openai_chat, _responses, _anthropic],
+                         ids=["api-chat", "v1-chat-completions", "v1-responses", "v1-messages"])
+def test_the_real_template_s_tool_call_through_each_api(api, ask, stream):
+    assert ask(api, stream) == CALL
+
+
+# ---- drafting identical ---------------------------------------------------------------------------
+CODE = "Write a Python function is_even(n) that returns True for even numbers."
+
+
+def test_drafting_gives_the_tokens_plain_greedy_decoding_gives(qwen_coder_path):
+    with _open(qwen_coder_path, qwen_coder_path, num_ctx=512, temperature=0, draft=str(qwen_coder_path)) as m:
+        plain = _generate(m, CODE, raw=False, num_predict=24, draft="")
+        by_model = _generate(m, CODE, raw=False, num_predict=24)
+        by_ngram = _generate(m, CODE, raw=False, num_predict=24, draft="ngram")
+    assert len(plain[1]) == 24 and "def is_even" in plain[0] + by_model[0]
+    assert by_model[1] == plain[1] and by_model[2].draft == "model" and by_model[2].draft_accepted > 0
+    assert by_ngram[1] == plain[1] and by_ngram[2].draft == "ngram" and by_ngram[2].draft_tokens > 0
+
+
+# ---- a restored conversation answers as a cold one --------------------------------------------------
+TURNS = [{"role": "user", "content": "Write a Python function that returns the square of a number."}]
+
+
+def _chat(url: str, model: Path, messages: list[dict]) -> dict:
+    body = {"model": str(model), "messages": messages, "stream": False, "options": {"temperature": 0, "num_predict": 24}}
+    r = httpx.post(url + "/api/chat", json=body, timeout=600)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.slow  # three server processes
+def test_a_conversation_restored_by_a_new_process_answers_as_a_cold_one(tmp_path, qwen_coder_path):
+    with live_server(tmp_path, "--allow-paths") as url:
+        first = _chat(url, qwen_coder_path, TURNS)
+        second_turn = TURNS + [first["message"], {"role": "user", "content": "Now make it return the cube."}]
+        warm = _chat(url, qwen_coder_path, second_turn)
+    with live_server(tmp_path, "--allow-paths") as url:  # a new process on the same cache directory
+        restored = _chat(url, qwen_coder_path, second_turn)
+    with live_server(tmp_path / "cold", "--allow-paths", env={"OLLAPY_CACHE": "0"}) as url:
+        cold = _chat(url, qwen_coder_path, second_turn)
+    assert first.get("prompt_cache_tokens", 0) == 0 and cold.get("prompt_cache_tokens", 0) == 0
+    assert warm["prompt_cache_tokens"] > first["prompt_eval_count"] // 2  # the first turn, from RAM
+    assert restored["prompt_cache_tokens"] >= first["prompt_eval_count"]  # ...and from disk in the new process
+    assert restored["message"]["content"] == warm["message"]["content"] == cold["message"]["content"]
