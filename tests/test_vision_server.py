@@ -82,6 +82,17 @@ def test_bad_images_are_400(server, images, words):
     assert r.status_code == 400 and words in r.json()["error"], r.text
 
 
+def test_generate_context_of_an_image_prompt_round_trips(server):
+    """The context /api/generate returns for an image prompt held the image's placeholder ids (negative), and
+    sending it back was a 400 ("context holds -760761467, not a token id"). As Ollama's, it holds token ids only
+    (the picture is never in a context) and is taken back."""
+    _, oc = server
+    g = oc.generate(model="vis", prompt="Describe it.", images=[picture(4)], options=OPTS)
+    assert g.context and min(g.context) >= 0
+    again = oc.generate(model="vis", prompt="And the colours?", context=g.context, options=OPTS)
+    assert again.response and again.done_reason
+
+
 def test_remote_image_url_refused_on_v1(server):
     import openai
 

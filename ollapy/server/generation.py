@@ -231,6 +231,15 @@ def context_field(value: Any) -> list[int] | None:
     return value
 
 
+def returned_context(tokens: list[int]) -> list[int]:
+    """The ``context`` /api/generate returns for a prompt's and answer's ``tokens``: every token id, an image's
+    placeholder ids (negative, :func:`ollapy.engine.media.placeholder_ids`) left out. Ollama's context is the
+    tokenized prompt text and answer, in which an image is only its ``[img-N]`` tag: the picture itself is never
+    in a context. So a returned context always passes :func:`context_field` when sent back (the earlier turn's
+    text; send the image again to ask about it)."""
+    return [t for t in tokens if t >= 0]
+
+
 def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):
     """``prompt`` (an engine Prompt) with the ``context`` tokens in front, as Ollama does: the earlier
     prompt and answer, then the new templated prompt. ``bos`` is the BOS id when the model adds one
