@@ -46,13 +46,14 @@ def projector(tmp_path) -> bytes:
 # ---- finding 1: a field's value never becomes a Modelfile line --------------------------------------
 @pytest.mark.parametrize("keyword", ["FROM", "DRAFT", "ADAPTER", "PARAMETER num_ctx"])
 def test_a_message_role_cannot_inject_modelfile_lines(client, keyword):
-    """A role of ``user\\nFROM /etc/passwd`` was written into Modelfile text and parsed again: /etc/passwd became
-    the projector, and the answer told an existing file ("not a vision projector") from a missing one."""
+    """A role of ``user\\nFROM /etc/passwd\\nSYSTEM`` was written into Modelfile text and parsed again: /etc/passwd
+    became the projector (or the draft model), and the answer told an existing file ("not a vision projector", "not
+    a readable GGUF file") from a missing one ("no such file")."""
     _upload(client, tiny_gguf())
     answers = []
     for path in ("/etc/passwd", "/etc/no-such-file-here"):
         r = _create(client, {"files": {"m.gguf": "sha256:" + hashlib.sha256(tiny_gguf()).hexdigest()},
-                             "messages": [{"role": f"user\n{keyword} {path}\n", "content": "hi"}]})
+                             "messages": [{"role": f"user\n{keyword} {path}\nSYSTEM", "content": "hi"}]})
         answers.append((r.status_code, r.json()))
     assert answers[0] == answers[1] == (400, {"error": "messages.0.role must be one of system, user, assistant, tool"})
     assert not (config.models_dir() / "manifests").exists()

@@ -257,15 +257,14 @@ def _create_body(data, secret: str) -> dict:
                                "SYSTEM", "TEMPLATE", "LICENSE", "from", "# FROM"])
     target = st.sampled_from([f"{secret}/secret.gguf", f"{secret}/secret.txt", "./secret.gguf", "smol",
                               '"""x"""', '"x', "1"])
-    line = st.builds(lambda kw, arg, end: f"{kw} {arg}{end}", keyword, target, st.sampled_from(["", "\n", "\r\n"]))
+    line = st.builds(lambda kw, arg, end: f"{kw} {arg}{end}", keyword, target,
+                     st.sampled_from(["", "\n", "\r\n", "\nSYSTEM", "\nLICENSE", "\n#"]))
     injected = st.builds(lambda head, ln, quote: f"{head}{quote}\n{ln}", st.sampled_from(["user", "hi", "a", ""]),
                          line, st.sampled_from(["", '"', '"""']))
     text = st.one_of(injected, injected, st.lists(st.sampled_from(pieces) | st.text(max_size=4) | line,
                                                   max_size=6).map("".join))
     value = text | JSON | st.just("x" * 300_000)
-    names = st.sampled_from(["fz", "fz:1", "fz2"])
-    body: dict = {"model": data.draw(st.one_of(names, names, names, text, JSON), label="model"),
-                  "stream": data.draw(st.just(False) | JSON, label="stream")}
+    body: dict = {"model": "fz", "stream": False, "from": "smol"}  # valid: each drawn field replaces one or adds one
     fields = {
         "from": st.sampled_from(["smol", f"{secret}/secret.gguf", f"{secret}/secret.txt"]) | value,
         "files": st.dictionaries(text, st.sampled_from([f"{secret}/secret.gguf", "sha256:" + "0" * 64]) | value,
@@ -276,7 +275,7 @@ def _create_body(data, secret: str) -> dict:
         "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]) | text | JSON,
                                                     "content": value}), max_size=3) | JSON,
         "system": value, "template": value, "license": value | st.lists(text, max_size=3), "quantize": value,
-        "adapters": value, "from_": value,
+        "adapters": value, "from_": value, "model": st.sampled_from(["fz:1", "fz2"]) | text | JSON, "stream": JSON,
     }
     for name in data.draw(st.sets(st.sampled_from(sorted(fields)), min_size=1, max_size=3), label="fields"):
         body[name] = data.draw(fields[name], label=name)
@@ -371,3 +370,51 @@ def test_an_image_part_of_the_wrong_shape_is_a_400_naming_it(smol):
         {"role": "user", "content": [{"type": "image", "source": "x"}]}]})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["message"].startswith("content.0.source: input should be"), r.text
+
+
+def _injections(secret: str) -> list[str]:
+    """Modelfile lines that read a server file if a value were parsed as Modelfile text (the closing ``SYSTEM``
+    swallows whatever the server writes after the value on that line)."""
+    return [f"user\n{kw} {secret}/{name}\nSYSTEM" for kw in ("FROM", "DRAFT", "PARAMETER draft", "ADAPTER")
+            for name in ("secret.gguf", "secret.txt")] + [f'x"""\nFROM {secret}/secret.gguf\nSYSTEM """y',
+                                                           f'x"\nFROM {secret}/secret.gguf\n#']
+
+
+def _with_payload(field: str, payload: str) -> dict:
+    """A valid create request (FROM the store's `smol`) with ``payload`` in ``field``: as the value, or as a message's
+    role and content, a parameter's key and value, a file name."""
+    body: dict = {"model": "fz", "stream": False, "from": "smol"}
+    if field == "messages":
+        body["messages"] = [{"role": payload, "content": "hi"}, {"role": "user", "content": payload}]
+    elif field == "parameters":
+        body["parameters"] = {"stop": [payload], payload: 1}
+    elif field == "files":
+        body.pop("from")
+        body["files"] = {payload: "sha256:" + "0" * 64}
+    elif field == "license":
+        body["license"] = [payload, payload]
+    else:
+        body[field] = payload
+    return body
+
+
+def test_modelfile_lines_in_every_create_field_are_data(smol, secret_dir):
+    """Each /api/create field given text that holds Modelfile lines naming server files (a role of
+    ``user\\nFROM /path\\nSYSTEM`` read /path as the projector): no server file is opened, and the answer is the
+    same whether the files exist or not (no path oracle)."""
+    missing = secret_dir[:-1] + "~"
+    for field in ("model", "from", "files", "modelfile", "parameters", "messages", "system", "template", "license",
+                  "quantize", "adapters"):
+        for payload in _injections(secret_dir):
+            answers = []
+            for d in (secret_dir, missing):
+                _OPENED.clear()
+                _WATCHED[:] = [secret_dir]
+                try:
+                    r = smol.post("/api/create", json=_with_payload(field, payload.replace(secret_dir, d)))
+                finally:
+                    _WATCHED.clear()
+                _check_answer("POST", "/api/create", r)
+                assert _OPENED == [], (field, payload, _OPENED)
+                answers.append((r.status_code, r.text.replace(d, secret_dir)))
+            assert answers[0] == answers[1], (field, payload, answers)
