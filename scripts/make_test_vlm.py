@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="the projector GGUF to write")
     ap.add_argument("--type", dest="kind", choices=sorted(TEXT_WIDTH), default="gemma3",
-                    help="projector type (gemma3 pairs with Gemma 3 270M, or SmolLM2-135M with --width 576; idefics3 needs a "
-                         "SmolVLM text model)")
+                    help="projector type (gemma3 pairs with Gemma 3 270M, or SmolLM2-135M with --width 576; "
+                         "idefics3 needs a SmolVLM text model)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same bytes)")
     ap.add_argument("--width", type=int, default=0, help="output width (default: the type's test model's n_embd)")
     args = ap.parse_args(argv)
