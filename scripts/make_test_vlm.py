@@ -1,21 +1,20 @@
 #!/usr/bin/env python3
 """Write a small random-weight vision projector (mmproj) GGUF that libmtmd loads, for tests.
 
-    python scripts/make_test_vlm.py OUT.gguf [--type idefics3|gemma3] [--seed N]
+    python scripts/make_test_vlm.py OUT.gguf [--type gemma3|idefics3] [--width N] [--seed N]
 
 No package on PyPI ships a vision GGUF pair, so the vision tests pair a synthetic projector with a text test
 model. The projector checks the pipeline (tokenizing, encoding, decoding image embeddings, the cache), never the
-answer's quality. Its output width matches one test model:
+answer's quality. Its output width is the text model's ``n_embd``:
 
-- ``idefics3`` (SmolVLM's projector type) pairs with SmolLM2-135M (576): a one-block SigLIP-style ViT over 32x32
-  pixel tiles of 4x4 patches, a 2x2 pixel-shuffle and ``mm.model.fc`` to 576; libmtmd's idefics3 preprocessing
-  makes an overview tile plus one slice, 16 embeddings each.
-- ``gemma3`` pairs with Gemma 3 270M (640): the same ViT over one 32x32 image, 2x2 average pooling, an RMS norm
-  and ``mm.input_projection`` to 640 (16 embeddings, decoded with non-causal attention).
-
-SmolLM2's vocabulary lacks idefics3's image tokens (``<fake_token_around_image>``, ``<global-img>``: libmtmd
-looks them up and gets -1, which ollapy refuses), so the tests pair SmolLM2 with ``--type gemma3 --width 576``
-(Gemma 3's image wrapper is plain text). A real SmolVLM GGUF has those tokens.
+- ``gemma3`` (the default) pairs with Gemma 3 270M (640): a one-block SigLIP-style ViT over one 32x32 image of 4x4
+  patches, 2x2 average pooling, an RMS norm and ``mm.input_projection`` to 640 (16 embeddings, decoded with
+  non-causal attention). Gemma 3's image wrapper is plain text, so with ``--width 576`` it pairs with SmolLM2-135M
+  too: that is what the tests use (``write_projector(out, "gemma3", 0, 576)``).
+- ``idefics3`` (SmolVLM's projector type; default width 576) pairs with no test model: the same ViT over 32x32
+  tiles, a 2x2 pixel-shuffle and ``mm.model.fc``; libmtmd wraps its images in SmolVLM's own tokens
+  (``<fake_token_around_image>``, ``<global-img>``), which SmolLM2's vocabulary lacks (libmtmd gets -1 and ollapy
+  refuses the prompt). It is for a real SmolVLM text GGUF, which has them.
 
 The keys and tensor names are the ones llama.cpp's ``tools/mtmd/clip.cpp`` loader reads (``clip.*`` metadata,
 ``v.blk.N.*`` tensors). Deterministic: the same type and seed give the same bytes (NumPy's PCG64 from the seed,
@@ -124,8 +123,9 @@ def write_projector(out: Path, kind: str, seed: int, width: int | None = None) -
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="the projector GGUF to write")
-    ap.add_argument("--type", dest="kind", choices=sorted(TEXT_WIDTH), default="idefics3",
-                    help="projector type (idefics3 pairs with SmolLM2-135M, gemma3 with Gemma 3 270M)")
+    ap.add_argument("--type", dest="kind", choices=sorted(TEXT_WIDTH), default="gemma3",
+                    help="projector type (gemma3 pairs with Gemma 3 270M, or SmolLM2-135M with --width 576; "
+                         "idefics3 needs a SmolVLM text model)")
     ap.add_argument("--seed", type=int, default=0, help="random seed (the same seed writes the same bytes)")
     ap.add_argument("--width", type=int, default=0, help="output width (default: the type's test model's n_embd)")
     args = ap.parse_args(argv)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -187,6 +188,16 @@ def test_every_route_answers_random_bodies_in_its_format(app_client, data):
         create_model("smol", app_client.modelfile, app_client.base)
 
 
+@pytest.fixture
+def smol(app_client):
+    """``app_client`` with `smol` in the test's store (each test gets a fresh store: conftest's _isolated_dirs)."""
+    from ollapy.store import create_model, list_models
+
+    if "smol:latest" not in {m.name for m in list_models()}:
+        create_model("smol", app_client.modelfile, app_client.base)
+    return app_client
+
+
 def test_every_route_is_fuzzed(app_client):
     routes = _routes(app_client.app)
     assert ("POST", "/api/chat") in routes and ("POST", "/v1/chat/completions") in routes
@@ -204,3 +215,207 @@ def test_deep_nesting_and_out_of_range_options_are_400s(app_client):
                                ("num_ctx", 2**40, "at most 8388608"), ("top_k", 2**40, "between")):
         r = app_client.post("/api/generate", json={"model": "smol", "prompt": "Hi", "options": {name: value}})
         assert r.status_code == 400 and f"option {name} must be {words}" in r.json()["error"], r.text
+
+
+# ---- /api/create: every field is data, never a Modelfile line (issue 53, finding 1) -----------------------
+_OPENED: list[str] = []
+_WATCHED: list[str] = []  # the directory whose opens are recorded while a create runs (empty: none)
+
+
+def _audit(event: str, args) -> None:
+    if event == "open" and _WATCHED and isinstance(args[0], (str, bytes)):
+        path = args[0].decode(errors="replace") if isinstance(args[0], bytes) else args[0]
+        if path.startswith(_WATCHED[0]):
+            _OPENED.append(path)
+
+
+@pytest.fixture(scope="module")
+def secret_dir(tmp_path_factory, smollm2_path) -> str:
+    """A server directory holding a GGUF and a text file that no create request may read (no --allow-paths)."""
+    import shutil
+    import sys
+
+    d = tmp_path_factory.mktemp("secret")
+    (d / "secret.gguf").write_bytes(smollm2_path.read_bytes()[: 1 << 20])
+    if Path("/etc/passwd").exists():
+        shutil.copy("/etc/passwd", d / "secret.txt")
+    else:
+        (d / "secret.txt").write_text("root:x:0:0")
+    sys.addaudithook(_audit)  # process-wide and permanent: it records only while _WATCHED names a directory
+    return str(d)
+
+
+def _secret_pieces(secret: str) -> list[str]:
+    return ["\n", "\r\n", '"', '"""', "FROM ", "DRAFT ", "ADAPTER ", "PARAMETER ", "MESSAGE user ", "SYSTEM ",
+            "TEMPLATE ", "LICENSE ", "#", "\x00", " ", "\t", f"{secret}/secret.gguf", f"{secret}/secret.txt",
+            "./secret.gguf", "../", "~/", "smol", "@sha256:" + "0" * 64, "temperature 0", "num_ctx 99", "stop",
+            "{{ .Prompt }}", "{% if x %}", "draft", "user", "ngram", "\u00e9", "\\"]
+
+
+def _create_body(data, secret: str) -> dict:
+    pieces = _secret_pieces(secret)
+    keyword = st.sampled_from(["FROM", "DRAFT", "ADAPTER", "PARAMETER draft", "PARAMETER num_ctx", "MESSAGE user",
+                               "SYSTEM", "TEMPLATE", "LICENSE", "from", "# FROM"])
+    target = st.sampled_from([f"{secret}/secret.gguf", f"{secret}/secret.txt", "./secret.gguf", "smol",
+                              '"""x"""', '"x', "1"])
+    line = st.builds(lambda kw, arg, end: f"{kw} {arg}{end}", keyword, target,
+                     st.sampled_from(["", "\n", "\r\n", "\nSYSTEM", "\nLICENSE", "\n#"]))
+    injected = st.builds(lambda head, ln, quote: f"{head}{quote}\n{ln}", st.sampled_from(["user", "hi", "a", ""]),
+                         line, st.sampled_from(["", '"', '"""']))
+    text = st.one_of(injected, injected, st.lists(st.sampled_from(pieces) | st.text(max_size=4) | line,
+                                                  max_size=6).map("".join))
+    value = text | JSON | st.just("x" * 300_000)
+    body: dict = {"model": "fz", "stream": False, "from": "smol"}  # valid: each drawn field replaces one or adds one
+    fields = {
+        "from": st.sampled_from(["smol", f"{secret}/secret.gguf", f"{secret}/secret.txt"]) | value,
+        "files": st.dictionaries(text, st.sampled_from([f"{secret}/secret.gguf", "sha256:" + "0" * 64]) | value,
+                                 max_size=3) | JSON,
+        "modelfile": st.lists(text, max_size=6).map("\n".join).map(lambda t: "FROM smol\n" + t) | value,
+        "parameters": st.dictionaries(st.sampled_from(["stop", "draft", "temperature", "num_ctx", "seed"]) | text,
+                                      value, max_size=3) | JSON,
+        "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]) | text | JSON,
+                                                    "content": value}), max_size=3) | JSON,
+        "system": value, "template": value, "license": value | st.lists(text, max_size=3), "quantize": value,
+        "adapters": value, "from_": value, "model": st.sampled_from(["fz:1", "fz2"]) | text | JSON, "stream": JSON,
+    }
+    for name in data.draw(st.sets(st.sampled_from(sorted(fields)), min_size=1, max_size=3), label="fields"):
+        body[name] = data.draw(fields[name], label=name)
+    return body
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(data=st.data())
+def test_create_fields_read_no_server_file_and_answer_alike(smol, secret_dir, data):
+    """Every /api/create field fuzzed with newlines, quotes, Modelfile keywords, NULs, huge and wrongly typed
+    values, and server paths: no 5xx, no file under a server directory opened (the server runs without
+    --allow-paths), and the same answer whether the named files exist or not (no path oracle)."""
+    body = _create_body(data, secret_dir)
+    answers = []
+    for secret in (secret_dir, secret_dir[:-1] + "~"):  # the files, then a directory of the same length that is not
+        _OPENED.clear()
+        _WATCHED[:] = [secret_dir]
+        try:
+            raw = json.dumps(body).replace(json.dumps(secret_dir)[1:-1], json.dumps(secret)[1:-1])
+            r = smol.post("/api/create", content=raw, headers={"content-type": "application/json"})
+        finally:
+            _WATCHED.clear()
+        _check_answer("POST", "/api/create", r)
+        assert _OPENED == [], (_OPENED, raw[:300])
+        answers.append((r.status_code, r.text.replace(secret, secret_dir)))
+    assert answers[0] == answers[1], answers
+
+
+# ---- content parts of every route and shape (issue 53, finding 7) -------------------------------------------
+_PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElF"
+        "TkSuQmCC")
+_PART_TYPES = ["text", "input_text", "output_text", "summary_text", "refusal", "image_url", "input_image", "image",
+               "input_audio", "file", "input_file", "document", "tool_use", "tool_result", "thinking", "bogus"]
+_URLS = st.sampled_from([_PNG, "http://127.0.0.1:9/x.png", "data:,x", "data:image/png;base64,@@", "", "x"])
+_SOURCE = st.fixed_dictionaries({"type": st.sampled_from(["base64", "url", "file", "x"]) | JSON}, optional={
+    "data": st.sampled_from([_PNG.split(",")[1], "@@", ""]) | JSON, "url": _URLS | JSON, "media_type": JSON})
+_PART_FIELDS = {  # each type's own fields, well-formed or not
+    "text": {"text": st.text(max_size=8) | JSON}, "input_text": {"text": st.text(max_size=8) | JSON},
+    "output_text": {"text": JSON}, "summary_text": {"text": JSON}, "refusal": {"refusal": st.text(max_size=8) | JSON},
+    "image_url": {"image_url": _URLS | st.fixed_dictionaries({"url": _URLS | JSON}, optional={"detail": JSON}) | JSON},
+    "input_image": {"image_url": _URLS | JSON, "file_id": JSON, "detail": JSON},
+    "image": {"source": _SOURCE | JSON}, "input_audio": {"input_audio": JSON}, "file": {"file": JSON},
+    "input_file": {"file_id": JSON}, "document": {"source": JSON},
+    "tool_use": {"id": st.just("c1") | JSON, "name": st.just("f") | JSON, "input": JSON},
+    "tool_result": {"tool_use_id": st.just("c1") | JSON, "is_error": JSON,
+                    "content": JSON | st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": JSON}))},
+    "thinking": {"thinking": JSON, "signature": JSON}, "bogus": {"x": JSON},
+}
+_PART = (st.sampled_from(sorted(_PART_FIELDS)).flatmap(
+    lambda t: st.fixed_dictionaries({"type": st.just(t)}, optional=_PART_FIELDS[t]))
+    | st.text(max_size=6) | JSON)
+_PARTS = st.lists(_PART, min_size=1, max_size=2)
+_CONTENT = st.one_of(_PARTS, _PARTS, _PARTS, st.text(max_size=8), JSON)
+_CALLS = st.lists(st.fixed_dictionaries({}, optional={"id": JSON, "type": JSON, "function": st.fixed_dictionaries(
+    {}, optional={"name": st.sampled_from(["f", ""]) | JSON, "arguments": JSON | st.just('{"a": 1}')}) | JSON}),
+    max_size=2) | JSON
+_ROLES = st.sampled_from(["user", "assistant", "system", "tool", "developer"])
+_ROLE = st.one_of(_ROLES, _ROLES, _ROLES, JSON)
+_MSG = st.fixed_dictionaries({"role": _ROLE, "content": _CONTENT}, optional={
+    "images": st.lists(st.sampled_from([_PNG.split(",")[1], "@@"]) | JSON, max_size=2) | JSON, "tool_calls": _CALLS,
+    "tool_call_id": JSON, "name": JSON, "thinking": JSON})
+_ITEM = st.fixed_dictionaries({"type": st.sampled_from(["message", "function_call", "function_call_output",
+                                                        "custom_tool_call", "reasoning", "bogus"]) | JSON},
+                              optional={"role": _ROLE, "content": _CONTENT, "output": _CONTENT, "summary": _CONTENT,
+                                        "name": JSON, "call_id": JSON, "arguments": JSON, "input": JSON})
+CONTENT_BODIES = {
+    "/api/chat": st.fixed_dictionaries({"messages": st.lists(_MSG, min_size=1, max_size=2)}),
+    "/api/generate": st.fixed_dictionaries({"images": st.lists(st.sampled_from([_PNG.split(",")[1], "@@"]) | JSON,
+                                                               max_size=2) | JSON}),
+    "/v1/chat/completions": st.fixed_dictionaries({"messages": st.lists(_MSG, min_size=1, max_size=2)}),
+    "/v1/responses": st.fixed_dictionaries({"input": st.lists(_ITEM, min_size=1, max_size=2)}),
+    "/v1/messages": st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system"]) | JSON, "content": _CONTENT}), min_size=1,
+        max_size=2)}, optional={"system": _CONTENT}),
+}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(data=st.data())
+def test_content_parts_of_every_shape_are_never_a_5xx(smol, data):
+    """Every content-part parser (chat messages with images and tool calls, generate's images, OpenAI's parts,
+    Responses' input items, Anthropic's blocks and image sources) on random shapes: a 2xx or a 400 in the route's
+    own error format, never a 5xx (``{"type": "image", "source": "x"}`` in /v1/chat/completions was a 500)."""
+    path = data.draw(st.sampled_from(sorted(CONTENT_BODIES)), label="route")
+    body = {**VALID[path], **data.draw(CONTENT_BODIES[path], label="body")}
+    r = smol.post(path, content=_bounded(json.dumps(body).encode()), headers={"content-type": "application/json"})
+    _check_answer("POST", path, r)
+
+
+def test_an_image_part_of_the_wrong_shape_is_a_400_naming_it(smol):
+    r = smol.post("/v1/chat/completions", json={**VALID["/v1/chat/completions"], "messages": [
+        {"role": "user", "content": [{"type": "image", "source": "x"}]}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("content.0.source: input should be"), r.text
+
+
+def _injections(secret: str) -> list[str]:
+    """Modelfile lines that read a server file if a value were parsed as Modelfile text (the closing ``SYSTEM``
+    swallows whatever the server writes after the value on that line)."""
+    return [f"user\n{kw} {secret}/{name}\nSYSTEM" for kw in ("FROM", "DRAFT", "PARAMETER draft", "ADAPTER")
+            for name in ("secret.gguf", "secret.txt")] + [f'x"""\nFROM {secret}/secret.gguf\nSYSTEM """y',
+                                                           f'x"\nFROM {secret}/secret.gguf\n#']
+
+
+def _with_payload(field: str, payload: str) -> dict:
+    """A valid create request (FROM the store's `smol`) with ``payload`` in ``field``: as the value, or as a message's
+    role and content, a parameter's key and value, a file name."""
+    body: dict = {"model": "fz", "stream": False, "from": "smol"}
+    if field == "messages":
+        body["messages"] = [{"role": payload, "content": "hi"}, {"role": "user", "content": payload}]
+    elif field == "parameters":
+        body["parameters"] = {"stop": [payload], payload: 1}
+    elif field == "files":
+        body.pop("from")
+        body["files"] = {payload: "sha256:" + "0" * 64}
+    elif field == "license":
+        body["license"] = [payload, payload]
+    else:
+        body[field] = payload
+    return body
+
+
+def test_modelfile_lines_in_every_create_field_are_data(smol, secret_dir):
+    """Each /api/create field given text that holds Modelfile lines naming server files (a role of
+    ``user\\nFROM /path\\nSYSTEM`` read /path as the projector): no server file is opened, and the answer is the
+    same whether the files exist or not (no path oracle)."""
+    missing = secret_dir[:-1] + "~"
+    for field in ("model", "from", "files", "modelfile", "parameters", "messages", "system", "template", "license",
+                  "quantize", "adapters"):
+        for payload in _injections(secret_dir):
+            answers = []
+            for d in (secret_dir, missing):
+                _OPENED.clear()
+                _WATCHED[:] = [secret_dir]
+                try:
+                    r = smol.post("/api/create", json=_with_payload(field, payload.replace(secret_dir, d)))
+                finally:
+                    _WATCHED.clear()
+                _check_answer("POST", "/api/create", r)
+                assert _OPENED == [], (field, payload, _OPENED)
+                answers.append((r.status_code, r.text.replace(d, secret_dir)))
+            assert answers[0] == answers[1], (field, payload, answers)

@@ -82,6 +82,30 @@ def test_bad_images_are_400(server, images, words):
     assert r.status_code == 400 and words in r.json()["error"], r.text
 
 
+def test_generate_context_of_an_image_prompt_round_trips(server):
+    """The context /api/generate returns for an image prompt held the image's placeholder ids (negative), and
+    sending it back was a 400 ("context holds -760761467, not a token id"). As Ollama's, it holds token ids only
+    (the picture is never in a context) and is taken back."""
+    _, oc = server
+    g = oc.generate(model="vis", prompt="Describe it.", images=[picture(4)], options=OPTS)
+    assert g.context and min(g.context) >= 0
+    again = oc.generate(model="vis", prompt="And the colours?", context=g.context, options=OPTS)
+    assert again.response and again.done_reason
+
+
+def test_official_client_creates_a_vision_model_from_files(server, smollm2_path, tmp_path):
+    """What ``ollama.Client.create`` sends for a vision model, ``files`` = the GGUF and its projector (issue 53,
+    finding 10: a 400 "create from files needs exactly one .gguf file" before); the model then takes images."""
+    _, oc = server
+    proj = _script().write_projector(tmp_path / "mmproj-other.gguf", "gemma3", 5, 576)
+    files = {"model.gguf": oc.create_blob(smollm2_path), "mmproj.gguf": oc.create_blob(proj)}
+    assert oc.create(model="vis-files", files=files).status == "success"
+    assert "vision" in oc.show("vis-files").capabilities
+    r = oc.chat(model="vis-files", messages=[{"role": "user", "content": "Describe it.", "images": [picture(5)]}],
+                options=OPTS)
+    assert r.message.content and r.prompt_eval_count > 16
+
+
 def test_remote_image_url_refused_on_v1(server):
     import openai
 

@@ -212,14 +212,15 @@ class Conversation:
         system prompt, the options (``-o`` and ``/set parameter``) as PARAMETERs and the chat so far as
         MESSAGEs. Goes through the store's ``create_model``; returns the stored name. Raises UsageError
         (bad name), ModelNotFound."""
+        from ollapy.options import coerce_option
         from ollapy.store import create_model
-        from ollapy.store.modelfile import format_modelfile
+        from ollapy.store.modelfile import Modelfile
 
         system = settings.system if settings.system is not None else self.system
-        params = {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()}
+        params = {k: list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v) for k, v in self.options.items()}
         msgs = [{"role": m["role"], "content": m.get("content", "")} for m in self.messages if m["role"] != "system"]
-        text = format_modelfile(self.base or self.name, params, system, None, None, msgs)
-        return create_model(name, text, Path.cwd(), quiet=True).name
+        spec = Modelfile(from_=str(self.base or self.name), parameters=params, system=system or None, messages=msgs)
+        return create_model(name, spec, Path.cwd(), quiet=True).name  # the values as they are: no Modelfile text
 
     def switch_model(self, name: str, settings: RunSettings) -> None:
         """Unload the current model and load ``name`` (Ollama's ``/load``): its system prompt and messages

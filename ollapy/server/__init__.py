@@ -9,6 +9,7 @@ Shared, at this level:
 - :mod:`.embedding`: embedding requests shared by Ollama's and OpenAI's routes.
 - :mod:`.fim`: code completion (fill-in-the-middle) shared by ``/api/generate``, ``/v1/completions`` and ``/infill``.
 - :mod:`.bodies`: the request-body bases every API shares (the ``model`` rule, tools, history, ``think``).
+- :mod:`.content`: a message's content parts in every API's shapes (text, images, refused kinds), one parser.
 - :mod:`.http`, :mod:`.errors`: reading a body, error responses, streaming; the one exception→status table.
 - :mod:`.auth`, :mod:`.hosts`, :mod:`.origins`, :mod:`.metrics`: the API key; the ``Host`` allow-list (DNS
   rebinding); the ``Origin`` allow-list (CORS, and 403 to other sites' pages); Prometheus ``/metrics``.

@@ -11,6 +11,7 @@ more, like Ollama's ``OLLAMA_ORIGINS``) and a page of any other origin is refuse
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -106,6 +107,10 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        from ollapy.server.ollama.models import sweep_uploads
+        from ollapy.store.pull import local_store
+
+        await asyncio.to_thread(sweep_uploads, local_store().blobs)  # partial uploads a killed server left
         runtime.start()
         try:
             yield

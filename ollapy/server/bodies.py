@@ -199,6 +199,9 @@ def read_history(messages: list) -> list:
             out.append(m)
             continue
         m = dict(m)
+        for key in ("tool_call_id", "tool_name", "name"):
+            if m.get(key) is not None and not isinstance(m[key], str):
+                raise OptionError(f"messages.{i}.{key} must be a string")
         if m.get("tool_calls"):
             if not isinstance(m["tool_calls"], list):
                 raise OptionError(f"messages.{i}.tool_calls must be a list")

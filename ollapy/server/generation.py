@@ -24,7 +24,7 @@ from ollapy.chat import generic_tools
 from ollapy.chat.reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
 from ollapy.chat.thinking import prompt_opens_thinking, think_enabled
 from ollapy.chat.toolcalls import detect_family
-from ollapy.engine.media import check_count, decode_base64_image, refuse_remote
+from ollapy.engine.media import check_count, decode_base64_image
 from ollapy.errors import ContextOverflow, ImageError, OptionError
 from ollapy.options import api_options
 
@@ -62,18 +62,10 @@ def _clean_message(m: Any) -> dict:
     if content is None:
         content = ""
     images: list[bytes] = []
-    if isinstance(content, list):  # OpenAI content parts (image_url, Responses' input_image, Anthropic's image)
-        parts = []
-        for p in content:
-            if isinstance(p, dict) and p.get("type") in ("text", "input_text"):
-                parts.append(str(p.get("text", "")))
-            elif isinstance(p, str):
-                parts.append(p)
-            elif isinstance(p, dict) and p.get("type") in ("image_url", "input_image", "image"):
-                images.append(image_part(p))
-            else:
-                raise OptionError("only text and image content parts are supported", hint="audio is not supported")
-        content = "".join(parts)
+    if isinstance(content, list):  # OpenAI content parts (image_url), Responses' (input_image), Anthropic's (image)
+        from ollapy.server.content import read_parts
+
+        content, images = read_parts(content, "content")
     if not isinstance(content, str):
         raise OptionError("message content must be a string")
     if m.get("images"):  # Ollama's base64 strings
@@ -101,29 +93,6 @@ def _not_b64(x: Any) -> bytes:
     if isinstance(x, bytes):
         return x
     raise ImageError("each image must be a base64 string", hint="send the image file's bytes base64-encoded")
-
-
-def image_part(p: dict) -> bytes:
-    """The bytes of an image content part: OpenAI's ``image_url`` (``{"url": "data:..."}``), Responses'
-    ``input_image`` (``image_url`` a string), Anthropic's ``image`` (``source`` of type base64). A remote
-    ``http(s)`` URL is refused (ImageError, 400): this server never fetches images."""
-    if p.get("type") == "image":
-        src = p.get("source") or {}
-        if src.get("type") == "url":
-            refuse_remote(str(src.get("url", "")))
-        if src.get("type") != "base64" or not isinstance(src.get("data"), str):
-            raise ImageError("image blocks need a base64 source", hint='send {"type": "base64", "media_type", "data"}')
-        return decode_base64_image(src["data"])
-    url = p.get("image_url")
-    if isinstance(url, dict):
-        url = url.get("url")
-    if not isinstance(url, str) or not url:
-        raise ImageError("image part without an image_url", hint="send a base64 data: URI")
-    if url.startswith(("http://", "https://")):
-        refuse_remote(url)
-    if not url.startswith("data:"):
-        raise ImageError("image_url must be a data: URI", hint="send data:image/png;base64,...")
-    return decode_base64_image(url)
 
 
 LIVE: weakref.WeakSet[Generation] = weakref.WeakSet()
@@ -260,6 +229,15 @@ def context_field(value: Any) -> list[int] | None:
             raise OptionError(f"context holds {t!r}, not a token id (a non-negative integer)",
                               hint="send back the context an earlier /api/generate call returned")
     return value
+
+
+def returned_context(tokens: list[int]) -> list[int]:
+    """The ``context`` /api/generate returns for a prompt's and answer's ``tokens``: every token id, an image's
+    placeholder ids (negative, :func:`ollapy.engine.media.placeholder_ids`) left out. Ollama's context is the
+    tokenized prompt text and answer, in which an image is only its ``[img-N]`` tag: the picture itself is never
+    in a context. So a returned context always passes :func:`context_field` when sent back (the earlier turn's
+    text; send the image again to ask about it)."""
+    return [t for t in tokens if t >= 0]
 
 
 def with_context(prompt, context: list[int], n_vocab: int, bos: int | None):

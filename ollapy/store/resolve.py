@@ -24,6 +24,7 @@ from ollapy.store.layout import (
     Store,
     digest_hex,
 )
+from ollapy.store.modelfile import Modelfile
 from ollapy.store.names import ModelName, looks_like_path, parse_name
 from ollapy.store.ollama_store import ollama_store
 from ollapy.store.pull import local_store, not_found, pull_model
@@ -240,10 +241,12 @@ def copy_model(src: str, dst: str) -> ModelName:
     return d
 
 
-def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = False, *,
+def create_model(name: str, modelfile: str | Modelfile, base_dir: Path, quiet: bool = False, *,
                  quantize: tuple[str, Any, Any] | None = None) -> ModelRef:
-    """Register a model from Modelfile text (FROM path resolved against ``base_dir``) without copying the GGUF.
+    """Register a model from a Modelfile (FROM path resolved against ``base_dir``) without copying the GGUF.
 
+    ``modelfile`` is Modelfile text (a user's file, parsed here once) or a :class:`Modelfile` built by a caller
+    from structured fields (``/api/create``'s JSON: no text round trip, so no value can become an instruction).
     The GGUF is hard-linked into the store where possible, otherwise referenced
     by path (``show`` reports it). ``ADAPTER`` files are checked and linked the same way
     (:mod:`ollapy.store.adapters`). ``quantize`` = ``(type, quantizer, progress)``: the model GGUF (F16/F32 only)
@@ -256,7 +259,8 @@ def create_model(name: str, modelfile_text: str, base_dir: Path, quiet: bool = F
     from ollapy.store.pull import extra_layers
 
     target = parse_name(name)
-    mf = parse_modelfile(modelfile_text)
+    mf = parse_modelfile(modelfile) if isinstance(modelfile, str) else modelfile
+    assert isinstance(mf, Modelfile) and mf.from_, "a Modelfile names its FROM"
     template = jinja_template(mf.template) if mf.template else None  # Ollama's Go templates become Jinja
     own = local_store()
     src_path = Path(mf.from_).expanduser()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import logging
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,13 +36,23 @@ def _mtmd():
     return mtmd_cpp
 
 
+_BLOB_NAME = re.compile(r"sha256-([0-9a-f]{64})")
+
+
 def projector_identity(path: Path) -> bytes:
-    """16 bytes naming a projector file's content: blake2b of its size and first MiB (cheap; stable across processes)."""
-    h = hashlib.blake2b(digest_size=16)
+    """16 bytes naming a projector file's whole content: its sha256 (the first 16 bytes).
+
+    A store blob (``blobs/sha256-<hex>``: named by the digest checked when it was pulled, uploaded or linked, also
+    through a symlink to it) gives it without reading the file; any other file is hashed once, in 1 MiB reads. Two
+    projectors that differ anywhere never share image states in the prompt cache."""
+    m = _BLOB_NAME.fullmatch(path.name)
+    if m is not None and path.parent.name == "blobs":
+        return bytes.fromhex(m.group(1))[:16]
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        h.update(str(path.stat().st_size).encode())
-        h.update(f.read(_IDENTITY_BYTES))
-    return h.digest()
+        while block := f.read(_IDENTITY_BYTES):
+            h.update(block)
+    return h.digest()[:16]
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ollapy.errors import OptionError
 from ollapy.server.bodies import Body, checked_model, read_history
+from ollapy.server.content import ImageSource
 
 log = logging.getLogger("ollapy.server")
 
@@ -77,7 +78,7 @@ class ImageBlock(Body):
     source is refused where the prompt is built: the server never fetches images)."""
 
     type: Literal["image"]
-    source: dict[str, Any]
+    source: ImageSource
 
 
 ContentBlock = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock | ImageBlock,
@@ -220,7 +221,7 @@ class CountTokensBody(Body):
                 elif isinstance(b, ThinkingBlock) and m.role == "assistant":
                     thinking.append(b.thinking)
                 elif isinstance(b, ImageBlock):
-                    images.append({"type": "image", "source": b.source})
+                    images.append({"type": "image", "source": b.source.model_dump(exclude_none=True)})
 
             msg: dict = {"role": m.role, "content": "".join(texts)}
             if images:  # read by the prompt builder (server.generation), which decodes them for a vision model

@@ -4,6 +4,7 @@
 - :mod:`.routes`: generation: ``/api/generate``, ``/api/chat``, ``/api/version``, ``/``.
 - :mod:`.models`: model management: ``/api/tags``, ``/api/show``, ``/api/pull``, ``/api/create``,
   ``/api/copy``, ``/api/delete``, ``/api/ps``.
+- :mod:`.create`: ``/api/create``'s fields as a model configuration (no Modelfile text round trip; the path rule).
 - :mod:`.embed`: ``/api/embed`` and the legacy ``/api/embeddings``.
 - :mod:`.details`: model descriptions shared by ``/api/ps``, ``/api/tags`` and ``/api/show``.
 """

@@ -15,7 +15,6 @@ from ollapy.server.bodies import (
     check_name,
     read_history,
     read_think,
-    refusal,
 )
 
 
@@ -148,10 +147,12 @@ class PullBody(StoreNameBody):
 
 class CreateBody(StoreNameBody):
     """``/api/create``: ``from`` (or ``from_``), ``files``, the legacy ``modelfile``, and the fields that override
-    it (typed as Ollama's Go struct types them); ``quantize`` and ``adapters`` are refused."""
+    it (typed as Ollama's Go struct types them); ``quantize`` (or ``quantization``) names a llama-quantize type and
+    ``adapters`` maps LoRA file names to uploaded blob digests, as Ollama's client sends them."""
 
-    quantize: Any = None
-    adapters: Any = None
+    quantize: str | None = None
+    quantization: str | None = None
+    adapters: dict[str, str] | None = None
     from_: Any = Field(None, alias="from")
     from_underscore: Any = Field(None, alias="from_")
     files: Any = None  # {file name: blob digest}, checked where the Modelfile is built
@@ -162,9 +163,6 @@ class CreateBody(StoreNameBody):
     template: str | None = None
     messages: list[dict] | None = None
     stream: bool = True
-
-    _no_quantize = refusal("quantize", "quantize is not supported by ollapy", UsageError)
-    _no_adapters = refusal("adapters", "adapters are not supported by ollapy", UsageError)
 
     @property
     def source(self) -> Any:

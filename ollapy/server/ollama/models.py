@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-import re
 import tempfile
 import threading
 import time
@@ -27,7 +26,9 @@ from ollapy.server.bodies import NamedBody, check_name
 from ollapy.server.errors import redact_paths
 from ollapy.server.http import err, errors_as_json, ndjson_response, read_body, state_of
 from ollapy.server.ollama.bodies import CopyBody, CreateBody, PullBody, StoreNameBody
+from ollapy.server.ollama.create import create_spec
 from ollapy.server.ollama.details import gguf_info, iso_time, model_details
+from ollapy.store.adapters import quant_type
 
 router = APIRouter()
 
@@ -209,17 +210,23 @@ async def _threaded_progress(request: Request, work: Callable[[Callable[[dict], 
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
 
+    def put(item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, item)
+        except RuntimeError:  # the loop closed: the client (and the route) went away, nobody reads statuses
+            pass
+
     def emit(obj: dict) -> None:
-        loop.call_soon_threadsafe(q.put_nowait, obj)
+        put(obj)
 
     def run() -> None:
         try:
             work(emit)
             emit({"status": "success"})
         except BaseException as exc:  # noqa: BLE001
-            loop.call_soon_threadsafe(q.put_nowait, exc)
+            put(exc)
         finally:
-            loop.call_soon_threadsafe(q.put_nowait, None)
+            put(None)
 
     threading.Thread(target=run, name="ollapy-store-op", daemon=True).start()
     if not stream:
@@ -270,9 +277,9 @@ async def api_pull(request: Request):
 async def api_create(request: Request):
     try:
         body = CreateBody.from_dict(await read_body(request))
-        from ollapy.store.modelfile import format_modelfile, parse_modelfile
-
-        text = _create_modelfile(body, parse_modelfile, format_modelfile, state_of(request).runtime.allow_paths)
+        spec = create_spec(body, state_of(request).runtime.allow_paths)  # from the fields: no Modelfile text
+        qname = body.quantize or body.quantization
+        qtype = quant_type(qname) if qname else None
     except Exception as exc:  # noqa: BLE001
         return err(exc)
 
@@ -280,104 +287,22 @@ async def api_create(request: Request):
         from ollapy.store import create_model
 
         emit({"status": "reading model metadata"})
+        quantize = None
+        if qtype is not None:
+            from ollapy.engine.system import quantize_model
+
+            status = f"quantizing model to {qtype.upper()}"
+
+            def progress(done: int, total: int) -> None:  # Ollama's create progress: tensors done of total
+                emit({"status": status, "digest": "0", "total": total, "completed": done})
+
+            emit({"status": status})
+            quantize = (qtype, quantize_model, progress)
         with tempfile.TemporaryDirectory(prefix="ollapy-create-") as nowhere:  # FROM never resolves against the cwd
-            create_model(body.model, text, Path(nowhere), quiet=True)
+            create_model(body.model, spec, Path(nowhere), quiet=True, quantize=quantize)
         emit({"status": "writing manifest"})
 
     return await _threaded_progress(request, work, body.stream)
-
-
-CREATE_PATHS_REFUSED = "create takes a model name or an uploaded blob, not a file path on the server"
-CREATE_PATHS_HINT = ("upload the GGUF with POST /api/blobs/sha256:<digest> and pass files={name: digest}, "
-                     "or start the server with `ollapy serve --allow-paths` for absolute paths")
-
-
-def _blob_file(digest: str) -> str:
-    """The store file of an uploaded blob (``sha256:<hex>``, ``sha256-<hex>``, ``@sha256:<hex>``); UsageError when
-    the digest is malformed or the blob was not uploaded (only the blob store is consulted, never other paths)."""
-    from ollapy.store.pull import local_store
-
-    try:
-        path = local_store().blob_path(str(digest).strip().removeprefix("@"))
-    except ValueError:
-        raise UsageError(f"bad digest {str(digest)[:30]!r}", hint="use sha256:<64 hex digits>") from None
-    if not path.is_file():
-        raise UsageError(f"blob {str(digest).removeprefix('@')[:19]} was not uploaded",
-                         hint="POST it to /api/blobs/<digest> first")
-    return str(path)
-
-
-def create_source(src: str, allow_paths: bool) -> str:
-    """The FROM of an /api/create request as ``create_model`` takes it.
-
-    A digest (``sha256:<hex>``, ``@sha256:<hex>``) becomes its uploaded blob's
-    file; a store name stays as it is; an absolute path passes only with
-    ``serve --allow-paths``. Any other path (relative, ``~``, ``../x.gguf``,
-    ``/etc/passwd`` without the flag) raises PathNotAllowed with the same
-    message whether or not the file exists: nothing on disk is looked at.
-    """
-    from ollapy.errors import PathNotAllowed
-    from ollapy.runner.loader import is_path_like, is_path_name
-    from ollapy.store import parse_name
-
-    text = str(src).strip()
-    if re.fullmatch(r"@?sha256[:-][0-9a-fA-F]{64}", text):
-        return _blob_file(text)
-    if is_path_like(text):
-        if allow_paths and is_path_name(text):
-            return text
-        raise PathNotAllowed(CREATE_PATHS_REFUSED, hint=CREATE_PATHS_HINT)
-    parse_name(text)
-    return text
-
-
-def _create_modelfile(body: CreateBody, parse_modelfile, format_modelfile, allow_paths: bool = False) -> str:
-    """Modelfile text for /api/create: the legacy ``modelfile`` field, or ``from``/``files`` + fields.
-
-    FROM is checked by :func:`create_source` (store names and uploaded blobs;
-    absolute paths only with ``allow_paths``). Raises UsageError/PathNotAllowed.
-    """
-    src = body.source
-    files = body.files or {}
-    legacy = body.modelfile
-    if legacy:
-        mf = parse_modelfile(legacy)
-        src = src or mf.from_
-        base = {"parameters": mf.parameters, "system": mf.system, "template": mf.template,
-                "license": "\n".join(mf.license) or None, "messages": mf.messages}
-    else:
-        base = {"parameters": {}, "system": None, "template": None, "license": None, "messages": []}
-    if files:
-        if not isinstance(files, dict):
-            raise UsageError("files must map file names to sha256 digests")
-        ggufs = [d for f, d in files.items() if str(f).lower().endswith(".gguf")] or list(files.values())
-        if len(ggufs) != 1:
-            raise UsageError("create from files needs exactly one .gguf file", hint="split GGUFs: create from a path")
-        src = _blob_file(str(ggufs[0]))
-    elif src:
-        if not isinstance(src, str):
-            raise UsageError("from must be a model name or a blob digest")
-        src = create_source(src, allow_paths)
-    if not src:
-        raise UsageError("create needs from, files or modelfile")
-    params = dict(base["parameters"])
-    if isinstance(body.parameters, dict):
-        from ollapy.options import coerce_option
-
-        for k, v in body.parameters.items():
-            params[k] = list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v)
-    if isinstance(params.get("draft"), str):  # DRAFT lines and parameters.draft: no server paths either
-        from ollapy.options import draft_model
-        from ollapy.server.scheduler import DRAFT_PATHS_REFUSED, check_server_path
-
-        check_server_path(draft_model(params["draft"]) or "", allow_paths, DRAFT_PATHS_REFUSED,
-                          "name a draft model from `ollapy list`, or start the server with `ollapy serve "
-                          "--allow-paths` for absolute paths")
-    lic = body.license
-    if isinstance(lic, list):
-        lic = "\n".join(lic)
-    return format_modelfile(src, params, body.system or base["system"], body.template or base["template"],
-                            lic or base["license"], list(body.messages or base["messages"]))
 
 
 @router.head("/api/blobs/{digest}")
@@ -393,7 +318,11 @@ async def blob_head(digest: str):
 
 @router.post("/api/blobs/{digest}")
 async def blob_upload(digest: str, request: Request):
-    """Store an uploaded blob under ``blobs/`` after checking its sha256 (never anywhere else)."""
+    """Store an uploaded blob under ``blobs/`` after checking its sha256 (never anywhere else).
+
+    The bytes go to a temp file (``blobs/.upload-*``) renamed into place when the digest matches; every other exit
+    (digest mismatch, client gone, the request cancelled at shutdown, any exception) removes it in a ``finally``.
+    A file a killed process left is swept at the next start (:func:`sweep_uploads`)."""
     from ollapy.store.layout import digest_hex
     from ollapy.store.pull import local_store
 
@@ -403,8 +332,9 @@ async def blob_upload(digest: str, request: Request):
         return err(UsageError(f"bad digest {digest[:30]!r}"))
     store = local_store()
     store.blobs.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=store.blobs, prefix=".upload-")
+    fd, tmp = tempfile.mkstemp(dir=store.blobs, prefix=UPLOAD_PREFIX)
     h = hashlib.sha256()
+    stored = False
     try:
         with os.fdopen(fd, "wb") as f:
             async for part in request.stream():
@@ -413,7 +343,31 @@ async def blob_upload(digest: str, request: Request):
         if h.hexdigest() != hexd:
             raise UsageError("digest mismatch", hint="the uploaded bytes do not match the digest in the URL")
         os.replace(tmp, store.blob_path(hexd))
+        stored = True
     except Exception as exc:  # noqa: BLE001
-        Path(tmp).unlink(missing_ok=True)
         return err(exc)
+    finally:
+        if not stored:
+            Path(tmp).unlink(missing_ok=True)
     return Response(status_code=201)
+
+
+UPLOAD_PREFIX = ".upload-"
+STALE_UPLOAD_S = 3600
+"""Age (seconds since its last write) past which an upload's temp file is one a killed process left: an upload in
+flight (this process's or another's sharing the store) writes to it far more often."""
+
+
+def sweep_uploads(blobs: Path, now: float | None = None) -> int:
+    """Remove the upload temp files in ``blobs`` not written for :data:`STALE_UPLOAD_S` seconds (left by a process
+    that was killed mid-upload); returns how many. Called when the server starts."""
+    now = time.time() if now is None else now
+    n = 0
+    for p in blobs.glob(UPLOAD_PREFIX + "*") if blobs.is_dir() else ():
+        try:
+            if now - p.stat().st_mtime > STALE_UPLOAD_S:
+                p.unlink()
+                n += 1
+        except FileNotFoundError:
+            pass
+    return n

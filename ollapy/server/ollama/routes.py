@@ -84,7 +84,9 @@ async def api_generate(request: Request):
         return err(exc)
 
     def with_context(final) -> dict:
-        return {"context": final.tokens} if not body.raw and final.tokens is not None else {}
+        if body.raw or final.tokens is None:
+            return {}
+        return {"context": generation.returned_context(final.tokens)}  # round-trips: no image placeholder ids
 
     def response(d: ReplyDelta) -> dict:
         return {"response": d.content, **({"thinking": d.thinking} if d.thinking else {})}

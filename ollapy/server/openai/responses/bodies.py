@@ -18,8 +18,6 @@ from ollapy.errors import OptionError
 from ollapy.server.bodies import Body, checked_model, read_history, read_think, read_tools
 from ollapy.server.openai.bodies import REASONING_EFFORTS, read_effort
 
-_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
-
 log = logging.getLogger("ollapy.server")
 
 
@@ -32,30 +30,27 @@ def _text(content: Any, where: str, images: list | None = None) -> str:
         return content
     if not isinstance(content, list):
         raise OptionError(f"{where} must be a string or a list of content parts")
+    from ollapy.server.content import RefusalPart, TextPart, read_part
+
     out = []
     for j, p in enumerate(content):
-        kind = p.get("type") if isinstance(p, dict) else None
-        if kind in _TEXT_PARTS:
-            out.append(str(p.get("text") or ""))
-        elif kind == "refusal":
-            out.append(str(p.get("refusal") or ""))
-        elif kind == "input_image" and images is not None:
-            images.append(p)
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise OptionError(f"{where}.{j}: {kind} is not supported", hint="ollapy models take text only")
+        part = read_part(p, f"{where}.{j}")  # every part's shape checked by its model (a 400 naming it)
+        if isinstance(part, (TextPart, RefusalPart)):
+            out.append(part.text)
+        elif images is not None:
+            images.append(p)  # decoded where the prompt is built (server.generation, through server.content)
         else:
-            raise OptionError(f"{where}.{j}: unknown content part type {reprlib.repr(kind)}",
-                              hint="use input_text or output_text parts")
+            raise OptionError(f"{where}.{j}: image parts are not allowed here", hint="send input_text parts")
     return "".join(out)
 
 
-def _reasoning_text(item: dict) -> str:
+def _reasoning_text(item: dict, where: str) -> str:
     """The text of a ``reasoning`` input item: its ``content`` parts, else its summary, else Ollama's plain
     ``encrypted_content``."""
     for key in ("content", "summary"):
         parts = item.get(key)
         if isinstance(parts, list) and parts:
-            return "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
+            return _text(parts, f"{where}.{key}")
     enc = item.get("encrypted_content")
     return enc if isinstance(enc, str) else ""
 
@@ -116,7 +111,7 @@ def input_messages(value: Any) -> list[dict]:
                 msg["tool_name"] = item["name"]
             msgs.append(msg)
         elif kind == "reasoning":
-            thinking += _reasoning_text(item)
+            thinking += _reasoning_text(item, where)
         else:
             raise OptionError(f"{where}: unsupported input item type {reprlib.repr(kind)}",
                               hint="use message, function_call(_output), custom_tool_call(_output) or reasoning items")
