@@ -373,6 +373,18 @@ def test_an_image_part_of_the_wrong_shape_is_a_400_naming_it(smol):
     assert r.json()["error"]["message"].startswith("content.0.source: input should be"), r.text
 
 
+@pytest.mark.parametrize("field", ["reasoning_effort", "content type"])
+def test_an_unhashable_value_where_a_name_belongs_is_a_400(smol, field):
+    """A list where a level or a part type belongs: a 400 (main answered 500: ``unhashable type: 'list'``)."""
+    body = {**VALID["/v1/chat/completions"]}
+    if field == "reasoning_effort":
+        body["reasoning_effort"] = []
+    else:
+        body["messages"] = [{"role": "user", "content": [{"type": ["text"], "text": "hi"}]}]
+    r = smol.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+
+
 def _injections(secret: str) -> list[str]:
     """Modelfile lines that read a server file if a value were parsed as Modelfile text (the closing ``SYSTEM``
     swallows whatever the server writes after the value on that line)."""

@@ -109,7 +109,7 @@ def read_part(p: Any, where: str) -> TextPart | RefusalPart | ImageURLPart | Inp
     if isinstance(p, str):  # a bare string in a list of parts: text, as Ollama's and llama.cpp's servers read it
         return TextPart(type="text", text=p)
     kind = p.get("type") if isinstance(p, dict) else None
-    if kind in REFUSED_TYPES:
+    if isinstance(kind, str) and kind in REFUSED_TYPES:  # a list or object "type" is no type (nor hashable)
         raise OptionError(f"{where}: {REFUSED_TYPES[kind]}", hint="send text and image parts only")
     if not isinstance(p, dict) or not isinstance(kind, str) or kind not in (*TEXT_TYPES, "refusal", *IMAGE_TYPES):
         raise OptionError(f"{where}: unsupported content part type {reprlib.repr(kind)}",

@@ -152,7 +152,7 @@ class CreateBody(StoreNameBody):
 
     quantize: str | None = None
     quantization: str | None = None
-    adapters: dict[str, str] | None = None
+    adapters: Any = None  # {file name: blob digest}, checked where the Modelfile is built
     from_: Any = Field(None, alias="from")
     from_underscore: Any = Field(None, alias="from_")
     files: Any = None  # {file name: blob digest}, checked where the Modelfile is built

@@ -180,6 +180,9 @@ def create_spec(body: CreateBody, allow_paths: bool = False) -> Modelfile:
     # LoRA adapters: uploaded blobs ({file name: digest}, Ollama's client), or the legacy modelfile's ADAPTER lines
     # under the same rule as every FROM (a blob digest, or an absolute path with --allow-paths)
     if body.adapters is not None:
+        if not isinstance(body.adapters, dict) or not all(isinstance(d, str) for d in body.adapters.values()):
+            raise UsageError("adapters must map file names to sha256 digests",
+                             hint='send {"lora.gguf": "sha256:<hex>"} after uploading the adapter as a blob')
         spec.adapters = [blob_file(d) for d in body.adapters.values()]
     else:
         spec.adapters = [create_source(a, allow_paths, adapter=True) for a in mf.adapters]

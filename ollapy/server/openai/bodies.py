@@ -21,7 +21,7 @@ def read_effort(value: Any, field: str) -> Any:
     effort = value.get("effort") if field == "reasoning" and isinstance(value, dict) else value
     if field == "reasoning" and effort is None:
         return None
-    if effort not in REASONING_EFFORTS:
+    if not isinstance(effort, str) or effort not in REASONING_EFFORTS:  # a list or object is no level (nor hashable)
         raise OptionError(f"invalid {field} value {reprlib.repr(effort)}", hint='use "high", "medium", "low" or "none"')
     return effort
 
