@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ollapy.errors import ContextError, ImageError
+from ollapy.errors import BusyError, ImageError
 
 #: the most images one request may carry
 MAX_IMAGES = 16
@@ -206,30 +206,43 @@ class MediaPrompter:
         return tokens, tuple(spans)
 
     def _keep(self, key: str, chunk) -> None:
+        """Keep ``chunk`` under ``key``. A chunk already kept under the key stays (the key names its content: the
+        same pixels, projector and slice) and ``chunk`` is freed; over :data:`KEPT_CHUNKS` the least recently
+        used is given up. Giving up is :meth:`ImageChunk.free`: a chunk being encoded is freed after its encode."""
+        drop = []
         with self._lock:
-            old = self._chunks.pop(key, None)
-            if old is not None:
-                old.free()
-            self._chunks[key] = chunk
+            if key in self._chunks:
+                self._chunks.move_to_end(key)
+                drop.append(chunk)
+            else:
+                self._chunks[key] = chunk
             while len(self._chunks) > KEPT_CHUNKS:
-                self._chunks.popitem(last=False)[1].free()
+                drop.append(self._chunks.popitem(last=False)[1])
+        for ch in drop:
+            ch.free()
 
     def embed(self, span: MediaSpan):
         """The embeddings of ``span``'s chunk (``(n_tokens, n_embd)`` float32) and the ns it took to encode them.
 
-        Raises ContextError when the chunk is no longer kept (more than :data:`KEPT_CHUNKS` image chunks were
-        tokenized since), DecodeError when the projector fails.
+        Raises BusyError (HTTP 503, a server capacity limit: the request may be sent again) when the chunk is no
+        longer kept (more than :data:`KEPT_CHUNKS` image chunks were tokenized since), DecodeError when the
+        projector fails. The projector holds a reference on the chunk while it encodes it.
         """
-        with self._lock:
+        with self._lock:  # a reference taken under the keeper's lock: the chunk cannot be freed under the encode
             chunk = self._chunks.get(span.key)
-            if chunk is not None:
+            if chunk is not None and chunk.retain():
                 self._chunks.move_to_end(span.key)
+            else:
+                chunk = None
         if chunk is None:
-            raise ContextError("an image of this request was dropped before it was encoded (too many images in "
-                               "flight)", hint="send the request again")
-        t0 = time.perf_counter_ns()
-        embd = self.projector.encode(chunk)
-        return embd, time.perf_counter_ns() - t0
+            raise BusyError("an image of this request was dropped before it was encoded (too many images in "
+                            "flight)", hint="send the request again in a moment")
+        try:
+            t0 = time.perf_counter_ns()
+            embd = self.projector.encode(chunk)
+            return embd, time.perf_counter_ns() - t0
+        finally:
+            chunk.release()
 
     def decode(self, embd, start: int, seq: int, span: MediaSpan) -> None:
         """Decode ``embd`` into ``seq`` from position ``start`` (loop thread)."""
