@@ -200,3 +200,47 @@ def test_previous_turn_with_an_image_is_a_save_point(vlm):
     p1, p2 = vlm.chat_prompt(first), vlm.chat_prompt(turn2)
     assert p2.media[0] == p1.media[0]
     assert max(p2.save_points) > p2.media[0].end  # the end of the first turn, past its image
+
+
+def test_a_chunk_dropped_while_it_is_encoded_is_freed_after_the_encode(vlm, monkeypatch):
+    """Issue 53: the keeper of image chunks used to free a chunk (the same picture kept again by another request,
+    or the least recently used one over KEPT_CHUNKS) while the loop thread encoded it: a use-after-free. Here both
+    happen at the worst moment, inside the encode: the request still gets its answer, and nothing fails."""
+    proj = vlm.media.projector
+    real_encode = type(proj).encode
+    others = [picture(100 + i, size=(8, 8)) for i in range(media.KEPT_CHUNKS + 2)]
+    calls = []
+
+    def encode_while_dropped(self, chunk):
+        calls.append(chunk.n_tokens)
+        # another request's prompt with the same picture, then enough pictures to push it out of the kept ones
+        vlm.chat_prompt([{"role": "user", "content": "Describe the picture.", "images": [picture(21)]}])
+        for i in range(0, len(others), media.MAX_IMAGES):
+            vlm.chat_prompt([{"role": "user", "content": "x", "images": others[i:i + media.MAX_IMAGES]}])
+        return real_encode(self, chunk)
+
+    monkeypatch.setattr(type(proj), "encode", encode_while_dropped)
+    text, c = ask(vlm, [picture(21)], cache=False)  # a picture no slot holds: encoded
+    monkeypatch.undo()
+    assert calls == [IMAGE_TOKENS] and c.metrics.image_encode_duration > 0 and text
+
+
+def test_parallel_requests_with_the_same_picture(vlm):
+    """Both slots take the same new picture at once (each builds its prompt, keeping the picture's chunk again,
+    while the other may be encoding it): every request answers, all alike (greedy, same prompt)."""
+    for k in range(3):
+        rs = [vlm.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(40 + k)]}], OPTS,
+                       cache=False) for _ in range(4)]
+        answers = [r.result()[0] for r in rs]
+        assert len(set(answers)) == 1 and answers[0], answers
+
+
+def test_an_image_dropped_before_its_encode_is_a_capacity_limit(vlm, monkeypatch):
+    """More image chunks in flight than the server keeps is the server's limit, not the client's error: a 503
+    (BusyError, retried by clients), never a 400."""
+    from ollapy.errors import BusyError
+
+    monkeypatch.setattr(media, "KEPT_CHUNKS", 1)
+    with pytest.raises(BusyError, match="too many images in flight") as err:
+        ask(vlm, [picture(23), picture(24)], cache=False)
+    assert err.value.status == 503
