@@ -244,3 +244,64 @@ def test_an_image_dropped_before_its_encode_is_a_capacity_limit(vlm, monkeypatch
     with pytest.raises(BusyError, match="too many images in flight") as err:
         ask(vlm, [picture(23), picture(24)], cache=False)
     assert err.value.status == 503
+
+
+def _solid_png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 30, 30)).save(buf, "PNG")  # compresses to a few tens of KB
+    return buf.getvalue()
+
+
+def _peak_rss() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def test_a_request_over_its_pixel_budget_is_refused_before_a_pixel_is_decoded(vlm):
+    """Issue 53: each under the per-image limit, together 108 million pixels (324 MB of RGB) in 3 small PNGs: a 400
+    naming OLLAPY_REQUEST_IMAGE_PIXELS, read from the headers, with no decoded image's worth of memory spent."""
+    big = _solid_png(6000, 6000)
+    assert len(big) < 1_000_000
+    before = _peak_rss()
+    with pytest.raises(ImageError, match="OLLAPY_REQUEST_IMAGE_PIXELS") as err:
+        vlm.chat_prompt([{"role": "user", "content": "x", "images": [big, big, big]}])
+    assert err.value.status == 400
+    assert _peak_rss() - before < 50 * 1024 * 1024  # not one 108 MB RGB copy was made
+    assert media.SERVER_PIXELS.held == 0
+
+
+def test_the_process_pixel_budget_is_a_503_and_is_given_back(vlm, monkeypatch):
+    from ollapy.errors import BusyError
+
+    budget = media.PixelBudget(capacity=3000)
+    monkeypatch.setattr(media, "SERVER_PIXELS", budget)
+    msg = [{"role": "user", "content": "x", "images": [picture(31)]}]  # 50 x 40 = 2,000 pixels
+    with budget.reserve(2000):  # another request's images being decoded
+        with pytest.raises(BusyError, match="OLLAPY_SERVER_IMAGE_PIXELS") as err:
+            vlm.chat_prompt(msg)
+        assert err.value.status == 503
+    vlm.chat_prompt(msg)  # alone it fits; its pixels are given back once the prompt is built
+    assert budget.held == 0
+    with pytest.raises(ImageError):
+        vlm.chat_prompt([{"role": "user", "content": "x", "images": [picture(31), b"not an image"]}])
+    assert budget.held == 0  # given back when a later image fails too
+
+
+EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n%%EndComments\n"
+       b"newpath 0 0 moveto 8 8 lineto stroke showpage\n%%EOF\n")
+
+
+@pytest.mark.parametrize("raw", [EPS, picture(32, "TIFF"), picture(33, "PPM")], ids=["eps", "tiff", "ppm"])
+def test_only_the_promised_formats_are_opened(raw, monkeypatch):
+    """PNG, JPEG, WebP, GIF and BMP (docs/vision.md); nothing else reaches a Pillow plugin: an EPS never starts
+    Ghostscript."""
+    from PIL import EpsImagePlugin
+
+    def no_ghostscript(*a, **k):
+        raise AssertionError("Pillow's EPS plugin ran")
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", no_ghostscript)
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", no_ghostscript)
+    with pytest.raises(ImageError, match="not an image in a format this server reads"):
+        media.decode_image(raw)
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
+        assert media.decode_image(picture(34, fmt)).width == 50
