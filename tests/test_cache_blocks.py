@@ -506,3 +506,47 @@ def test_a_block_file_is_written_whole_when_the_kernel_takes_a_few_bytes_a_call(
     monkeypatch.undo()
     view, crc = map_block(p)
     assert bytes(view) == data and crc == zlib.crc32(data)
+
+
+_UNDER_ULIMIT = """
+import socket, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import test_cache_blocks as t
+try:
+    from ollapy.cache import filemap
+    filemap.MAP_MIN_BYTES = 0  # every block mapped, as a real model's blocks of hundreds of KB are
+except ImportError:
+    pass
+root = Path(sys.argv[1])
+convs = [[70000 + 1000 * i + j for j in range(4 * t.B + 3)] for i in range(80)]
+c = t._bound(root)
+for conv in convs:
+    t._store(c, conv, persist=True)
+c.close()
+c = t._bound(root)
+restored = 0
+for conv in convs:
+    hit = c.lookup(conv)
+    if hit is not None and hit.verified() and bytes(hit.load()) == bytes(t.fake_state(conv)):
+        c.record_hit(hit)
+        restored += 1
+srv = socket.create_server(("127.0.0.1", 0))
+clients = [socket.create_connection(srv.getsockname()) for _ in range(32)]
+accepted = [srv.accept()[0] for _ in range(32)]
+print(restored, len(c.ram.pool), len(accepted))
+"""
+
+
+def test_many_restores_under_ulimit_256_leave_descriptors_for_connections(tmp_path):
+    """Issue 53 under `ulimit -n 256` (soft and hard: nothing to raise it to): 320 blocks restored from disk and
+    held in the RAM tier, every one mapped, then 32 loopback connections accepted."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.run([sys.executable, "-c", _UNDER_ULIMIT, str(tmp_path), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["80", "320", "32"], proc.stdout
