@@ -40,10 +40,12 @@ from ollapy.settings import (
     ORIGINS,
     PULL_RETRIES,
     REGISTRY,
+    REQUEST_IMAGE_PIXELS,
     RESPONSES_STORE,
     RPC,
     RUNNER,
     RUNNER_TIMEOUT,
+    SERVER_IMAGE_PIXELS,
     SETTINGS,
     TEST_MODELS,
     Setting,
@@ -223,6 +225,16 @@ def num_ctx() -> int:
 def max_queue() -> int:
     """Bound of the request queue of one engine (>= 0; 0 = no waiting); raises SettingError."""
     return _int(MAX_QUEUE, 0)
+
+
+def request_image_pixels() -> int:
+    """Decoded pixels one request's images may total (>= 1); raises SettingError."""
+    return _int(REQUEST_IMAGE_PIXELS, 1)
+
+
+def server_image_pixels() -> int:
+    """Decoded pixels the requests of this process may hold at once (>= 1); raises SettingError."""
+    return _int(SERVER_IMAGE_PIXELS, 1)
 
 
 def num_thread() -> int:
@@ -427,6 +439,7 @@ ACCESSORS.update({
     ORIGINS.env: origins, MAX_BODY.env: max_body, RESPONSES_STORE.env: responses_store_bytes, RPC.env: rpc,
     RUNNER.env: runner, RUNNER_TIMEOUT.env: runner_timeout, MAX_MEMORY.env: max_memory,
     API_KEY.env: api_key, ALLOWED_HOSTS.env: allowed_hosts,
+    REQUEST_IMAGE_PIXELS.env: request_image_pixels, SERVER_IMAGE_PIXELS.env: server_image_pixels,
 })
 ACCESSORS[NO_WEBUI.env] = no_webui
 

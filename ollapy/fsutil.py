@@ -51,3 +51,27 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None], *, prefix: 
         except OSError:
             pass
         raise
+
+
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit, as Go programs (Ollama) do at start.
+
+    A server holds a descriptor per client connection, per model file and projector, per runner pipe and per
+    cache file being written; the usual soft limit of 1,024 is a default for ``select()``-era programs, not a
+    bound the kernel needs (Python's event loops use epoll). Children inherit the raised limit. Returns the
+    ``(old soft, new soft)`` limits, or None where the limit cannot be read or raised (logged by nobody: the
+    process then runs with what it was given).
+    """
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft >= hard:
+            return soft, soft
+        new = hard
+        if new == resource.RLIM_INFINITY:  # Linux refuses an infinite nofile; stay at fs.nr_open's default
+            new = max(soft, 1 << 20) if soft != resource.RLIM_INFINITY else soft
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        return soft, new
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not on every platform
+        return None

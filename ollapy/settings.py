@@ -45,6 +45,12 @@ NUM_PARALLEL = _setting("OLLAPY_NUM_PARALLEL", "1", "Parallel slots per loaded m
 NUM_CTX = _setting("OLLAPY_CONTEXT_LENGTH", "4096", "Default context length per slot (num_ctx).")
 MAX_QUEUE = _setting("OLLAPY_MAX_QUEUE", "512", "Requests that may wait for a slot (per model), or for a model "
                      "to load, before new ones get a 'busy' error (HTTP 503 with Retry-After).")
+REQUEST_IMAGE_PIXELS = _setting("OLLAPY_REQUEST_IMAGE_PIXELS", "64000000",
+                                 "Decoded pixels (width x height, summed over its images) one request may send; more "
+                                 "is a 400. Each image is decoded to 3 bytes a pixel.")
+SERVER_IMAGE_PIXELS = _setting("OLLAPY_SERVER_IMAGE_PIXELS", "256000000",
+                                "Decoded pixels all requests of a process may hold at once while their prompts are "
+                                "built; a request that would pass it gets a 'busy' error (HTTP 503 with Retry-After).")
 EXTRA_BUFTS = _setting(
     "OLLAPY_EXTRA_BUFTS",
     "auto",

@@ -14,6 +14,16 @@ server started here only): every client asks for ``soak-b`` instead. With one mo
 queued end, then ``soak`` is unloaded and ``soak-b`` loaded while traffic goes on; then the clients switch
 back. The loads seen in ``/api/ps`` are reported and judged (at least the two switches).
 
+Also in the mix (issue 53): ``image`` (``/api/chat`` with one of four small pictures, so requests with the same
+picture run in parallel; ``soak`` is SmolLM2 with a synthetic projector from scripts/make_test_vlm.py),
+``tools`` (``/v1/chat/completions`` with a tool), ``oversize`` (three 6,000 x 6,000 PNGs of a few KB each: an
+intended 400 over ``OLLAPY_REQUEST_IMAGE_PIXELS``, counted as done; anything else is an error). The server it
+starts runs under ``ulimit -n`` ``--nofile`` (512, soft and hard) and is restarted once before the measured run
+(after a warm-up that writes the prompt cache), so the run begins with cache restores from disk (judged: disk
+hits seen in ``/metrics``). Every 10 s the server's open descriptors, threads, memory mappings and RSS are
+sampled; judged flat: the mean of the first window (10 minutes, or a third of a shorter run) against the last's,
+within 5% (RSS net of the prompt cache's bounded bytes).
+
 Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
 503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
 threads at the start (after a warm-up) and at the end (after the load stops), and p50/p99 time to first token
@@ -25,7 +35,8 @@ bytes, read from ``/metrics`` at the same moment as RSS, are subtracted from bot
 ``OLLAPY_CACHE_RAM``, every kind exercised. Each target prints one ``ok`` or ``MISSED`` line; the exit status
 is 1 when one is missed.
 
-    python scripts/soak.py --minutes 10              # the issue's run: 64 clients, 4 slots
+    python scripts/soak.py --minutes 30              # issue 53's run: 64 clients, 4 slots, ulimit -n 512
+    python scripts/soak.py --minutes 10              # the earlier issue's run
     python scripts/soak.py --minutes 4 --no-swap     # no second-model phase (its memory told apart)
     python scripts/soak.py --minutes 2 --url http://127.0.0.1:11435 --model smol   # against a running server
 """
@@ -53,7 +64,38 @@ QUESTIONS = ["What is the capital of France?", "Name a primary color.", "What is
              "What do bees make?", "Name a planet.", "What is water made of?", "Name a fruit.",
              "What is the opposite of hot?", "How many legs does a cat have?", "Name a musical instrument.",
              "What color is the sky?"]
-KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled", "anthropic", "responses")
+KINDS = ("chat", "generate", "embed", "v1_stream", "chat_stream", "cancelled", "anthropic", "responses", "image",
+         "tools", "oversize")
+SAMPLE_EVERY_S = 10.0  # the server is sampled this often (fds, threads, mappings, RSS)
+FLAT_WINDOW_S = 600.0  # first vs last window compared (a third of a shorter run)
+FLAT_TOLERANCE = 0.05
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}]
+VISION_MODEL = "soak"  # the model with a projector: image requests go to it only
+
+
+def _png(img) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def make_pictures() -> tuple[list[str], list[str]]:
+    """Four small pictures (base64 PNG) and three solid 6,000 x 6,000 ones (over the request pixel budget)."""
+    import base64
+
+    from PIL import Image
+
+    small = [base64.b64encode(_png(Image.effect_noise((48, 40), 30 + 20 * i).convert("RGB"))).decode()
+             for i in range(4)]
+    big = base64.b64encode(_png(Image.new("RGB", (6000, 6000), (10, 120, 200)))).decode()
+    return small, [big] * 3
+
+
+PICTURES, OVERSIZE = [], []
 CHAIN = 4  # turns a client chains with previous_response_id before it starts a new conversation
 CACHE_RAM_MIB = 256  # OLLAPY_CACHE_RAM of the server started here
 
@@ -88,6 +130,11 @@ async def sample_server(pid: int, http: httpx.AsyncClient | None) -> dict:
     """:func:`sample_process` of ``pid`` and the cache gauges of its ``/metrics`` read right after (zeros when
     ``http`` is None or /metrics does not answer)."""
     out = sample_process(pid)
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as f:
+            out["maps"] = sum(1 for _ in f)
+    except OSError:
+        out["maps"] = 0
     gauges = dict.fromkeys(CACHE_GAUGES, 0)
     if http is not None:
         try:
@@ -142,7 +189,19 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
     opts = {"temperature": 0, "num_predict": rng.randint(8, 32)}
     t0 = time.perf_counter()
     kind_stream = kind == "anthropic" and rng.random() < 0.5  # half of Anthropic's requests are streamed
-    if kind in ("chat", "generate", "embed", "responses") or (kind == "anthropic" and not kind_stream):
+    if kind in ("image", "oversize") and model != VISION_MODEL:
+        kind = "chat"  # the second model has no projector: a text chat instead (counted as one)
+    if kind == "oversize":  # an intended 400: over OLLAPY_REQUEST_IMAGE_PIXELS, refused from the headers
+        r = await http.post("/api/chat", json={"model": model, "stream": False, "options": opts, "messages": [
+            {"role": "user", "content": q, "images": OVERSIZE}]})
+        if r.status_code in (503, 529):
+            await busy_wait(tally, r)
+        elif r.status_code == 400 and "OLLAPY_REQUEST_IMAGE_PIXELS" in r.text:
+            tally.done[kind] += 1
+        else:
+            tally.error(kind, f"HTTP {r.status_code} {r.text} (expected a 400 over the pixel budget)")
+        return
+    if kind in ("chat", "generate", "embed", "responses", "image", "tools") or (kind == "anthropic" and not kind_stream):
         if kind == "responses" and len(chain) >= CHAIN:
             chain.clear()
         path, body = {
@@ -150,6 +209,11 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
             "generate": ("/api/generate", {"model": model, "stream": False, "prompt": q, "system": SYSTEM,
                                            "options": opts}),
             "embed": ("/api/embed", {"model": model, "input": [q, rng.choice(QUESTIONS)]}),
+            "image": ("/api/chat", {"model": model, "stream": False, "options": opts, "messages": [
+                msgs[0], {"role": "user", "content": "Describe the picture.", "images": [rng.choice(PICTURES)]}]}),
+            "tools": ("/v1/chat/completions", {"model": model, "messages": msgs[:1] + [
+                {"role": "user", "content": f"What is the weather in {rng.choice(['Paris', 'Oslo', 'Lima'])}?"}],
+                "tools": TOOLS, "temperature": 0, "max_tokens": opts["num_predict"]}),
             "anthropic": ("/v1/messages", {"model": model, "max_tokens": opts["num_predict"], "system": SYSTEM,
                                            "messages": msgs[1:], "temperature": 0}),
             "responses": ("/v1/responses", {"model": model, "input": q, "instructions": SYSTEM, "store": True,
@@ -253,18 +317,59 @@ async def watch_loaded(url: str, stop_at: float, tally: Tally) -> None:
             await asyncio.sleep(1)
 
 
-def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, str]:
-    """``ollapy serve`` on a free loopback port with its own store and cache under ``base``, ``soak`` created
-    from ``gguf``; returns (process, url) once it answers."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def install_vision_model(models: Path, gguf: Path, projector: Path, name: str) -> None:
+    """A manifest for ``name``: ``gguf`` plus ``projector`` (Ollama's projector layer) and ``repeat_penalty`` 1,
+    blobs linked (the same layout tests/test_vision_server.py writes)."""
+    import hashlib
+
+    blobs = models / "blobs"
+    blobs.mkdir(parents=True, exist_ok=True)
+    params = models / "soak-params.json"
+    params.write_text(json.dumps({"repeat_penalty": 1}))
+    layers = []
+    for path, mt in ((gguf, "application/vnd.ollama.image.model"),
+                     (projector, "application/vnd.ollama.image.projector"),
+                     (params, "application/vnd.ollama.image.params")):
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        blob = blobs / f"sha256-{sha}"
+        if not blob.exists():
+            os.symlink(path, blob)
+        layers.append({"mediaType": mt, "digest": f"sha256:{sha}", "size": path.stat().st_size})
+    man = models / "manifests" / "registry.ollama.ai" / "library" / name / "latest"
+    man.parent.mkdir(parents=True, exist_ok=True)
+    man.write_text(json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                               "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                                          "digest": "sha256:" + "0" * 64, "size": 2}, "layers": layers}))
+
+
+def start_server(slots: int, gguf: Path, base: Path, nofile: int = 0, port: int = 0,
+                 create: bool = True) -> tuple[subprocess.Popen, str]:
+    """``ollapy serve`` on a free loopback port (or ``port``) with its own store and cache under ``base``, under
+    ``ulimit -n nofile`` (soft and hard; 0 leaves the limit alone); with ``create``, ``soak`` is installed from
+    ``gguf`` plus a synthetic projector and ``soak-b`` created from ``gguf``; returns (process, url) once it
+    answers."""
+    if not port:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    if create:
+        sys.path.insert(0, str(ROOT / "scripts"))
+        import make_test_vlm
+
+        proj = make_test_vlm.write_projector(base / "mmproj-soak.gguf", "gemma3", 0, 576)
+        install_vision_model(base / "models", gguf, proj, VISION_MODEL)
+
+    def limit() -> None:
+        if nofile:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
     env = dict(os.environ, OLLAPY_HOST=f"127.0.0.1:{port}", OLLAPY_NUM_PARALLEL=str(slots),
                OLLAPY_MODELS=str(base / "models"), OLLAPY_CACHE_DIR=str(base / "cache"), OLLAPY_CACHE_RAM=f"{CACHE_RAM_MIB}MiB",
                OLLAPY_CONTEXT_LENGTH="1024", OLLAPY_KEEP_ALIVE="-1", OLLAPY_MAX_LOADED_MODELS="1")
     env.pop("OLLAPY_DEBUG", None)
     proc = subprocess.Popen([sys.executable, "-m", "ollapy.cli.main", "serve", "--allow-paths"], env=env, cwd=str(ROOT),
-                            stdout=subprocess.DEVNULL, stderr=open(base / "serve.log", "wb"))
+                            stdout=subprocess.DEVNULL, stderr=open(base / "serve.log", "ab"), preexec_fn=limit)
     url = f"http://127.0.0.1:{port}"
     while True:
         try:
@@ -275,11 +380,38 @@ def start_server(slots: int, gguf: Path, base: Path) -> tuple[subprocess.Popen, 
                 raise SystemExit(f"ollapy serve exited with {proc.returncode}; see {base / 'serve.log'}") from None
             time.sleep(0.2)
     mf = f"FROM {gguf}\nPARAMETER repeat_penalty 1\n"
-    for name in ("soak", "soak-b"):  # the second one is loaded under traffic (one model at a time)
+    for name in ("soak-b",) if create else ():  # loaded under traffic (one model at a time)
         r = httpx.post(url + "/api/create", json={"model": name, "modelfile": mf, "stream": False}, timeout=300)
         if r.status_code != 200:
             raise SystemExit(f"could not create the soak model {name}: {r.text}")
     return proc, url
+
+
+def disk_hits(url: str) -> int:
+    """Prompt-cache hits from the disk tier that ``/metrics`` counts (all models)."""
+    n = 0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("ollapy_prompt_cache_hits") and 'tier="disk"' in line:
+            n += int(float(line.rsplit(" ", 1)[1]))
+    return n
+
+
+def restart_for_restores(proc: subprocess.Popen, url: str, slots: int, gguf: Path, base: Path,
+                         nofile: int) -> tuple[subprocess.Popen, str]:
+    """Write the prompt cache (the soak's system prompt, with and without a picture, on both models' file), stop
+    the server (its cache drained to disk) and start it again on the same port and directories: the measured run
+    begins with restores from disk."""
+    for model, images in (("soak", []), ("soak", PICTURES[:1]), ("soak-b", [])):
+        for q in QUESTIONS[:2]:
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q,
+                                                             **({"images": images} if images else {})}]
+            r = httpx.post(url + "/api/chat", json={"model": model, "stream": False, "messages": msgs,
+                                                     "options": {"temperature": 0, "num_predict": 4}}, timeout=600)
+            if r.status_code != 200:
+                raise SystemExit(f"warm-up request failed: {r.text}")
+    proc.terminate()
+    proc.wait(timeout=300)
+    return start_server(slots, gguf, base, nofile, port=int(url.rsplit(":", 1)[1]), create=False)
 
 
 def default_model() -> Path:
@@ -311,6 +443,11 @@ def server_pid(url: str) -> int:
     raise SystemExit(f"no process of this user listens on port {port}")
 
 
+def warmup_s(seconds: float) -> float:
+    """Seconds of a run of ``seconds`` before the server is first sampled for the judgement (slots filling)."""
+    return min(60.0, max(15.0, seconds / 10))
+
+
 async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
                second: str | None = None) -> tuple[Tally, dict, dict]:
     """Run the clients (asking for ``second`` in the second-model phase, when given); sample the server after the
@@ -318,7 +455,7 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
     tally = Tally()
     start = time.monotonic()
     stop_at = start + seconds
-    warmup = min(60.0, max(15.0, seconds / 10))
+    warmup = warmup_s(seconds)
 
     loaded_at: list[float] = []  # when /api/ps first showed the second model
 
@@ -350,7 +487,7 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
             tally.timeline.append(await timeline_row(http, model_at()))
             await asyncio.sleep(every)
 
-    every = max(5.0, seconds / 40)
+    every = SAMPLE_EVERY_S
     async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
         tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
         tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
@@ -373,14 +510,20 @@ def main() -> int:
     ap.add_argument("--url", help="soak a running server instead (give --model too)")
     ap.add_argument("--model", help="model name on --url, or a GGUF path for the server it starts")
     ap.add_argument("--no-swap", action="store_true", help="no second-model phase (to tell its memory apart)")
+    ap.add_argument("--nofile", type=int, default=512,
+                    help="ulimit -n (soft and hard) of the server it starts (default 512; 0: leave it)")
     args = ap.parse_args()
     proc = None
+    restored = -1
+    PICTURES[:], OVERSIZE[:] = make_pictures()
     tmp = tempfile.TemporaryDirectory(prefix="ollapy-soak-")
     try:
         if args.url:
             url, model = args.url.rstrip("/"), args.model or "smollm2:135m"
         else:
-            proc, url = start_server(args.slots, Path(args.model) if args.model else default_model(), Path(tmp.name))
+            gguf = Path(args.model) if args.model else default_model()
+            proc, url = start_server(args.slots, gguf, Path(tmp.name), args.nofile)
+            proc, url = restart_for_restores(proc, url, args.slots, gguf, Path(tmp.name), args.nofile)
             model = "soak"
         pid = proc.pid if proc else server_pid(url)
         r = httpx.post(url + "/api/generate", json={"model": model, "prompt": "Hi", "stream": False,
@@ -391,6 +534,7 @@ def main() -> int:
               flush=True)
         tally, first, last = asyncio.run(soak(url, model, args.clients, args.minutes * 60, pid,
                                               None if args.url or args.no_swap else "soak-b"))
+        restored = disk_hits(url)
     finally:
         if proc is not None:
             proc.terminate()
@@ -410,11 +554,11 @@ def main() -> int:
           f"p99 {percentile(tally.ttft, 0.99):.2f} s")
     print("loaded models seen in /api/ps, in order: " + " -> ".join(tally.switches))
     print("memory timeline (MiB; cache = prompt-cache RAM tier + restore buffer + writer queue, from /metrics):")
-    print("     t  asked    loaded      RSS   anon   file  cache  RSS-cache")
+    print("     t  asked    loaded      RSS   anon   file  cache  RSS-cache   fds  thr   maps")
     for row in tally.timeline:
         print(f"{row['t']:6.0f}  {row['asked'][:7]:7}  {row['loaded'][:8]:8}  {row['rss'] / mib:6.0f} "
               f"{row['anon'] / mib:6.0f} {row['file'] / mib:6.0f} {cache_held(row) / mib:6.0f}  "
-              f"{(row['rss'] - cache_held(row)) / mib:8.0f}")
+              f"{(row['rss'] - cache_held(row)) / mib:8.0f}  {row['fds']:4d} {row['threads']:4d} {row['maps']:6d}")
     rows = tally.timeline + [first, last]
     ram_peak = max(r["cache_ram"] for r in rows)
 
@@ -422,7 +566,32 @@ def main() -> int:
         """RSS less the bounded prompt-cache bytes /metrics showed at the same moment (judged apart)."""
         return sample["rss"] - cache_held(sample)
 
-    checks = [
+    run_s = args.minutes * 60
+    warm = warmup_s(run_s)
+    window = min(FLAT_WINDOW_S, (run_s - warm) / 3)
+    loaded_rows = [r for r in tally.timeline if r["asked"] not in ("(idle)", "(end)")]
+    head = [r for r in loaded_rows if warm <= r["t"] <= warm + window]  # after the warm-up, as `first` is
+    tail = [r for r in loaded_rows if r["t"] >= run_s - window]
+
+    def flat(key: str, what: str, value=lambda r, k: r[k]) -> tuple[bool, str]:
+        """First vs last window's mean of ``key`` within FLAT_TOLERANCE."""
+        if not head or not tail:
+            return False, f"{what} flat: too few samples ({len(head)}, {len(tail)})"
+        a = statistics.fmean(value(r, key) for r in head)
+        b = statistics.fmean(value(r, key) for r in tail)
+        scale = mib if key == "rss" else 1
+        ok = b <= a * (1 + FLAT_TOLERANCE) or b - a <= (1 if key != "rss" else 0)
+        return ok, (f"{what} flat, first vs last {window / 60:.1f} min ({len(head)} and {len(tail)} samples every "
+                    f"{SAMPLE_EVERY_S:.0f} s): mean {a / scale:.1f} -> {b / scale:.1f} ({(b / a - 1) * 100:+.1f}%, "
+                    f"target at most +{FLAT_TOLERANCE * 100:.0f}%)")
+
+    checks = [flat("fds", "open fds"), flat("threads", "threads"), flat("maps", "memory mappings"),
+              flat("rss", "RSS net of the prompt cache (MiB)", lambda r, k: net(r)),
+              (args.url is not None or restored > 0,
+               f"prompt-cache restores from disk after the restart: {restored} disk hits (target > 0)"),
+              (args.url is not None or args.nofile == 0 or first["fds"] < args.nofile,
+               f"served under ulimit -n {args.nofile}: {max(r['fds'] for r in rows)} fds at most")]
+    checks += [
         (tally.n_errors == 0, f"errors: {tally.n_errors} (target 0; 503 busy apart: {tally.busy})"
          + (f"; first: {tally.errors}" if tally.errors else "")),
         (last["fds"] - first["fds"] <= 8, f"open fds flat: {first['fds']} -> {last['fds']} (target at most +8)"),

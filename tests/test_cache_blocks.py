@@ -8,6 +8,7 @@ tests/test_kvstate.py and tests/test_cache_block_models.py.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import multiprocessing
 import os
@@ -21,12 +22,13 @@ import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ollapy.cache import PromptCache
 from ollapy.cache import fileformat as ff
-from ollapy.cache.blocks import BLOCK_SUFFIX, BlockPool, block_path, map_block, write_block
+from ollapy.cache.blocks import BLOCK_SUFFIX, GRACE_S, BlockPool, block_path, map_block, write_block
 from ollapy.cache.diskcap import LAYOUT, block_usage, disk_usage, enforce_disk_cap
 from ollapy.cache.writer import CacheWriter
 
@@ -204,8 +206,88 @@ def test_a_vanished_block_is_a_miss_not_corruption(tmp_path):
     assert c2.lookup(toks) is None
     snap = c2.snapshot()
     assert snap.corrupt == 0 and snap.misses == 1  # counted as a miss (`ollapy cache stats`, /metrics)
-    assert e.path.exists()  # the entry file is not deleted either
+    assert snap.dangling == 1 and not e.path.exists()  # an entry never whole again is dropped at once (issue 53)
+    c2.refresh()
+    assert c2._name(toks) not in c2.entries and c2.lookup(toks) is None  # not listed again, no second failed restore
+    assert c2.snapshot().misses == 1
     c2.close()
+
+
+def test_an_eviction_never_deletes_a_block_another_process_just_referenced(tmp_path, monkeypatch):
+    """Two caches (two processes' worth: own writers and listings) on one directory. Cache A enforces the disk
+    cap from a listing; between that listing and A's deletions cache B writes a new entry on the same system
+    prompt, whose blocks an entry A evicts was the only one to name in A's listing. B's entry must restore
+    afterwards: A keeps the blocks B touched (issue 53, finding 4)."""
+    from ollapy.cache import diskcap
+
+    a = _bound(tmp_path)
+    old = SYSTEM + list(range(40000, 40000 + B))
+    _store(a, old, persist=True)
+    a.close()
+    for p in (tmp_path / "cache").rglob("*"):  # written long ago: past every grace
+        if p.is_file():
+            os.utime(p, (time.time() - 2 * GRACE_S,) * 2)
+    b = _bound(tmp_path)
+    new = SYSTEM + list(range(50000, 50000 + B))
+    real_delete, raced = diskcap.delete_entry_files, []
+
+    def delete_then_race(path, keep_pin=False):
+        real_delete(path, keep_pin)
+        if not raced:  # the other process writes right after A's listing
+            raced.append(path)
+            _store(b, new, persist=True)
+            assert b.flush()
+
+    monkeypatch.setattr(diskcap, "delete_entry_files", delete_then_race)
+    enforce_disk_cap(tmp_path / "cache", 1)
+    monkeypatch.undo()
+    assert raced, "the eviction deleted nothing"
+    b.close()
+    c = _bound(tmp_path)
+    hit = c.lookup(new)
+    assert hit is not None and hit.verified() and bytes(hit.load()) == bytes(fake_state(new))
+    assert c.snapshot().dangling == 0
+    c.close()
+
+
+def _fds_and_maps() -> tuple[int, int]:
+    return len(os.listdir("/proc/self/fd")), len(Path("/proc/self/maps").read_text().splitlines())
+
+
+@pytest.mark.parametrize("map_min", [None, 0])
+def test_blocks_restored_from_disk_hold_no_file_descriptor(tmp_path, monkeypatch, map_min):
+    """Disk hits put their blocks into the RAM tier; each used to hold the descriptor CPython's mmap keeps
+    (issue 53: 189 fds after 12 restores, EMFILE past 1,024). Hundreds of blocks held: no descriptor each; with
+    every file mapped (``map_min`` 0) one mapping each, unmapped once the cache lets go of them."""
+    if map_min is not None:
+        from ollapy.cache import filemap
+
+        monkeypatch.setattr(filemap, "MAP_MIN_BYTES", map_min)
+    c = _bound(tmp_path)
+    convs = [[60000 + 1000 * i + j for j in range(4 * B + 3)] for i in range(60)]
+    for conv in convs:
+        _store(c, conv, persist=True)
+    c.close()
+    fds0, maps0 = _fds_and_maps()
+    c2 = _bound(tmp_path)
+    for conv in convs:
+        hit = _restore(c2, conv)
+        assert hit.tier == "disk" and bytes(hit.load()) == bytes(fake_state(conv))
+        c2.record_hit(hit)
+    del hit
+    held = len(c2.ram.pool)
+    assert held >= 4 * len(convs)
+    fds1, maps1 = _fds_and_maps()
+    assert fds1 - fds0 < 16, (fds0, fds1, held)  # the cache's own threads and files, not one per block
+    if map_min == 0:
+        assert maps1 - maps0 >= held  # mapped, each block once
+    else:
+        assert maps1 - maps0 < 16, (maps0, maps1)  # small blocks are read, not mapped
+    c2.close()
+    del c2
+    gc.collect()
+    fds2, maps2 = _fds_and_maps()
+    assert maps2 - maps0 < 16 and fds2 - fds0 < 16, (maps0, maps2, fds0, fds2)
 
 
 def test_a_damaged_block_fails_its_checksum_and_only_it_is_deleted(tmp_path):
@@ -290,7 +372,7 @@ def test_the_disk_cap_evicts_entries_then_the_blocks_they_alone_held(tmp_path):
     c.flush()
     u = disk_usage(c.root)
     cap = u["disk_bytes"] - 3 * 3 * B * CELL
-    enforce_disk_cap(c.root, cap)
+    enforce_disk_cap(c.root, cap, now=time.time() + GRACE_S + 1)  # blocks written within the grace would stay
     u2 = disk_usage(c.root)
     assert u2["disk_bytes"] <= cap
     left = block_usage(c.root)
@@ -424,3 +506,47 @@ def test_a_block_file_is_written_whole_when_the_kernel_takes_a_few_bytes_a_call(
     monkeypatch.undo()
     view, crc = map_block(p)
     assert bytes(view) == data and crc == zlib.crc32(data)
+
+
+_UNDER_ULIMIT = """
+import socket, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+import test_cache_blocks as t
+try:
+    from ollapy.cache import filemap
+    filemap.MAP_MIN_BYTES = 0  # every block mapped, as a real model's blocks of hundreds of KB are
+except ImportError:
+    pass
+root = Path(sys.argv[1])
+convs = [[70000 + 1000 * i + j for j in range(4 * t.B + 3)] for i in range(80)]
+c = t._bound(root)
+for conv in convs:
+    t._store(c, conv, persist=True)
+c.close()
+c = t._bound(root)
+restored = 0
+for conv in convs:
+    hit = c.lookup(conv)
+    if hit is not None and hit.verified() and bytes(hit.load()) == bytes(t.fake_state(conv)):
+        c.record_hit(hit)
+        restored += 1
+srv = socket.create_server(("127.0.0.1", 0))
+clients = [socket.create_connection(srv.getsockname()) for _ in range(32)]
+accepted = [srv.accept()[0] for _ in range(32)]
+print(restored, len(c.ram.pool), len(accepted))
+"""
+
+
+def test_many_restores_under_ulimit_256_leave_descriptors_for_connections(tmp_path):
+    """Issue 53 under `ulimit -n 256` (soft and hard: nothing to raise it to): 320 blocks restored from disk and
+    held in the RAM tier, every one mapped, then 32 loopback connections accepted."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    proc = subprocess.run([sys.executable, "-c", _UNDER_ULIMIT, str(tmp_path), str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["80", "320", "32"], proc.stdout

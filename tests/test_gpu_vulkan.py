@@ -191,22 +191,18 @@ def test_prompt_cache_across_processes_on_the_device(smollm2_path, tmp_path):
 
 
 @pytest.mark.parametrize("fa", ["off", "auto"])
-def test_states_move_between_the_device_and_the_cpu_layout_only_when_the_salt_agrees(smollm2_path, tmp_path, fa):
-    """A state saved with layers on the device restores on the CPU and the other way round when the KV settings
-    agree (flash_attn=off on both: a disk hit, the same greedy text). With the default flash_attn the two
-    differ (off on the CPU, llama.cpp's choice with offload), and the salt keeps them apart: a miss, never a
-    wrong restore."""
+def test_states_never_move_between_the_device_and_the_cpu_layout(smollm2_path, tmp_path, fa):
+    """A state saved with layers on the device never restores on the CPU, nor the other way round, whatever the
+    KV settings: the devices that computed its cells are part of the cache salt (issue 53: the device's kernels
+    round differently from the CPU's, so a restored state is not what a cold prefill computes). A miss, never a
+    wrong restore; the greedy text is the same either way."""
     opts = ("--system", SYSTEM) + (FA_OFF if fa == "off" else ())
     for first, second in ((None, CPU_ONLY), (CPU_ONLY, None)):
         env = {"OLLAPY_CACHE_DIR": str(tmp_path / f"{'gpu' if first is None else 'cpu'}-first")}
         one = _run(smollm2_path, *opts, env={**env, **(first or {})})
         assert _reused(one.stderr) == (0, "none")
         two = _run(smollm2_path, *opts, env={**env, **(second or {})})
-        n, source = _reused(two.stderr)
-        if fa == "off":
-            assert source == "cache disk" and n >= 64, (first, n, source)
-        else:
-            assert (n, source) == (0, "none"), first
+        assert _reused(two.stderr) == (0, "none"), first
         assert two.stdout == one.stdout, first
 
 

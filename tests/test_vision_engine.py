@@ -200,3 +200,108 @@ def test_previous_turn_with_an_image_is_a_save_point(vlm):
     p1, p2 = vlm.chat_prompt(first), vlm.chat_prompt(turn2)
     assert p2.media[0] == p1.media[0]
     assert max(p2.save_points) > p2.media[0].end  # the end of the first turn, past its image
+
+
+def test_a_chunk_dropped_while_it_is_encoded_is_freed_after_the_encode(vlm, monkeypatch):
+    """Issue 53: the keeper of image chunks used to free a chunk (the same picture kept again by another request,
+    or the least recently used one over KEPT_CHUNKS) while the loop thread encoded it: a use-after-free. Here both
+    happen at the worst moment, inside the encode: the request still gets its answer, and nothing fails."""
+    proj = vlm.media.projector
+    real_encode = type(proj).encode
+    others = [picture(100 + i, size=(8, 8)) for i in range(media.KEPT_CHUNKS + 2)]
+    calls = []
+
+    def encode_while_dropped(self, chunk):
+        calls.append(chunk.n_tokens)
+        # another request's prompt with the same picture, then enough pictures to push it out of the kept ones
+        vlm.chat_prompt([{"role": "user", "content": "Describe the picture.", "images": [picture(21)]}])
+        for i in range(0, len(others), media.MAX_IMAGES):
+            vlm.chat_prompt([{"role": "user", "content": "x", "images": others[i:i + media.MAX_IMAGES]}])
+        return real_encode(self, chunk)
+
+    monkeypatch.setattr(type(proj), "encode", encode_while_dropped)
+    text, c = ask(vlm, [picture(21)], cache=False)  # a picture no slot holds: encoded
+    monkeypatch.undo()
+    assert calls == [IMAGE_TOKENS] and c.metrics.image_encode_duration > 0 and text
+
+
+def test_parallel_requests_with_the_same_picture(vlm):
+    """Both slots take the same new picture at once (each builds its prompt, keeping the picture's chunk again,
+    while the other may be encoding it): every request answers, all alike (greedy, same prompt)."""
+    for k in range(3):
+        rs = [vlm.chat([{"role": "user", "content": "Describe the picture.", "images": [picture(40 + k)]}], OPTS,
+                       cache=False) for _ in range(4)]
+        answers = [r.result()[0] for r in rs]
+        assert len(set(answers)) == 1 and answers[0], answers
+
+
+def test_an_image_dropped_before_its_encode_is_a_capacity_limit(vlm, monkeypatch):
+    """More image chunks in flight than the server keeps is the server's limit, not the client's error: a 503
+    (BusyError, retried by clients), never a 400."""
+    from ollapy.errors import BusyError
+
+    monkeypatch.setattr(media, "KEPT_CHUNKS", 1)
+    with pytest.raises(BusyError, match="too many images in flight") as err:
+        ask(vlm, [picture(23), picture(24)], cache=False)
+    assert err.value.status == 503
+
+
+def _solid_png(w: int, h: int) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), (200, 30, 30)).save(buf, "PNG")  # compresses to a few tens of KB
+    return buf.getvalue()
+
+
+def _peak_rss() -> int:
+    return int(Path("/proc/self/status").read_text().split("VmHWM:")[1].split()[0]) * 1024
+
+
+def test_a_request_over_its_pixel_budget_is_refused_before_a_pixel_is_decoded(vlm):
+    """Issue 53: each under the per-image limit, together 108 million pixels (324 MB of RGB) in 3 small PNGs: a 400
+    naming OLLAPY_REQUEST_IMAGE_PIXELS, read from the headers, with no decoded image's worth of memory spent."""
+    big = _solid_png(6000, 6000)
+    assert len(big) < 1_000_000
+    before = _peak_rss()
+    with pytest.raises(ImageError, match="OLLAPY_REQUEST_IMAGE_PIXELS") as err:
+        vlm.chat_prompt([{"role": "user", "content": "x", "images": [big, big, big]}])
+    assert err.value.status == 400
+    assert _peak_rss() - before < 50 * 1024 * 1024  # not one 108 MB RGB copy was made
+    assert media.SERVER_PIXELS.held == 0
+
+
+def test_the_process_pixel_budget_is_a_503_and_is_given_back(vlm, monkeypatch):
+    from ollapy.errors import BusyError
+
+    budget = media.PixelBudget(capacity=3000)
+    monkeypatch.setattr(media, "SERVER_PIXELS", budget)
+    msg = [{"role": "user", "content": "x", "images": [picture(31)]}]  # 50 x 40 = 2,000 pixels
+    with budget.reserve(2000):  # another request's images being decoded
+        with pytest.raises(BusyError, match="OLLAPY_SERVER_IMAGE_PIXELS") as err:
+            vlm.chat_prompt(msg)
+        assert err.value.status == 503
+    vlm.chat_prompt(msg)  # alone it fits; its pixels are given back once the prompt is built
+    assert budget.held == 0
+    with pytest.raises(ImageError):
+        vlm.chat_prompt([{"role": "user", "content": "x", "images": [picture(31), b"not an image"]}])
+    assert budget.held == 0  # given back when a later image fails too
+
+
+EPS = (b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 8 8\n%%EndComments\n"
+       b"newpath 0 0 moveto 8 8 lineto stroke showpage\n%%EOF\n")
+
+
+@pytest.mark.parametrize("raw", [EPS, picture(32, "TIFF"), picture(33, "PPM")], ids=["eps", "tiff", "ppm"])
+def test_only_the_promised_formats_are_opened(raw, monkeypatch):
+    """PNG, JPEG, WebP, GIF and BMP (docs/vision.md); nothing else reaches a Pillow plugin: an EPS never starts
+    Ghostscript."""
+    from PIL import EpsImagePlugin
+
+    def no_ghostscript(*a, **k):
+        raise AssertionError("Pillow's EPS plugin ran")
+
+    monkeypatch.setattr(EpsImagePlugin, "Ghostscript", no_ghostscript)
+    monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", no_ghostscript)
+    with pytest.raises(ImageError, match="not an image in a format this server reads"):
+        media.decode_image(raw)
+    for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
+        assert media.decode_image(picture(34, fmt)).width == 50

@@ -13,6 +13,7 @@
 - :mod:`.kvsegments`: a state kept as blocks, as the memory pieces llama.cpp reads it from without a join.
 - :mod:`.diskcap`: the disk tier's files as a whole: listing, usage, the byte cap, collecting unreferenced blocks.
 - :mod:`.fileformat`: the state file (header, token ids, payload, checksums).
+- :mod:`.filemap`: copy-on-write views of cache files that hold no file descriptor.
 - :mod:`.salt`: what makes a saved state valid (model sha256, KV settings).
 - :mod:`.writer`, :mod:`.sync`, :mod:`.tempfiles`: the background disk writer, the file-system sync thread,
   and temporary-file names.

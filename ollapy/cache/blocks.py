@@ -28,7 +28,6 @@ or magic is never deleted.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 import threading
@@ -38,6 +37,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ollapy.cache.filemap import map_view
 from ollapy.cache.tempfiles import TMP_PREFIX, reapable
 
 log = logging.getLogger("ollapy.cache")
@@ -51,7 +51,8 @@ GRACE_S = 600.0  # an unreferenced block file younger than this may be about to 
 _BHDR = struct.Struct("<8sIIQ")  # magic, version, crc32 of the data, data length
 WRITE_CHUNK = 8 << 20
 
-__all__ = ["BLOCK_TOKENS", "BlockPool", "Split", "block_dir", "collect_blocks", "map_block", "write_block"]
+__all__ = ["BLOCK_TOKENS", "BlockPool", "Split", "block_dir", "collect_blocks", "delete_block", "map_block",
+           "write_block"]
 
 
 class BlockFileError(Exception):
@@ -234,6 +235,8 @@ def write_block(path: Path, data, tmp_prefix: str, check: Callable[[], None] | N
 def map_block(path: Path) -> tuple[memoryview, int]:
     """Map block file ``path`` copy-on-write: ``(data view, expected crc32)``, the checksum not yet verified.
 
+    The view holds no file descriptor (:func:`ollapy.cache.filemap.map_view`; a small block is read instead).
+
     Raises FileNotFoundError when the file vanished (not corruption) and
     :class:`BlockFileError` when it fails a check (``unknown`` for a file of
     another format or version, which must be left alone).
@@ -246,14 +249,13 @@ def map_block(path: Path) -> tuple[memoryview, int]:
         magic, version, crc, n = _BHDR.unpack(head)
         if magic != BLOCK_MAGIC or version != BLOCK_VERSION:
             raise BlockFileError(f"unknown block format {magic!r} v{version}", unknown=True)
-        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_COPY)
+        size = os.fstat(fd).st_size
+        if size != _BHDR.size + n or n == 0:
+            raise BlockFileError(f"block size {size} != {_BHDR.size + n}")
+        view = map_view(fd, size)  # holds no descriptor (filemap): a RAM tier of mapped blocks costs no fds
     finally:
         os.close(fd)
-    if len(mm) != _BHDR.size + n or n == 0:
-        size = len(mm)
-        mm.close()
-        raise BlockFileError(f"block size {size} != {_BHDR.size + n}")
-    return memoryview(mm)[_BHDR.size:], crc
+    return view[_BHDR.size:], crc
 
 
 class ChecksumsCheck:
@@ -320,25 +322,43 @@ def known_block(path: Path) -> bool:
     return magic == BLOCK_MAGIC and version == BLOCK_VERSION
 
 
-def collect_blocks(model_dir: Path, referenced: set[str], grace: float = GRACE_S, now: float | None = None) -> int:
-    """Delete the block files under ``model_dir`` that no entry references and that are older than ``grace`` s.
+def delete_block(path: Path, listed: os.stat_result, grace: float = GRACE_S, now: float | None = None) -> int:
+    """The one rule by which a block file is deleted once its caller found no entry naming it; the bytes freed.
 
-    ``referenced``: names listed by the directory's entry files. Only
-    directories of this code's layout (:func:`block_dir`) are collected; a
-    block touched within ``grace`` seconds may belong to an entry being
-    written. Returns the bytes freed.
+    ``listed`` is the file's stat from the caller's listing. The file is deleted only when it is still that file
+    (same ``(st_dev, st_ino)``: not unlinked and written again since), was not touched since (same mtime: a
+    writer touches every block before it writes the entry naming it, :func:`write_block`), is older than
+    ``grace`` seconds (a writer that touched it before the listing may not have renamed its entry into place
+    yet), lies in a directory of this code's layout and starts with this code's header. Otherwise returns 0.
+    What is left (a writer whose touch predates the grace and whose entry lands after the unlink) is caught at
+    the restore: an entry naming a missing block is dropped at its first failed restore
+    (:meth:`ollapy.cache.tiers.DiskTier.load`).
     """
     now = time.time() if now is None else now
+    if not path.parent.name.endswith(f"-k{KV_LAYOUT}"):
+        return 0  # another layout's blocks: never ours to delete
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    if (st.st_dev, st.st_ino, st.st_mtime_ns) != (listed.st_dev, listed.st_ino, listed.st_mtime_ns):
+        return 0
+    if now - st.st_mtime < grace or not known_block(path):
+        return 0
+    try:
+        os.unlink(path)
+    except OSError:
+        return 0
+    return st.st_size
+
+
+def collect_blocks(model_dir: Path, referenced: set[str], grace: float = GRACE_S, now: float | None = None) -> int:
+    """Delete the block files under ``model_dir`` that no entry references, by the rule of :func:`delete_block`.
+
+    ``referenced``: names listed by the directory's entry files. Returns the bytes freed.
+    """
     freed = 0
-    ours = f"-k{KV_LAYOUT}"
     for path, st in list(iter_block_files(model_dir)):
-        if not path.parent.name.endswith(ours):
-            continue  # another layout's blocks: never ours to delete
-        if path.name[: -len(BLOCK_SUFFIX)] in referenced or now - st.st_mtime < grace or not known_block(path):
-            continue
-        try:
-            os.unlink(path)
-            freed += st.st_size
-        except OSError:
-            pass
+        if path.name[: -len(BLOCK_SUFFIX)] not in referenced:
+            freed += delete_block(path, st, grace, now)
     return freed

@@ -16,7 +16,7 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from ollapy.cache.blocks import BLOCK_SUFFIX, BLOCK_TOKENS, GRACE_S, collect_blocks, iter_block_files, known_block
+from ollapy.cache.blocks import BLOCK_SUFFIX, BLOCK_TOKENS, GRACE_S, collect_blocks, delete_block, iter_block_files
 from ollapy.cache.fileformat import SUFFIX, TMP_PREFIX, CacheFileError, UnknownFormat, read_header
 from ollapy.cache.tempfiles import reapable
 
@@ -85,18 +85,22 @@ def _leaf(chain: tuple[str, ...], inner: set[str]) -> bool:
     return not chain or chain[-1] not in inner
 
 
-def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset()) -> list[Path]:
+def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset(), now: float | None = None) -> list[Path]:
     """Delete unpinned entry files and the blocks they alone referenced until all files total ≤ ``cap``.
 
-    Order (module docstring): blocks nothing references (older than the
-    grace of :func:`~ollapy.cache.blocks.collect_blocks`), then entries:
+    Order (module docstring): blocks nothing references, then entries:
     ``protect`` (just written) last, never-hit before hit, leaf before inner,
-    oldest mtime first. Returns the deleted entry paths.
+    oldest mtime first. Every block goes by the one rule of
+    :func:`~ollapy.cache.blocks.delete_block` (still the listed file, untouched since, older than its grace):
+    the reference counts come from a listing another process may have outdated, so a block an evicted entry
+    alone named may be one a writer elsewhere has just touched for its new entry. Such blocks stay (the cap is
+    then exceeded by at most the blocks touched within the grace). ``now``: the clock the grace is measured
+    against (tests). Returns the deleted entry paths.
     """
     files = list(iter_state_files(root))
-    blocks = {d: {p.name[: -len(BLOCK_SUFFIX)]: (p, st.st_size) for p, st in iter_block_files(d)}
+    blocks = {d: {p.name[: -len(BLOCK_SUFFIX)]: (p, st) for p, st in iter_block_files(d)}
               for d in {p.parent for p, *_ in files} | set(model_dirs(root))}
-    total = sum(st.st_size for _, st, _, _ in files) + sum(s for bd in blocks.values() for _, s in bd.values())
+    total = sum(st.st_size for _, st, _, _ in files) + sum(s.st_size for bd in blocks.values() for _, s in bd.values())
     if total <= cap:
         return []
     chains = {p: entry_blocks(p) for p, *_ in files}
@@ -104,7 +108,7 @@ def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset()) -> l
     for p, chain in chains.items():
         refs.setdefault(p.parent, Counter()).update(chain or ())
     for d in blocks:  # blocks nothing references first
-        total -= collect_blocks(d, set(refs[d]), grace=GRACE_S)
+        total -= collect_blocks(d, set(refs[d]), grace=GRACE_S, now=now)
     inner = {n for c in chains.values() if c for n in c[:-1]}
     victims = sorted((f for f in files if not f[2] and chains[f[0]] is not None),
                      key=lambda f: (f[0].name in protect, f[3], not _leaf(chains[f[0]], inner), f[1].st_mtime))
@@ -119,10 +123,8 @@ def enforce_disk_cap(root: Path, cap: int, protect: set[str] = frozenset()) -> l
         for name in chains[path]:
             refs[d][name] -= 1
             if refs[d][name] <= 0 and name in blocks.get(d, {}):
-                bpath, size = blocks[d].pop(name)
-                if known_block(bpath):
-                    unlink_quietly(bpath)
-                    total -= size
+                bpath, listed = blocks[d].pop(name)
+                total -= delete_block(bpath, listed, GRACE_S, now)
     if deleted:
         log.debug("disk cap %d: evicted %d file(s)", cap, len(deleted))
     return deleted

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import struct
 import threading
@@ -37,6 +36,7 @@ from array import array
 from dataclasses import dataclass
 from pathlib import Path
 
+from ollapy.cache.filemap import map_view
 from ollapy.cache.tempfiles import TMP_PREFIX as TMP_PREFIX  # re-exported: the name tests and tools match on
 from ollapy.cache.tempfiles import writer_prefix
 from ollapy.fsutil import write_atomically
@@ -233,8 +233,8 @@ def map_payload(hdr: Header) -> memoryview:
             exc = CacheFileError("truncated payload")
             exc.ident = hdr.ident
             raise exc
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-    return memoryview(mm)[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
+        view = map_view(f.fileno(), st.st_size)  # holds no descriptor once the file is closed (filemap)
+    return view[hdr.payload_offset:hdr.payload_offset + hdr.payload_len]
 
 
 def read_payload(hdr: Header) -> memoryview:

@@ -56,7 +56,7 @@ from ollapy.cache.policy import INTERIM_WRITE_DELAY_S, WRITE_BACK_NEWEST, Admiss
 from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
-from ollapy.cache.tiers import DiskTier, Entry, Parts, RamTier
+from ollapy.cache.tiers import DanglingEntry, DiskTier, Entry, Parts, RamTier
 from ollapy.cache.writer import DrainResult
 
 log = logging.getLogger("ollapy.cache")
@@ -287,10 +287,16 @@ class BoundCache(StateIntake, EntryCatalog):
         if blocks is not None:  # joined outside the lock: the references keep the blocks alive
             state = self._join(e, blocks, tail)
             return None if state is None else Hit(cand.n_tokens, list(e.tokens), "ram", e, state, n_blocks=len(blocks))
-        data = self.disk.load(e, defer_check=defer_check)  # outside the lock: /api/ps never waits on a disk read
+        try:
+            data = self.disk.load(e, defer_check=defer_check)  # outside the lock: /api/ps never waits on a disk read
+        except DanglingEntry:  # a missing block is a miss, not corruption; the entry naming it was dropped
+            with self._lock:
+                self.stats.add(misses=1, dangling=1)
+                self._forget(e)
+            return None
         if data is None:
             with self._lock:
-                if e.blocks:  # a missing block is a miss, not corruption (counted where a check failed)
+                if e.blocks:  # a block that failed its header check: counted where it failed
                     self.stats.add(misses=1)
                 else:
                     self.stats.add(corrupt=1)

@@ -3,7 +3,9 @@
 The model sha256 is computed at most once per file version: it is memoized on
 disk under ``<cache root>/digests/`` keyed by (path, size, mtime_ns), so a new
 ``ollapy run`` process pays a ``stat`` instead of hashing hundreds of MB.
-The KV salt lists every setting that changes the bytes of a sequence state.
+The KV salt lists every setting that changes the bytes of a sequence state, and what computed them (devices,
+offload, repacked weights, row invariance): a state restored where another's kernels would have computed the
+cells could change a greedy answer.
 """
 from __future__ import annotations
 
@@ -75,19 +77,24 @@ def file_sha256(path: str | Path, root: Path | None = None) -> str:
     return digest
 
 
-def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str, state_layout: str = "seq-portable-1") -> dict:
+def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str, state_layout: str = "seq-portable-1",
+            parts: tuple[tuple[str, object], ...] = ()) -> dict:
     """The settings that change a sequence state's bytes, as a JSON-able dict.
 
     ``flash_attn`` is the effective choice (quantized KV types force it on);
     the llama-cpp-python version stands in for llama.cpp's state format;
     ``state_layout`` is the backend's: slot-count independent
     (``seq-portable-1``) or ``streams-N`` (llama.cpp refuses a state saved
-    with another number of KV streams).
+    with another number of KV streams). ``parts``: more identity, as
+    ``(name, JSON-able value)`` pairs added under their names (the backend's
+    ``compute`` identity: devices, offload, repacked weights, row invariance;
+    and the LoRA adapters applied). Raises ValueError for a part whose
+    name is taken.
     """
     fa = flash_attn
     if kv_cache_type != "f16" and flash_attn == "auto":
         fa = "on"
-    return {
+    salt = {
         "type_k": kv_cache_type,
         "type_v": kv_cache_type,
         "flash_attn": fa,
@@ -96,6 +103,11 @@ def kv_salt(kv_cache_type: str, flash_attn: str, library_version: str, state_lay
         "state_format": f"llama-cpp-python {library_version}",
         "state_layout": state_layout,
     }
+    for name, value in parts:
+        if name in salt:
+            raise ValueError(f"salt part {name!r} is taken")
+        salt[name] = value
+    return salt
 
 
 def salt_key(salt: dict) -> str:
@@ -104,18 +116,23 @@ def salt_key(salt: dict) -> str:
 
 
 def salt_from_backend(backend) -> dict:
-    """The KV salt of a loaded :class:`ollapy.engine.backend.context.Backend`.
+    """The KV salt of a loaded :class:`ollapy.engine.backend.context.Backend`: its KV settings plus its
+    ``compute_identity`` (what computes the cells: devices and offload, RPC layout, ``tensor_split``, repacked
+    weights, row invariance; issue 53) where it has one, and its LoRA adapters.
 
     A model with LoRA adapters computes other KV than its base model from the same tokens, so each adapter's
     identity (its file's sha256) and scale join the salt, in the order they are applied: a base model's state
     never serves the adapted model, nor one adapter's another's."""
     cfg = backend.cfg
-    salt = kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
-                   getattr(backend, "state_layout", "seq-portable-1"))
+    parts: list[tuple[str, object]] = []
+    compute = getattr(backend, "compute_identity", None)
+    if compute is not None:
+        parts.append(("compute", compute))
     adapters = getattr(cfg, "adapters", ())
     if adapters:
-        salt["adapters"] = [[adapter_identity(a.path), a.scale] for a in adapters]
-    return salt
+        parts.append(("adapters", [[adapter_identity(a.path), a.scale] for a in adapters]))
+    return kv_salt(cfg.kv_cache_type, getattr(backend, "flash_attn", cfg.flash_attn), library_version(),
+                   getattr(backend, "state_layout", "seq-portable-1"), parts=tuple(parts))
 
 
 def adapter_identity(path: str | Path) -> str:

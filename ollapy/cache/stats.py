@@ -25,7 +25,7 @@ _HOST = socket.gethostname()
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
             "bytes_stored", "bytes_written", "files_written", "corrupt", "blocks_written", "blocks_reused",
-            "whole_states", "superseded", "continued")
+            "whole_states", "superseded", "continued", "dangling")
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class CacheStats:
     written to disk found there already), ``whole_states`` (states the splitter
     did not recognise, kept whole), ``superseded`` (states a longer save point of their
     chain replaced before they were written: :mod:`ollapy.cache.policy`), ``continued`` (RAM-only states dropped
-    because the finished state of a request that continued from them took their role). Gauges: ``ram_bytes``, ``ram_entries``,
+    because the finished state of a request that continued from them took their role), ``dangling`` (entry files
+    dropped at a restore because a block they name was gone). Gauges: ``ram_bytes``, ``ram_entries``,
     ``ram_pinned_bytes``, ``entries`` (known to this process), ``ram_blocks``
     and ``ram_block_bytes`` (the RAM tier's blocks), ``ram_shared_bytes``
     (blocks two or more entries hold), ``ram_logical_bytes`` (the RAM tier's
@@ -73,6 +74,7 @@ class CacheStats:
     whole_states: int = 0
     superseded: int = 0
     continued: int = 0
+    dangling: int = 0
     ram_blocks: int = 0
     ram_block_bytes: int = 0
     ram_shared_bytes: int = 0

@@ -70,7 +70,7 @@ from ollapy.cache.fileformat import (
 from ollapy.cache.tempfiles import pid_alive
 from ollapy.cache.writer import CacheWriter, DrainResult
 
-__all__ = ["HIT", "LAYOUT", "PIN", "DiskTier", "Entry", "Parts", "RamTier", "condemn", "delete_entry_files",
+__all__ = ["HIT", "LAYOUT", "PIN", "DanglingEntry", "DiskTier", "Entry", "Parts", "RamTier", "condemn", "delete_entry_files",
            "disk_usage", "enforce_disk_cap", "iter_state_files", "pid_alive"]
 
 log = logging.getLogger("ollapy.cache")
@@ -105,6 +105,10 @@ class Entry:
     def persisted(self) -> bool:
         """On disk, queued to be written, or with a deferred write (:attr:`due`)."""
         return self.on_disk or self.pending or self.due > 0
+
+
+class DanglingEntry(Exception):
+    """An entry names a block file that is gone: the entry file was dropped (:meth:`DiskTier.load`); a miss."""
 
 
 def condemn(path: Path, ident: tuple[int, int] | None, why: str) -> bool:
@@ -312,6 +316,7 @@ class DiskTier:
         ``(payload, PayloadCheck, header)``, the check running on its own thread
         while the caller restores (see :class:`~ollapy.cache.fileformat.PayloadCheck`);
         on a failed check the caller calls :meth:`condemn` with that header.
+        Raises DanglingEntry when a block entry names a block that is gone (its file was dropped).
         A header cached since the directory was listed is re-read before the
         file is condemned: another process may have rewritten the file since.
         """
@@ -339,9 +344,10 @@ class DiskTier:
     def _load_parts(self, e: Entry, hdr: Header, defer_check: bool) -> Parts | None:
         """Map a block entry's tail and blocks; the checksums run on their own thread (:class:`Parts`).
 
-        None when a block file vanished (a miss, not corruption), failed its
-        header check (deleted when still the same file) or is of another format
-        (left alone). Raises what :func:`map_payload` raises for the entry file.
+        None when a block file failed its header check (deleted when still the
+        same file) or is of another format (left alone). Raises DanglingEntry
+        when a block file vanished (a miss, not corruption: the entry file is
+        dropped), and what :func:`map_payload` raises for the entry file.
         """
         tail = map_payload(hdr)
         items = [("tail", tail, hdr.payload_crc32)]
@@ -352,8 +358,11 @@ class DiskTier:
             try:
                 view, crc = map_block(path)
             except FileNotFoundError:
-                log.debug("prompt cache: block %s of %s vanished", name, e.name)
-                return None
+                # an entry file is written only after every block it names (write_block, _write_blocks): one whose
+                # block is gone is never whole again. Dropped now, unless rewritten since its header was read.
+                log.debug("prompt cache: block %s of %s vanished; entry dropped", name, e.name)
+                self.condemn(e, hdr, f"block {name} vanished")
+                raise DanglingEntry(e.name) from None
             except BlockFileError as exc:
                 if not exc.unknown:
                     _unlink(path)

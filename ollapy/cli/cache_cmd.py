@@ -177,7 +177,8 @@ def prune(max_bytes: str | None = typer.Option(None, "--max-bytes", help="Shrink
         typer.echo(f"still above {_human(cap)}: what is left is pinned (`ollapy cache unpin` frees it)"
                    if u["disk_bytes"] - u["pinned_bytes"] <= cap else
                    f"still above {_human(cap)}: the rest is pinned, files of another ollapy version (left alone), "
-                   "or blocks written moments ago (try again shortly)", err=True)
+                   "or blocks used in the last 10 minutes (another process may be about to reference them: try "
+                   "again then)", err=True)
 
 
 @cache_app.command("clear")

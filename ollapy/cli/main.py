@@ -63,6 +63,9 @@ def main() -> None:
     """Console-script entry point: run the app and map errors to one line + exit code."""
     from ollapy import config
     from ollapy.cli.errors_out import run_app
+    from ollapy.fsutil import raise_open_file_limit
+
+    raise_open_file_limit()  # a server's connections, cache files and runners: not a 1,024-descriptor budget
 
     if config.debug():
         import logging

@@ -14,10 +14,13 @@ inside one (:func:`points_outside`). :class:`MediaPrompter` builds such prompts 
 :class:`~ollapy.engine.backend.media.Projector` and encodes a span's chunk when the engine reaches it (lazily: a
 prefix served from a slot or the prompt cache is never encoded again).
 
-Images are decoded with Pillow (PNG, JPEG, WebP, GIF, BMP, TIFF... first frame, EXIF orientation ignored) into
-RGB, so every format libmtmd's own decoder lacks is handled alike. Limits: :data:`MAX_IMAGES` per request,
-:data:`MAX_IMAGE_BYTES` per encoded image and :data:`MAX_PIXELS` per decoded image (a decompression bomb is
-refused before it is decoded).
+Images are decoded with Pillow into RGB (first frame, EXIF orientation ignored), in the formats the APIs promise
+and no others (:data:`FORMATS`: no EPS, so never Ghostscript; no plugin a client could pick by the file's first
+bytes). Limits, each checked from the file's header before its pixels are decoded: :data:`MAX_IMAGES` per
+request, :data:`MAX_IMAGE_BYTES` per encoded image, :data:`MAX_PIXELS` per decoded image, the request's decoded
+pixels in all (``OLLAPY_REQUEST_IMAGE_PIXELS``: over it a 400) and the pixels all requests of the process hold at
+once while their prompts are built (``OLLAPY_SERVER_IMAGE_PIXELS``, :data:`SERVER_PIXELS`: over it a 503, the
+server's capacity). Issue 53: 16 solid 6,000 x 6,000 PNGs, 0.1 MB each on the wire, grew a server by 4 GB.
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ollapy.errors import ContextError, ImageError
+from ollapy.errors import BusyError, ImageError
 
 #: the most images one request may carry
 MAX_IMAGES = 16
@@ -41,6 +44,74 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000
 #: image chunks kept tokenized between building a prompt and the engine reaching them
 KEPT_CHUNKS = 64
+#: the image formats decoded (Pillow format names): what docs/vision.md promises
+FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
+_FORMAT_HINT = "send a PNG, JPEG, WebP, GIF or BMP image"
+
+
+class PixelBudget:
+    """Decoded pixels held at once by the requests of this process, bounded by ``OLLAPY_SERVER_IMAGE_PIXELS``.
+
+    :meth:`reserve` takes a request's pixels before its images are decoded and gives them back when its prompt is
+    built (the decoded RGB is garbage then: libmtmd holds its own bitmaps). Thread-safe.
+    """
+
+    def __init__(self, capacity: int | None = None) -> None:
+        """``capacity``: pixels; None reads ``OLLAPY_SERVER_IMAGE_PIXELS`` at each reservation."""
+        self._capacity = capacity
+        self.held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def capacity(self) -> int:
+        """The bound, in pixels."""
+        if self._capacity is not None:
+            return self._capacity
+        from ollapy import config
+
+        return config.server_image_pixels()
+
+    def reserve(self, pixels: int) -> PixelReservation:
+        """Hold ``pixels`` until the returned reservation is released (a context manager). Raises BusyError
+        (HTTP 503) when the process holds too many already."""
+        cap = self.capacity
+        with self._lock:
+            if self.held + pixels > cap and self.held:
+                raise BusyError(f"the server is decoding {self.held:,} image pixels; {pixels:,} more would pass its "
+                                f"limit of {cap:,} (OLLAPY_SERVER_IMAGE_PIXELS)", hint="send the request again in a "
+                                "moment")
+            self.held += pixels
+        return PixelReservation(self, pixels)
+
+    def _release(self, pixels: int) -> None:
+        with self._lock:
+            self.held -= pixels
+            assert self.held >= 0, self.held
+
+
+class PixelReservation:
+    """Pixels held in a :class:`PixelBudget` until :meth:`release` (idempotent) or the end of a ``with`` block."""
+
+    def __init__(self, budget: PixelBudget | None, pixels: int) -> None:
+        self._budget = budget
+        self.pixels = pixels
+
+    def release(self) -> None:
+        """Give the pixels back."""
+        budget, self._budget = self._budget, None
+        if budget is not None:
+            budget._release(self.pixels)
+
+    def __enter__(self) -> PixelReservation:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+#: the pixel budget of this process (a server's, a CLI's, a runner child's)
+SERVER_PIXELS = PixelBudget()
+NO_RESERVATION = PixelReservation(None, 0)
 
 
 @dataclass(frozen=True)
@@ -88,9 +159,9 @@ def refuse_remote(url: str, what: str = "image") -> None:
                      hint="send the image inline as a base64 data: URI")
 
 
-def decode_image(raw: bytes, what: str = "image") -> DecodedImage:
-    """Decode image file bytes to RGB with Pillow. Raises ImageError (empty, too large, corrupt, truncated,
-    unsupported format), with the limit's number where one was passed."""
+def _open(raw: bytes, what: str, decode: bool):
+    """Pillow's image of ``raw`` in one of :data:`FORMATS`, its size checked; loaded and converted to RGB when
+    ``decode``, else only its header read. Raises ImageError."""
     from PIL import Image, UnidentifiedImageError
 
     if not raw:
@@ -98,22 +169,52 @@ def decode_image(raw: bytes, what: str = "image") -> DecodedImage:
     if len(raw) > MAX_IMAGE_BYTES:
         raise ImageError(f"{what} is {len(raw):,} bytes, over the limit of {MAX_IMAGE_BYTES:,}",
                          hint="send a smaller image")
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow's own bomb check (an error past twice this) backs ours up
     try:
-        with Image.open(io.BytesIO(raw)) as im:
+        with Image.open(io.BytesIO(raw), formats=FORMATS) as im:
             w, h = im.size
             if w * h > MAX_PIXELS:
                 raise ImageError(f"{what} is {w}x{h} pixels, over the limit of {MAX_PIXELS:,} pixels",
                                  hint="send a smaller image")
+            if not decode:
+                return w, h
             im.load()
-            rgb = im.convert("RGB")
+            return w, h, im.convert("RGB")
     except UnidentifiedImageError:
-        raise ImageError(f"{what} is not an image in a format this server reads",
-                         hint="send a PNG, JPEG, WebP, GIF or BMP image") from None
+        raise ImageError(f"{what} is not an image in a format this server reads", hint=_FORMAT_HINT) from None
     except ImageError:
         raise
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:
+        raise ImageError(f"{what} has too many pixels, over the limit of {MAX_PIXELS:,} pixels",
+                         hint="send a smaller image") from None
+    except (OSError, ValueError, SyntaxError) as exc:
         raise ImageError(f"{what} could not be decoded ({exc})", hint="the file is corrupt or truncated: send it "
                          "again") from None
+
+
+def image_size(raw: bytes, what: str = "image") -> tuple[int, int]:
+    """``(width, height)`` of image file bytes, from the header only (nothing decoded). Raises ImageError as
+    :func:`decode_image` does for what its header shows (empty, too large, not a format of :data:`FORMATS`)."""
+    return _open(raw, what, decode=False)
+
+
+def check_request_pixels(sizes: Sequence[tuple[int, int]]) -> int:
+    """The decoded pixels of a request's images of ``sizes``; raises ImageError (a 400) when they pass
+    ``OLLAPY_REQUEST_IMAGE_PIXELS``."""
+    from ollapy import config
+
+    total = sum(w * h for w, h in sizes)
+    limit = config.request_image_pixels()
+    if total > limit:
+        raise ImageError(f"the request's {len(sizes)} images are {total:,} pixels in all, over the limit of "
+                         f"{limit:,} (OLLAPY_REQUEST_IMAGE_PIXELS)", hint="send fewer or smaller images")
+    return total
+
+
+def decode_image(raw: bytes, what: str = "image") -> DecodedImage:
+    """Decode image file bytes (a format of :data:`FORMATS`) to RGB with Pillow. Raises ImageError (empty, too
+    large, corrupt, truncated, unsupported format), with the limit's number where one was passed."""
+    w, h, rgb = _open(raw, what, decode=True)
     data = rgb.tobytes()
     digest = hashlib.blake2b(f"{w}x{h}:".encode() + data, digest_size=16).hexdigest()
     return DecodedImage(w, h, data, digest)
@@ -206,30 +307,43 @@ class MediaPrompter:
         return tokens, tuple(spans)
 
     def _keep(self, key: str, chunk) -> None:
+        """Keep ``chunk`` under ``key``. A chunk already kept under the key stays (the key names its content: the
+        same pixels, projector and slice) and ``chunk`` is freed; over :data:`KEPT_CHUNKS` the least recently
+        used is given up. Giving up is :meth:`ImageChunk.free`: a chunk being encoded is freed after its encode."""
+        drop = []
         with self._lock:
-            old = self._chunks.pop(key, None)
-            if old is not None:
-                old.free()
-            self._chunks[key] = chunk
+            if key in self._chunks:
+                self._chunks.move_to_end(key)
+                drop.append(chunk)
+            else:
+                self._chunks[key] = chunk
             while len(self._chunks) > KEPT_CHUNKS:
-                self._chunks.popitem(last=False)[1].free()
+                drop.append(self._chunks.popitem(last=False)[1])
+        for ch in drop:
+            ch.free()
 
     def embed(self, span: MediaSpan):
         """The embeddings of ``span``'s chunk (``(n_tokens, n_embd)`` float32) and the ns it took to encode them.
 
-        Raises ContextError when the chunk is no longer kept (more than :data:`KEPT_CHUNKS` image chunks were
-        tokenized since), DecodeError when the projector fails.
+        Raises BusyError (HTTP 503, a server capacity limit: the request may be sent again) when the chunk is no
+        longer kept (more than :data:`KEPT_CHUNKS` image chunks were tokenized since), DecodeError when the
+        projector fails. The projector holds a reference on the chunk while it encodes it.
         """
-        with self._lock:
+        with self._lock:  # a reference taken under the keeper's lock: the chunk cannot be freed under the encode
             chunk = self._chunks.get(span.key)
-            if chunk is not None:
+            if chunk is not None and chunk.retain():
                 self._chunks.move_to_end(span.key)
+            else:
+                chunk = None
         if chunk is None:
-            raise ContextError("an image of this request was dropped before it was encoded (too many images in "
-                               "flight)", hint="send the request again")
-        t0 = time.perf_counter_ns()
-        embd = self.projector.encode(chunk)
-        return embd, time.perf_counter_ns() - t0
+            raise BusyError("an image of this request was dropped before it was encoded (too many images in "
+                            "flight)", hint="send the request again in a moment")
+        try:
+            t0 = time.perf_counter_ns()
+            embd = self.projector.encode(chunk)
+            return embd, time.perf_counter_ns() - t0
+        finally:
+            chunk.release()
 
     def decode(self, embd, start: int, seq: int, span: MediaSpan) -> None:
         """Decode ``embd`` into ``seq`` from position ``start`` (loop thread)."""

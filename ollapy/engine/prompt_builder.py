@@ -51,30 +51,42 @@ class PromptBuilder:
     _prefix_tokens: collections.OrderedDict[str, tuple[int, ...]]
     _prefix_lock: threading.Lock
 
-    def _message_images(self, messages: list[dict]) -> tuple[list[dict], list]:
-        """``messages`` with a media marker per image in front of its message's content, and the images decoded
-        (:func:`ollapy.engine.media.decode_image`), in prompt order. Raises ImageError."""
-        from ollapy.engine.media import check_count, decode_base64_image, decode_image
+    def _message_images(self, messages: list[dict]) -> tuple[list[dict], list, object]:
+        """``messages`` with a media marker per image in front of its message's content, the images decoded
+        (:func:`ollapy.engine.media.decode_image`), in prompt order, and the reservation of their pixels in the
+        process's budget (:data:`ollapy.engine.media.SERVER_PIXELS`), for the caller to release once the prompt is
+        built. Every image's header is read, and the request's and the process's pixel budgets checked, before
+        any image is decoded. Raises ImageError (400), BusyError (503: the process's budget)."""
+        from ollapy.engine import media as mediamod
         from ollapy.errors import ImageError
 
         if not any(m.get("images") for m in messages):
-            return messages, []
+            return messages, [], mediamod.NO_RESERVATION
         if self.media is None:
             raise ImageError(f'"{self.name}" does not support vision',
                              hint="send images to a vision model (a GGUF with its mmproj projector)")
-        check_count(sum(len(m.get("images") or ()) for m in messages))
-        out, images = [], []
+        mediamod.check_count(sum(len(m.get("images") or ()) for m in messages))
+        raws = []  # bytes, or Ollama's base64 strings (a CLI session's history)
+        for m in messages:
+            for raw in m.get("images") or ():
+                what = f"image {len(raws) + 1}"
+                raws.append((mediamod.decode_base64_image(raw, what) if isinstance(raw, str) else raw, what))
+        pixels = mediamod.check_request_pixels([mediamod.image_size(raw, what) for raw, what in raws])
+        held = mediamod.SERVER_PIXELS.reserve(pixels)
+        try:
+            images = [mediamod.decode_image(raw, what) for raw, what in raws]
+        except BaseException:
+            held.release()
+            raise
+        out = []
         for m in messages:
             imgs = m.get("images") or ()
             if not imgs:
                 out.append(m)
                 continue
-            for raw in imgs:  # bytes, or Ollama's base64 strings (a CLI session's history)
-                what = f"image {len(images) + 1}"
-                images.append(decode_image(decode_base64_image(raw, what) if isinstance(raw, str) else raw, what))
             marks = "".join(self.media.marker for _ in imgs)
             out.append({**{k: v for k, v in m.items() if k != "images"}, "content": marks + "\n" + str(m.get("content") or "")})
-        return out, images
+        return out, images, held
 
     def _media_tokens(self, text: str, images: list) -> tuple[list[int], tuple]:
         """Tokens (placeholder ids for images) and image spans of ``text`` with its markers; never two BOS."""
@@ -222,7 +234,11 @@ class PromptBuilder:
         return Prompt(prompt.tokens, prompt.keep, prompt.save_points, prompt.text, truncated=True)
 
     def _chat_prompt(self, messages: list[dict], **extra) -> Prompt:
-        messages, images = self._message_images(messages)
+        messages, images, held = self._message_images(messages)
+        with held:  # the decoded pixels count against the process's budget until the prompt is built
+            return self._chat_prompt_of(messages, images, **extra)
+
+    def _chat_prompt_of(self, messages: list[dict], images: list, **extra) -> Prompt:
         text = self.render(messages, **extra)
         media = ()
         if images:  # text and image chunks; placeholder ids stand for each image's embeddings (engine/media.py)

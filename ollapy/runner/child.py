@@ -32,6 +32,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 
+from ollapy.fsutil import raise_open_file_limit
 from ollapy.runner.wire import CALLS, STATUS_INTERVAL_S, EmbeddingResult, ReadyFacts, error_payload
 
 log = logging.getLogger("ollapy.runner")
@@ -227,6 +228,7 @@ class ChunkSender:
 def prepare_process() -> None:
     """No core dumps, no gdb backtrace from ggml on an abort."""
     os.environ["GGML_NO_BACKTRACE"] = "1"
+    raise_open_file_limit()  # inherited from the server, unless the child was started otherwise
     try:
         import resource
 

@@ -95,6 +95,8 @@ class _RuntimeCollector:
         continued = CounterMetricFamily("ollapy_prompt_cache_continued", "RAM-only states dropped because the "
                                         "finished state of a request that continued from them took their role "
                                         "(sliding-window models).", labels=["model"])
+        dangling = CounterMetricFamily("ollapy_prompt_cache_dangling", "Entry files dropped at a restore because a "
+                                       "KV block they name was gone.", labels=["model"])
         b_shared = GaugeMetricFamily("ollapy_prompt_cache_block_shared_bytes", "Bytes of RAM-tier KV blocks that two "
                                      "or more entries share.", labels=["model"])
         b_held = GaugeMetricFamily("ollapy_prompt_cache_block_bytes", "Bytes of KV blocks held in the RAM tier.",
@@ -131,10 +133,11 @@ class _RuntimeCollector:
             b_evicted.add_metric([e.key], getattr(cs, "blocks_evicted", 0))
             superseded.add_metric([e.key], getattr(cs, "superseded", 0))
             continued.add_metric([e.key], getattr(cs, "continued", 0))
+            dangling.add_metric([e.key], getattr(cs, "dangling", 0))
             b_shared.add_metric([e.key], getattr(cs, "ram_shared_bytes", 0))
             b_held.add_metric([e.key], getattr(cs, "ram_block_bytes", 0))
             b_logical.add_metric([e.key], getattr(cs, "ram_logical_bytes", 0))
             restore.add_metric([e.key], getattr(cs, "restore_buffer_bytes", 0))
             queued.add_metric([e.key], getattr(cs, "queued_bytes", 0))
         yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
-                    b_evicted, superseded, continued, b_shared, b_held, b_logical, restore, queued)
+                    b_evicted, superseded, continued, dangling, b_shared, b_held, b_logical, restore, queued)

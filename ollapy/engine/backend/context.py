@@ -122,6 +122,26 @@ def _placement(mp, cfg: ContextConfig) -> tuple[bool, list[dict], list]:
     return offload, facts, keep
 
 
+def _compute_identity(b, cfg: ContextConfig) -> dict:
+    """What computes a model's KV cells besides the KV settings, as JSON-able values (a part of the cache salt,
+    :func:`ollapy.cache.salt.kv_salt`): the devices holding layers (each one's ggml backend and description, in
+    placement order: remote ones and local GPUs; none for the CPU alone), how many layers they hold and the split
+    between them (``num_gpu``, ``tensor_split``, the RPC layout), repacked weights (``extra_bufts``), and whether
+    every row computes alike whatever the batch (``row_invariant``) and a finished state keeps its answer
+    (``answer_reuse``). Kernels that round differently compute other KV bytes: a state one of these made is
+    not what another's cold prefill would compute, so a restore there could change a greedy answer."""
+    devices: list[str] = []
+    if b.gpu_offload:
+        from ollapy.engine.backend import rpc
+
+        facts = b.devices or [rpc.describe_device(d) for d in rpc.local_gpus()]
+        devices = [f"{f.get('backend', '')}:{f.get('description', '')}" for f in facts]
+    return {"devices": devices, "gpu_layers": b.gpu_layers[0] if b.gpu_offload else 0,
+            "tensor_split": [float(x) for x in cfg.tensor_split] if b.gpu_offload else [],
+            "extra_bufts": bool(b.extra_bufts), "row_invariant": bool(b.row_invariant),
+            "answer_reuse": bool(b.answer_reuse)}
+
+
 class Backend:
     """One loaded model and its single multi-sequence context.
 
@@ -208,6 +228,7 @@ class Backend:
         # rows computed alike, and no CPU flash attention (one query row takes its split-KV path, several rows its
         # tiled path: ggml-cpu ops.cpp, ggml_compute_forward_flash_attn_ext_f16)
         self.answer_reuse = self.row_invariant and self.flash_attn == "off"
+        self.compute_identity = _compute_identity(self, cfg)
         self.can_shift = bool(C.llama_memory_can_shift(self.mem))
         self.n_swa = C.llama_model_n_swa(self.model)
         # one KV stream per sequence (kv_unified off); plain KV caches save states any slot count can restore

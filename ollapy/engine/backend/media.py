@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ollapy.engine.backend import bindings
 from ollapy.engine.backend.bindings import C
-from ollapy.errors import DecodeError, ModelLoadError, UsageError
+from ollapy.errors import BusyError, DecodeError, ModelLoadError, UsageError
 
 log = logging.getLogger("ollapy.engine")
 _IDENTITY_BYTES = 1 << 20
@@ -58,23 +58,55 @@ def projector_identity(path: Path) -> bytes:
 @dataclass
 class ImageChunk:
     """An owned libmtmd image chunk: ``n_tokens`` embeddings (positions) of one image or image slice; ``image_id``
-    the id its bitmap was given (:meth:`Projector.tokenize`)."""
+    the id its bitmap was given (:meth:`Projector.tokenize`).
+
+    Reference counted: whoever keeps the chunk holds the first reference (given up with :meth:`free`), a user of
+    the native handle takes one more for the time it uses it (:meth:`retain`, :meth:`release`); the libmtmd chunk
+    is freed when the last reference is gone, so a chunk dropped by its keeper while the loop thread encodes it
+    is freed after the encode, never under it (issue 53).
+    """
 
     handle: int
     n_tokens: int
     non_causal: bool = False
     image_id: str = ""
     _free: object = field(repr=False, default=None)
+    _refs: int = field(repr=False, default=1)
+    _kept: bool = field(repr=False, default=True)
+    _lock: threading.Lock = field(repr=False, default_factory=threading.Lock)
+
+    def retain(self) -> bool:
+        """Take a reference for a use of :attr:`handle`; False (none taken) when the chunk was already freed."""
+        with self._lock:
+            if not self.handle or self._refs <= 0:
+                return False
+            self._refs += 1
+            return True
+
+    def release(self) -> None:
+        """Give up a reference taken with :meth:`retain`; the last one frees the libmtmd chunk."""
+        with self._lock:
+            assert self._refs > 0, "image chunk released more often than retained"
+            self._refs -= 1
+            handle = self.handle if self._refs == 0 else 0
+            if handle:
+                self.handle = 0
+        if handle:
+            self._free(handle)
 
     def free(self) -> None:
-        """Free the libmtmd chunk (idempotent)."""
-        if self.handle:
-            self._free(self.handle)
-            self.handle = 0
+        """Give up the keeper's reference (idempotent): the chunk is freed now, or when its last user releases it."""
+        with self._lock:
+            if not self._kept:
+                return
+            self._kept = False
+        self.release()
 
-    def __del__(self) -> None:  # pragma: no cover - garbage collection
+    def __del__(self) -> None:  # pragma: no cover - garbage collection (no user can hold a reference any more)
         try:
-            self.free()
+            if self.handle:
+                self._free(self.handle)
+                self.handle = 0
         except Exception:  # noqa: BLE001
             pass
 
@@ -180,18 +212,28 @@ class Projector:
 
     # ---- encoding and decoding ----------------------------------------------------------------
     def encode(self, chunk: ImageChunk):
-        """The projector's embeddings of ``chunk``: float32 ``(n_tokens, n_embd)`` (a copy). Raises DecodeError."""
+        """The projector's embeddings of ``chunk``: float32 ``(n_tokens, n_embd)`` (a copy).
+
+        Holds a reference on ``chunk`` (:meth:`ImageChunk.retain`) while libmtmd reads it. Raises BusyError when the
+        chunk was already freed (its keeper dropped it: a capacity limit, the request may be sent again),
+        DecodeError when the projector fails.
+        """
         m = self._m
         np = bindings.np
-        with self._lock:
-            if not chunk.handle:
-                raise DecodeError("image chunk already freed", hint="send the image again")
-            rc = m.mtmd_encode_chunk(self.ctx, chunk.handle)
-            if rc != 0:
-                raise DecodeError(f"the projector could not encode an image (error {rc})", hint="retry the request")
-            ptr = m.mtmd_get_output_embd(self.ctx)
-            n = chunk.n_tokens * self.n_embd
-            out = np.ctypeslib.as_array(ptr, shape=(n,)).copy()
+        if not chunk.retain():
+            raise BusyError("an image of this request was dropped before it was encoded (too many images in flight)",
+                            hint="send the request again in a moment")
+        try:
+            with self._lock:
+                rc = m.mtmd_encode_chunk(self.ctx, chunk.handle)
+                if rc != 0:
+                    raise DecodeError(f"the projector could not encode an image (error {rc})",
+                                      hint="retry the request")
+                ptr = m.mtmd_get_output_embd(self.ctx)
+                n = chunk.n_tokens * self.n_embd
+                out = np.ctypeslib.as_array(ptr, shape=(n,)).copy()
+        finally:
+            chunk.release()
         return out.reshape(chunk.n_tokens, self.n_embd)
 
     def decode(self, embd, start: int, seq: int, non_causal: bool = False) -> None:
