@@ -22,7 +22,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from ollapy.errors import UsageError
+from ollapy.errors import OptionError, UsageError
 from ollapy.server.bodies import NamedBody, check_name
 from ollapy.server.errors import redact_paths
 from ollapy.server.http import err, errors_as_json, ndjson_response, read_body, state_of
@@ -343,10 +343,12 @@ def _create_modelfile(body: CreateBody, parse_modelfile, format_modelfile, allow
         raise UsageError("create needs from, files or modelfile")
     params = dict(base["parameters"])
     if isinstance(body.parameters, dict):
-        from ollapy.options import coerce_option
+        from ollapy.options import LIST_OPTIONS, REQUEST_ONLY_OPTIONS, coerce_option
 
         for k, v in body.parameters.items():
-            params[k] = list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v)
+            if k in REQUEST_ONLY_OPTIONS:
+                raise OptionError(f"parameter {k} cannot be part of a model", hint="send it with each request")
+            params[k] = list(coerce_option(k, v)) if k in LIST_OPTIONS else coerce_option(k, v)
     if isinstance(params.get("draft"), str):  # DRAFT lines and parameters.draft: no server paths either
         from ollapy.options import draft_model
         from ollapy.server.scheduler import DRAFT_PATHS_REFUSED, check_server_path
