@@ -188,6 +188,8 @@ REQUEST_ONLY_OPTIONS = ("logit_bias",)
 #: OpenAI's ``logit_bias`` range; its own docs: "values like -100 or 100 should result in a ban or exclusive
 #: selection", so -100 is a ban here (llama.cpp's sampler then never picks the token: -inf)
 LOGIT_BIAS_MAX = 100.0
+#: the most ``logit_bias`` entries one request may carry (each is a sampler entry, a text one a tokenization)
+LOGIT_BIAS_ENTRIES = 4096
 
 #: Option names the official Ollama client's ``Options`` type (and older Ollama servers) carry that ollapy has no
 #: use for, with their types. The HTTP API accepts them (a wrong type is still an error) and ignores them.
@@ -339,7 +341,8 @@ def read_logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
     Accepts OpenAI's object (``{"15339": -100}``: token ids as strings) and llama-server's forms: an object
     whose keys are texts, a list of ``[id or text, bias]`` pairs, and ``false`` as a bias (a ban). A bias is a
     number from -100 to 100 (OpenAI's range); -100 and ``false`` are ``-inf`` (a ban). ``null`` or ``{}`` is
-    none. Already-read pairs pass unchanged. Raises OptionError naming the bad entry.
+    none; at most :data:`LOGIT_BIAS_ENTRIES` entries. Already-read pairs pass unchanged. Raises OptionError naming
+    the bad entry.
     """
     if value is None:
         return ()
@@ -355,6 +358,8 @@ def read_logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
     else:
         raise OptionError(f"logit_bias must be an object of token id -> bias, got {reprlib.repr(value)}",
                           hint='e.g. {"15339": -100} in the request body (a Modelfile cannot set it)')
+    if len(items) > LOGIT_BIAS_ENTRIES:
+        raise OptionError(f"logit_bias has {len(items)} entries; at most {LOGIT_BIAS_ENTRIES} are allowed")
     out: list[tuple[int | str, float]] = []
     for key, bias in items:
         if isinstance(key, str) and key.strip().lstrip("-").isdigit():

@@ -79,6 +79,7 @@ def test_dry_and_xtc_change_a_repetitive_answer_and_stay_deterministic(api):
     ({"logit_bias": {"99999999": -100}}, "logit_bias token 99999999 is outside the vocabulary of this model "
                                          "(0 to 49151)"),
     ({"logit_bias": [[1, 2, 3]]}, "logit_bias entries must be [token, bias] pairs, got [1, 2, 3]"),
+    ({"logit_bias": {str(i): 1 for i in range(4097)}}, "logit_bias has 4097 entries; at most 4096 are allowed"),
 ])
 def test_bad_values_are_one_line_400s(api, body, message):
     with pytest.raises(openai.BadRequestError) as exc:
