@@ -240,17 +240,16 @@ def test_qwen_config_is_its_openai_mode_with_the_context_in_its_defaults(api, tm
     assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}}})]
 
 
-def test_droid_config_is_a_custom_model_made_the_default(api, tmp_path):
+def test_droid_config_is_a_custom_model_in_its_runtime_settings(api, tmp_path):
     exports, edits, cmd = _config(api, tmp_path, "droid", "exec", "hi")
-    assert exports == {} and cmd == ["droid", "exec", "-m", "custom:ollapy-big:latest", "hi"]
-    [(path, patch)] = edits
-    assert path == str(tmp_path / "home" / ".factory" / "settings.json")
-    assert patch == {"customModels": [{"id": "custom:ollapy-big:latest", "model": "big:latest",
-                                       "displayName": "big:latest (ollapy)", "baseUrl": api.url + "/v1",
-                                       "apiKey": "ollapy", "provider": "generic-chat-completion-api",
-                                       "maxOutputTokens": 8192, "supportsImages": False}],
-                     "sessionDefaultSettings": {"model": "custom:ollapy-big:latest"}}
-    assert _config(api, tmp_path, "droid")[2] == ["droid"]  # the TUI: its session default
+    settings = str(tmp_path / "state" / "ollapy" / "droid" / "settings.json")
+    assert exports == {} and cmd == ["droid", "exec", "--settings", settings, "-m", "custom:ollapy-big:latest", "hi"]
+    assert edits == [(settings, {"customModels": [{"id": "custom:ollapy-big:latest", "model": "big:latest",
+                                                   "displayName": "big:latest (ollapy)", "baseUrl": api.url + "/v1",
+                                                   "apiKey": "ollapy", "provider": "generic-chat-completion-api",
+                                                   "maxOutputTokens": 8192, "supportsImages": False}],
+                                 "sessionDefaultSettings": {"model": "custom:ollapy-big:latest"}})]
+    assert _config(api, tmp_path, "droid")[2] == ["droid", "--settings", settings]  # the TUI: its session default
 
 
 def test_cline_config_is_its_openai_compatible_provider(api, tmp_path):

@@ -12,8 +12,10 @@ taken from its own docs and code (npm packages, checked at the versions named):
   ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL``; the output bound in ``QWEN_CODE_MAX_OUTPUT_TOKENS``;
   the context (``model.generationConfig.contextWindowSize``, a setting only) in a settings file of ollapy's own,
   named by ``QWEN_CODE_SYSTEM_DEFAULTS_PATH`` (the lowest-priority settings layer: the user's own win).
-* Droid (``droid``, npm ``@factory/cli``): a custom model in ``~/.factory/settings.json`` (``customModels``, provider
-  ``generic-chat-completion-api`` on ``/v1``, ``maxOutputTokens``), made the session default; ``exec -m ID``.
+* Droid (``droid``, npm ``@factory/cli`` 0.225): a custom model (``customModels``, provider
+  ``generic-chat-completion-api`` on ``/v1``, ``maxOutputTokens``) made the session default, in a settings file of
+  ollapy's own given as ``--settings`` (Droid merges it over the user's ``~/.factory/settings.json`` for that run
+  only); ``exec -m ID``.
 * Cline (``cline``, npm ``cline`` 3.0): its ``openai-compatible`` provider in
   ``~/.cline/data/settings/providers.json`` (what ``cline auth -p openai -b URL`` writes, plus the ``contextWindow``
   and ``maxTokens`` its schema takes); ``-P openai-compatible -m M``.
@@ -138,6 +140,11 @@ def droid_model_id(model: str) -> str:
     return f"custom:{PROVIDER}-{model}"
 
 
+def droid_settings_path() -> Path:
+    """The runtime settings file ollapy gives Droid (``--settings``: merged over the user's own for one run)."""
+    return config.state_dir() / "droid" / "settings.json"
+
+
 def _droid(exe: str, url: str, model: str, context: int, args: list[str], env: dict, key: str | None):
     from ollapy.cli.launch_cmd import LaunchPlan, output_bound
 
@@ -145,10 +152,11 @@ def _droid(exe: str, url: str, model: str, context: int, args: list[str], env: d
     entry = {"id": mid, "model": model, "displayName": f"{model} (ollapy)", "baseUrl": url + "/v1",
              "apiKey": _key(key), "provider": "generic-chat-completion-api", "maxOutputTokens": output_bound(context),
              "supportsImages": False}
-    edit = ConfigEdit(str(_home(env) / ".factory" / "settings.json"),
-                      {"customModels": [entry], "sessionDefaultSettings": {"model": mid}})
-    argv = [exe, args[0], "-m", mid, *args[1:]] if args and args[0] == "exec" else [exe, *args]
-    return LaunchPlan(argv, edits=[edit])
+    path = str(droid_settings_path())
+    edit = ConfigEdit(path, {"customModels": [entry], "sessionDefaultSettings": {"model": mid}})
+    if args and args[0] == "exec":
+        return LaunchPlan([exe, "exec", "--settings", path, "-m", mid, *args[1:]], edits=[edit])
+    return LaunchPlan([exe, "--settings", path, *args], edits=[edit])
 
 
 def _cline(exe: str, url: str, model: str, context: int, args: list[str], env: dict, key: str | None):
