@@ -395,14 +395,18 @@ more_agents() {
     rc=$?
     echo "$out" > "$WORK/more-$label.log"
     if [ $rc = 0 ] && [ -n "$(printf '%s' "$out" | grep -v '^launching')" ]; then ok "$label-via-launch"
+    elif [ $rc = 53 ] && printf '%s' "$out" | grep -q "Reached max session turns"; then
+      ok "$label-via-launch (one turn answered; the model's tool calls cut by --max-session-turns 1)"
     else fail "$label-via-launch" "exit $rc: $(printf '%s' "$out" | tail -c 300 | tr '\n' ' ')"; fi
   }
   more pi pi --model gemma3-agents -- --no-tools -p "Reply with one word: ready"
-  more qwen qwen --model gemma3-agents -- -p "Reply with one word: ready"
+  # Qwen Code has no switch for its tools: one turn (--max-session-turns 1, exit 53 when the turn was a tool call)
+  more qwen qwen --model gemma3-agents -- --max-session-turns 1 -p "Reply with one word: ready"
   more kilo kilo --model gemma3-agents -- run "Reply with one word: ready"
   more cline cline --model gemma3-agents -- "Reply with one word: ready"
   more droid droid --model gemma3-agents -- exec "Reply with one word: ready"
   note "crush: not run (its npm package downloads its binary from GitHub at install time); ollapy launch crush --config prints its crush.json entries"
+  note "what each needed (docs/anthropic-and-agents.md): pi a provider in models.json; qwen OPENAI_* variables, --auth-type openai and its context in a defaults settings file; kilo KILO_CONFIG_CONTENT; cline its openai-compatible provider in providers.json; droid a custom model in a --settings file"
 }
 want agents && more_agents
 
