@@ -18,7 +18,8 @@ taken from its own docs and code (npm packages, checked at the versions named):
   only); ``exec -m ID``.
 * Cline (``cline``, npm ``cline`` 3.0): its ``openai-compatible`` provider in
   ``~/.cline/data/settings/providers.json`` (what ``cline auth -p openai -b URL`` writes, plus the ``contextWindow``
-  and ``maxTokens`` its schema takes); ``-P openai-compatible -m M``.
+  and ``maxTokens`` its schema takes), made the last used one; no ``-P``/``-m`` (with them Cline rewrites the
+  provider's settings without its base URL and key).
 * Kilo (``kilo``, npm ``@kilocode/cli`` 7, an opencode fork): opencode's provider configuration in
   ``KILO_CONFIG_CONTENT``; ``run --model ollapy/M``.
 * Crush (``crush``, npm ``@charmland/crush``): an ``openai-compat`` provider ``ollapy`` in
@@ -167,7 +168,8 @@ def _cline(exe: str, url: str, model: str, context: int, args: list[str], env: d
     edit = ConfigEdit(str(_home(env) / ".cline" / "data" / "settings" / "providers.json"),
                       {"version": 1, "lastUsedProvider": "openai-compatible",
                        "providers": {"openai-compatible": {"settings": settings, "tokenSource": "manual"}}})
-    return LaunchPlan([exe, "-P", "openai-compatible", "-m", model, *args], edits=[edit])
+    # no -P/-m: Cline 3.0 then saves the provider as {provider, model} alone, dropping the base URL and key it has
+    return LaunchPlan([exe, *args], edits=[edit])
 
 
 def _kilo(exe: str, url: str, model: str, context: int, args: list[str], env: dict, key: str | None):
