@@ -379,7 +379,8 @@ fi
 # configuration under the scratch folder. Tools are off where the agent has a switch for it (pi --no-tools): a
 # 270M base model cannot drive tools, and this checks the wiring (base URL, model, key, context, output bound).
 # Crush is not run: its npm package downloads the binary from GitHub at install time (unreachable here). Kilo's
-# npm package does not pull in its platform binary here (its postinstall; 7.8.1 has none on npm): pinned apart.
+# npm package did not pull in its platform binary (an optional dependency) here: it is named apart, at the version
+# npm gave then.
 MORE_PKGS="@mariozechner/pi-coding-agent@0.73.1 @qwen-code/qwen-code@0.15.10 @kilocode/cli@7.8.1 @kilocode/cli-linux-x64@7.7.9 cline@3.0.65"
 more_agents() {
   local bin=$DIR/npm-more/node_modules/.bin
