@@ -24,6 +24,8 @@ generated from them (``scripts/gen_docs.py``), so a new option needs its line th
 from __future__ import annotations
 
 import logging
+import math
+import reprlib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -82,6 +84,18 @@ class Options:
     mirostat: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    # llama.cpp's samplers beyond Ollama's, in llama-server's names and defaults (common/common.h): DRY (off at
+    # multiplier 0), top-n-sigma (off below 0), XTC (off at probability 0); logit_bias: (token id or text, bias)
+    # pairs (:func:`read_logit_bias`; a text is tokenized when the request starts), -inf bans
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    top_n_sigma: float = -1.0
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    logit_bias: tuple[tuple[int | str, float], ...] = ()
     stop: tuple[str, ...] = field(default_factory=tuple)
     shift: bool = True
     truncate: bool = True
@@ -137,7 +151,7 @@ _CHOICES = {
     "fim_layout": ("auto", "plain", "moved-line"),
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
-        "mirostat": 0, "draft_num_predict": -1, "draft_min": 1}
+        "mirostat": 0, "draft_num_predict": -1, "draft_min": 1, "dry_allowed_length": 0, "dry_penalty_last_n": -1}
 # ggml's GGML_MAX_N_THREADS, llama.cpp's LLAMA_MAX_SEQ; num_ctx * num_parallel and num_batch stay in a uint32
 _MAX = {"mirostat": 2, "draft_num_predict": 64, "draft_min": 64, "num_thread": 512, "num_parallel": 256,
         "num_ctx": 2**23, "num_batch": 2**23}
@@ -171,8 +185,20 @@ def draft_model(draft: str) -> str:
     return "" if draft in ("", DRAFT_NGRAM) else draft
 
 
-# OpenAI's presence/frequency penalties range over [-2, 2]; a negative one favours repeats (llama.cpp applies it so)
-_FLOAT_MIN = {"presence_penalty": -2.0, "frequency_penalty": -2.0}
+# OpenAI's presence/frequency penalties range over [-2, 2]; a negative one favours repeats (llama.cpp applies it so);
+# DRY's base below 1 would reward repeats (llama-server quietly takes its default then); any negative top_n_sigma is off
+_FLOAT_MIN = {"presence_penalty": -2.0, "frequency_penalty": -2.0, "dry_base": 1.0, "top_n_sigma": float("-inf")}
+# probabilities (llama-server's limits for XTC's; a threshold above 0.5 turns XTC off)
+_FLOAT_MAX = {"xtc_probability": 1.0, "xtc_threshold": 1.0}
+#: options whose value is a list of strings: repeated Modelfile ``PARAMETER`` lines and ``-o`` items accumulate
+LIST_OPTIONS = ("stop", "dry_sequence_breakers")
+#: options a request sets but a Modelfile or ``/api/create`` does not (a model's token ids are no parameter of it)
+REQUEST_ONLY_OPTIONS = ("logit_bias",)
+#: OpenAI's ``logit_bias`` range; its own docs: "values like -100 or 100 should result in a ban or exclusive
+#: selection", so -100 is a ban here (llama.cpp's sampler then never picks the token: -inf)
+LOGIT_BIAS_MAX = 100.0
+#: the most ``logit_bias`` entries one request may carry (each is a sampler entry, a text one a tokenization)
+LOGIT_BIAS_ENTRIES = 4096
 
 #: Option names the official Ollama client's ``Options`` type (and older Ollama servers) carry that ollapy has no
 #: use for, with their types. The HTTP API accepts them (a wrong type is still an error) and ignores them.
@@ -224,12 +250,19 @@ def coerce_option(name: str, value: Any) -> Any:
 
 def _coerce(name: str, typ: str, value: Any) -> Any:
     try:
-        if name == "stop":
+        if name in LIST_OPTIONS:
             if isinstance(value, str):
-                return (value,)
-            if isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
-                return tuple(value)
-            raise ValueError
+                out_list: tuple[str, ...] = (value,)
+            elif isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value):
+                out_list = tuple(value)
+            else:
+                raise ValueError
+            if name == "dry_sequence_breakers" and not any(out_list):
+                raise OptionError("option dry_sequence_breakers must name at least one non-empty string",
+                                  hint='e.g. ["\\n", ":"] (llama-server\'s default: "\\n", ":", "\\"", "*")')
+            return out_list
+        if name == "logit_bias":
+            return read_logit_bias(value)
         if typ == "bool":
             if isinstance(value, bool):
                 return value
@@ -264,6 +297,8 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
             if out < low:
                 raise OptionError(f"option {name} must be at least {low:g}, got {out}" if low else
                                   f"option {name} must not be negative, got {out}")
+            if name in _FLOAT_MAX and out > _FLOAT_MAX[name]:
+                raise OptionError(f"option {name} must be at most {_FLOAT_MAX[name]:g}, got {out}")
             return out
         if name == "rpc":
             from ollapy.rpc_endpoint import parse_endpoints
@@ -278,7 +313,8 @@ def _coerce(name: str, typ: str, value: Any) -> Any:
             raise OptionError(f"option {name} must be one of {', '.join(_CHOICES[name])}, got {value!r}")
         return s
     except (ValueError, TypeError):
-        raise OptionError(f"option {name} expects {'a list of strings' if name == 'stop' else typ}, got {value!r}") from None
+        expected = "a list of strings" if name in LIST_OPTIONS else typ
+        raise OptionError(f"option {name} expects {expected}, got {value!r}") from None
 
 
 def _tensor_split(text: str) -> str:
@@ -305,6 +341,54 @@ def _draft(value: Any) -> str:
         raise OptionError(f"option draft must be ngram, a model name or a .gguf path, got {value!r}",
                           hint="e.g. -o draft=ngram, or DRAFT smollm2:135m in a Modelfile")
     return text  # a draft model's name or path, case kept (resolved when the model loads)
+
+
+def read_logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
+    """A ``logit_bias`` value as ``((token, bias), ...)``: ``token`` a token id (int >= 0) or a text (every
+    token of it gets the bias once the model tokenizes it: :func:`ollapy.engine.sampler.resolve_logit_bias`).
+
+    Accepts OpenAI's object (``{"15339": -100}``: token ids as strings) and llama-server's forms: an object
+    whose keys are texts, a list of ``[id or text, bias]`` pairs, and ``false`` as a bias (a ban). A bias is a
+    number from -100 to 100 (OpenAI's range); -100 and ``false`` are ``-inf`` (a ban). ``null`` or ``{}`` is
+    none; at most :data:`LOGIT_BIAS_ENTRIES` entries. Already-read pairs pass unchanged. Raises OptionError naming
+    the bad entry.
+    """
+    if value is None:
+        return ()
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)):
+        items = []
+        for el in value:
+            if not isinstance(el, (list, tuple)) or len(el) != 2:
+                raise OptionError(f"logit_bias entries must be [token, bias] pairs, got {reprlib.repr(el)}",
+                                  hint='e.g. [[15339, -100], ["Hello", false]] or {"15339": -100}')
+            items.append((el[0], el[1]))
+    else:
+        raise OptionError(f"logit_bias must be an object of token id -> bias, got {reprlib.repr(value)}",
+                          hint='e.g. {"15339": -100} in the request body (a Modelfile cannot set it)')
+    if len(items) > LOGIT_BIAS_ENTRIES:
+        raise OptionError(f"logit_bias has {len(items)} entries; at most {LOGIT_BIAS_ENTRIES} are allowed")
+    out: list[tuple[int | str, float]] = []
+    for key, bias in items:
+        if isinstance(key, str) and key.strip().lstrip("-").isdigit():
+            key = int(key.strip())
+        if isinstance(key, bool) or not isinstance(key, (int, str)) or (isinstance(key, int) and key < 0) or key == "":
+            raise OptionError(f"logit_bias key {reprlib.repr(key)} is not a token id or a text",
+                              hint="use token ids from /tokenize as keys")
+        if bias is False:
+            b = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) or bias != bias:
+            raise OptionError(f"logit_bias value for {key!r} must be a number from -100 to 100 or false, "
+                              f"got {reprlib.repr(bias)}")
+        elif bias == -math.inf:
+            b = bias
+        elif not -LOGIT_BIAS_MAX <= bias <= LOGIT_BIAS_MAX:
+            raise OptionError(f"logit_bias value for {key!r} must be from -100 to 100, got {bias}")
+        else:
+            b = -math.inf if bias <= -LOGIT_BIAS_MAX else float(bias)
+        out.append((key, b))
+    return tuple(out)
 
 
 def tensor_split_values(text: str) -> list[float]:
@@ -360,8 +444,8 @@ def parse_options(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
         k, v = parse_option(item)
-        if k == "stop" and "stop" in out:
-            out["stop"] = tuple(out["stop"]) + tuple(v)
+        if k in LIST_OPTIONS and k in out:
+            out[k] = tuple(out[k]) + tuple(v)
         else:
             out[k] = v
     return out
@@ -416,6 +500,18 @@ OPTION_HELP: dict[str, str] = {
                 "error (HTTP 400 with the token counts).",
     "tool_parser": "How tool calls are read from the output: auto (from the chat template), hermes, llama3, "
                    "mistral, generic.",
+    "dry_multiplier": "DRY (don't repeat yourself) sampling: penalty for extending a repeated sequence; 0 turns it "
+                      "off.",
+    "dry_base": "DRY's base: the penalty grows as base^(repeat length - dry_allowed_length).",
+    "dry_allowed_length": "Longest repeated sequence DRY leaves unpenalized.",
+    "dry_penalty_last_n": "How many recent tokens DRY scans; -1 the whole context, 0 none.",
+    "dry_sequence_breakers": "Strings that end a repeated sequence for DRY.",
+    "top_n_sigma": "Keep tokens within n standard deviations of the top logit; negative turns it off.",
+    "xtc_probability": "XTC (exclude top choices): chance per step of removing the likeliest tokens above "
+                       "xtc_threshold; 0 turns it off.",
+    "xtc_threshold": "XTC removes all but the least likely of the tokens above this probability; above 0.5 turns XTC "
+                     "off.",
+    "logit_bias": "Per-token logit offsets (token id or text -> bias); -100 bans a token. Requests only.",
     "fim_layout": "Code completion: where the text typed on the current line goes: plain (at the end of the prefix, "
                   "before the suffix), moved-line (after the middle token, so typing extends a cached prefix), auto "
                   "(docs/code-completion.md).",
@@ -442,7 +538,10 @@ def option_values(name: str) -> str:
             return f"{low} to {high}"
         return f"{low} or more" if low is not None else "32-bit integer"
     if typ == "float":
-        return f"{_FLOAT_MIN.get(name, 0.0):g} or more"
+        low, high = _FLOAT_MIN.get(name, 0.0), _FLOAT_MAX.get(name)
+        if low == float("-inf"):
+            return "any number"
+        return f"{low:g} to {high:g}" if high is not None else f"{low:g} or more"
     if typ == "bool":
         return "true, false"
     return ""

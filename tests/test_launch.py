@@ -98,7 +98,8 @@ def test_small_context_and_missing_agent_are_one_line(api, agents, tmp_path):
     assert p.returncode == 1
     assert p.stderr.decode() == "Error: codex is not on PATH (install it: npm install -g @openai/codex)\n"
     p = run_cli("launch", "cursor")
-    assert p.returncode == 2 and p.stderr.decode() == "Error: unknown agent 'cursor' (use claude, codex or opencode)\n"
+    assert p.returncode == 2 and p.stderr.decode() == ("Error: unknown agent 'cursor' (use claude, codex, opencode, pi, "
+                                                       "qwen, droid, cline, kilo, crush)\n")
 
 
 def test_starts_a_server_when_none_answers(agents, tmp_path, smollm2_path):
@@ -194,3 +195,113 @@ def test_claude_compaction_for_contexts_below_and_above_its_minimum_window():
     assert claude_compaction(32768) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "24"}
     assert claude_compaction(8192) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "100000", "CLAUDE_AUTOCOMPACT_PCT_OVERRIDE": "6"}
     assert claude_compaction(131072) == {"CLAUDE_CODE_AUTO_COMPACT_WINDOW": "131072"}
+
+
+def _config(api, tmp_path, agent: str, *args: str, extra_env: dict | None = None) -> tuple[dict, list, list[str]]:
+    """``launch AGENT --model big --config -- ARGS`` with no agent installed and HOME in ``tmp_path``: (exports, file
+    edits as (path, JSON), the command); asserts that nothing was written under HOME."""
+    import shlex
+
+    empty, home = tmp_path / "empty", tmp_path / "home"
+    empty.mkdir(exist_ok=True)
+    home.mkdir(exist_ok=True)
+    env = {"PATH": str(empty), "HOME": str(home), "OLLAPY_HOST": api.url.removeprefix("http://"),
+           "XDG_STATE_HOME": str(tmp_path / "state"), **(extra_env or {})}
+    p = run_cli("launch", agent, "--model", "big", "--config", "--", *args, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode().splitlines()
+    exports = dict(shlex.split(x.removeprefix("export "))[0].split("=", 1) for x in lines if x.startswith("export "))
+    edits = [(x.split(": ", 1)[0].removeprefix("# merge into "), json.loads(x.split(": ", 1)[1]))
+             for x in lines if x.startswith("# merge into ")]
+    assert list(home.iterdir()) == [] and not (tmp_path / "state").exists()  # --config writes nothing
+    return exports, edits, shlex.split(lines[-1])
+
+
+def test_pi_config_is_a_provider_in_its_models_json(api, tmp_path):
+    exports, edits, cmd = _config(api, tmp_path, "pi", "-p", "hi")
+    assert exports == {} and cmd == ["pi", "--provider", "ollapy", "--model", "big:latest", "-p", "hi"]
+    [(path, patch)] = edits
+    assert path == str(tmp_path / "home" / ".pi" / "agent" / "models.json")
+    assert patch == {"providers": {"ollapy": {
+        "baseUrl": api.url + "/v1", "api": "openai-completions", "apiKey": "ollapy",
+        "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+        "models": [{"id": "big:latest", "name": "big:latest", "input": ["text"], "contextWindow": 32768,
+                    "maxTokens": 8192}]}}}
+    _, edits, _ = _config(api, tmp_path, "pi", extra_env={"PI_CODING_AGENT_DIR": str(tmp_path / "pi")})
+    assert edits[0][0] == str(tmp_path / "pi" / "models.json")
+
+
+def test_qwen_config_is_its_openai_mode_with_the_context_in_its_defaults(api, tmp_path):
+    exports, edits, cmd = _config(api, tmp_path, "qwen", "Reply with: ready", extra_env={"OLLAPY_API_KEY": "k3"})
+    assert cmd == ["qwen", "--auth-type", "openai", "-m", "big:latest", "Reply with: ready"]
+    defaults = str(tmp_path / "state" / "ollapy" / "qwen" / "system-defaults.json")
+    assert exports == {"OPENAI_BASE_URL": api.url + "/v1", "OPENAI_API_KEY": "k3", "OPENAI_MODEL": "big:latest",
+                       "QWEN_CODE_MAX_OUTPUT_TOKENS": "8192", "QWEN_CODE_SYSTEM_DEFAULTS_PATH": defaults}
+    assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}}})]
+
+
+def test_droid_config_is_a_custom_model_in_its_runtime_settings(api, tmp_path):
+    exports, edits, cmd = _config(api, tmp_path, "droid", "exec", "hi")
+    settings = str(tmp_path / "state" / "ollapy" / "droid" / "settings.json")
+    assert exports == {} and cmd == ["droid", "exec", "--settings", settings, "-m", "custom:ollapy-big:latest", "hi"]
+    assert edits == [(settings, {"customModels": [{"id": "custom:ollapy-big:latest", "model": "big:latest",
+                                                   "displayName": "big:latest (ollapy)", "baseUrl": api.url + "/v1",
+                                                   "apiKey": "ollapy", "provider": "generic-chat-completion-api",
+                                                   "maxOutputTokens": 8192, "supportsImages": False}],
+                                 "sessionDefaultSettings": {"model": "custom:ollapy-big:latest"}})]
+    assert _config(api, tmp_path, "droid")[2] == ["droid", "--settings", settings]  # the TUI: its session default
+
+
+def test_cline_config_is_its_openai_compatible_provider(api, tmp_path):
+    exports, edits, cmd = _config(api, tmp_path, "cline", "hi")
+    assert exports == {} and cmd == ["cline", "hi"]  # -P/-m would make Cline drop the base URL from the file
+    [(path, patch)] = edits
+    assert path == str(tmp_path / "home" / ".cline" / "data" / "settings" / "providers.json")
+    assert patch["lastUsedProvider"] == "openai-compatible"
+    assert patch["providers"]["openai-compatible"]["settings"] == {
+        "provider": "openai-compatible", "apiKey": "ollapy", "model": "big:latest", "baseUrl": api.url + "/v1",
+        "contextWindow": 32768, "maxTokens": 8192}
+
+
+def test_kilo_and_crush_configs(api, tmp_path):
+    exports, edits, cmd = _config(api, tmp_path, "kilo", "run", "hi")
+    assert edits == [] and cmd == ["kilo", "run", "--model", "ollapy/big:latest", "hi"]
+    cfg = json.loads(exports["KILO_CONFIG_CONTENT"])
+    assert cfg["provider"]["ollapy"]["options"]["baseURL"] == api.url + "/v1" and "$schema" not in cfg
+    assert cfg["provider"]["ollapy"]["models"]["big:latest"]["limit"] == {"context": 32768, "output": 8192}
+    exports, edits, cmd = _config(api, tmp_path, "crush", extra_env={"XDG_CONFIG_HOME": str(tmp_path / "xdg")})
+    assert exports == {} and cmd == ["crush"]
+    [(path, patch)] = edits
+    assert path == str(tmp_path / "xdg" / "crush" / "crush.json")
+    assert patch["providers"]["ollapy"] == {"name": "ollapy", "type": "openai-compat", "base_url": api.url + "/v1",
+                                            "api_key": "ollapy", "models": [{"id": "big:latest", "name": "big:latest",
+                                                                             "context_window": 32768,
+                                                                             "default_max_tokens": 8192}]}
+    assert patch["models"]["large"] == patch["models"]["small"] == {"model": "big:latest", "provider": "ollapy"}
+
+
+def test_a_launch_merges_its_entries_into_the_agents_own_file(api, agents, tmp_path):
+    """pi's models.json keeps the user's providers and models; ollapy's entry is replaced, not duplicated; a file
+    that is not JSON is left alone and the launch is one line."""
+    bindir, out = agents
+    (bindir / "pi").write_text(FAKE_AGENT)
+    (bindir / "pi").chmod(0o755)
+    agent_dir = tmp_path / "pi-agent"
+    agent_dir.mkdir()
+    own = {"providers": {"mine": {"baseUrl": "http://x/v1", "models": [{"id": "m1"}]},
+                         "ollapy": {"models": [{"id": "old", "contextWindow": 1}, {"id": "big:latest", "x": 1}]}},
+           "other": True}
+    (agent_dir / "models.json").write_text(json.dumps(own))
+    for _ in range(2):
+        p, rec = _launch(api, agents, "pi", "--model", "big", extra_env={"PI_CODING_AGENT_DIR": str(agent_dir)})
+        assert p.returncode == 0, p.stderr
+    got = json.loads((agent_dir / "models.json").read_text())
+    assert got["other"] is True and got["providers"]["mine"] == own["providers"]["mine"]
+    models = got["providers"]["ollapy"]["models"]
+    assert [m["id"] for m in models] == ["old", "big:latest"] and models[1]["contextWindow"] == 32768
+    assert models[1]["x"] == 1 and got["providers"]["ollapy"]["baseUrl"] == api.url + "/v1"
+    assert rec["args"] == ["--provider", "ollapy", "--model", "big:latest"]
+    (agent_dir / "models.json").write_text("{not json")
+    p, _ = _launch(api, agents, "pi", "--model", "big", extra_env={"PI_CODING_AGENT_DIR": str(agent_dir)})
+    assert p.returncode == 1 and p.stderr.decode().startswith(f"Error: {agent_dir / 'models.json'} is not a JSON object")
+    assert (agent_dir / "models.json").read_text() == "{not json"

@@ -166,6 +166,21 @@ def test_seeded_sampling_with_drafting_draws_the_same_tokens_and_distribution(ge
     assert chi2 < 14.07  # 7 degrees of freedom, p = 0.05
 
 
+@pytest.mark.parametrize("opts", [
+    dict(temperature=0, dry_multiplier=0.8),
+    dict(temperature=0.8, seed=3, dry_multiplier=0.8, xtc_probability=0.5, xtc_threshold=0.1, top_n_sigma=2.0),
+    dict(temperature=0.8, seed=4, dry_multiplier=0.8, dry_allowed_length=4, xtc_probability=0.5,
+         logit_bias=(("Line", -5.0), (28, float("-inf")))),
+], ids=["greedy-dry", "seeded-dry-xtc-sigma", "seeded-logit-bias"])
+def test_drafting_with_llama_cpp_samplers_is_token_identical(smollm2, opts):
+    """DRY, XTC, top-n-sigma and a logit bias sit in the slot's sampler chain, which verifies drafted rows as it
+    samples plain ones (issue 56): with them on, drafting draws exactly the tokens plain decoding draws."""
+    plain = _generate(smollm2, LOG, num_predict=40, **opts)
+    drafted = _generate(smollm2, LOG, num_predict=40, draft="ngram", **opts)
+    assert drafted[1] == plain[1] and drafted[0] == plain[0]
+    assert drafted[2].draft_accepted > 0
+
+
 def test_four_concurrent_drafting_requests_answer_as_plain_ones(gemma_path):
     with _open(gemma_path, num_ctx=512, num_parallel=4, temperature=0) as m:
         prompts = [LOG, LOG.replace("north", "south"), LOG[:600], LOG.replace("keeper", "warden")]

@@ -7,7 +7,8 @@
   :mod:`.repl`; images from ``--image`` and prompt paths in :mod:`.images`), :mod:`.models_cmd` (``pull``,
   ``list``, ``show``, ``rm``, ``cp``, ``create``),
   :mod:`.serve_cmd` (``serve``, ``ps``, ``stop``), :mod:`.cache_cmd`, :mod:`.embed_cmd`, :mod:`.info_cmd`,
-  :mod:`.launch_cmd` (coding agents), :mod:`.rpc_cmd`; :mod:`.quantize_progress` (``create --quantize``'s bar).
+  :mod:`.launch_cmd` (coding agents; the newer ones and their configuration files in :mod:`.launch_agents`),
+  :mod:`.rpc_cmd`; :mod:`.quantize_progress` (``create --quantize``'s bar).
 - What ``run`` talks to: :mod:`.session` picks :mod:`.remote` (a running ``ollapy serve``, through the httpx
   client in :mod:`.client`) or :mod:`.embedded` (a model loaded in this process).
 - :mod:`.output`: model text to stdout, stats and warnings to stderr, no ANSI codes off a TTY.

@@ -1,4 +1,4 @@
-"""``ollapy launch claude|codex|opencode [--model M] [--config] [-- ARGS]``: start a coding agent against ``ollapy serve``.
+"""``ollapy launch AGENT [--model M] [--config] [-- ARGS]``: start a coding agent against ``ollapy serve``.
 
 As Ollama's ``ollama launch``: find the server at ``OLLAPY_HOST`` (or start ``ollapy serve`` there in the
 background, its log under the state directory), pick the model (``--model``, else the first model of the store
@@ -32,8 +32,12 @@ conversation before it overflows, and the output it may ask for is bounded to wh
   in ``OPENCODE_CONFIG_CONTENT`` (opencode merges it over the user's own configuration; no file is written), and
   ``--model ollapy/M`` after ``run`` when ARGS start with it.
 
+pi, Qwen Code, Droid, Cline, Kilo and Crush: :mod:`ollapy.cli.launch_agents` (some read a configuration file,
+which launch merges its entries into: :class:`~ollapy.cli.launch_agents.ConfigEdit`).
+
 ``OLLAPY_API_KEY``, when set, is the agent's key. ``--config`` prints what would be set (the variables as
-``export`` lines, then the command) and runs nothing: no agent, and no server is started (one must answer).
+``export`` lines, the file edits as ``# merge into PATH: JSON`` comments, then the command) and runs nothing: no
+agent, no file written, and no server is started (one must answer).
 A missing agent, a model whose context is too small or a server that does not come up is one line saying what
 to do, and exit 1.
 """
@@ -55,6 +59,8 @@ import platformdirs
 import typer
 
 from ollapy import config
+from ollapy.cli.launch_agents import AGENTS as EXTRA_AGENTS
+from ollapy.cli.launch_agents import BUILDERS, ConfigEdit
 from ollapy.errors import OllapyError, UsageError
 
 MIN_CONTEXT = 32768
@@ -65,7 +71,7 @@ MAX_AGENT_OUTPUT = 32000
 """The most output tokens an agent is allowed to ask for (Claude Code's own default for its models)."""
 
 AGENTS = {"claude": "npm install -g @anthropic-ai/claude-code", "codex": "npm install -g @openai/codex",
-          "opencode": "npm install -g opencode-ai"}
+          "opencode": "npm install -g opencode-ai", **EXTRA_AGENTS}
 SERVER_START_S = 120.0  # how long a started `ollapy serve` may take to answer (a guard, not a measurement)
 TEMP_ROOTS = tuple({os.path.realpath(tempfile.gettempdir()), "/tmp"})
 
@@ -153,12 +159,13 @@ def _bounded(env: dict, name: str, bound: int) -> str:
 @dataclass
 class LaunchPlan:
     """What ``launch`` runs: ``argv`` (executable first), the variables it sets (``set``) and removes
-    (``unset``) in the agent's environment, and directories to create first."""
+    (``unset``) in the agent's environment, directories to create and configuration files to edit first."""
 
     argv: list[str]
     set: dict[str, str] = field(default_factory=dict)
     unset: list[str] = field(default_factory=list)
     dirs: list[str] = field(default_factory=list)
+    edits: list[ConfigEdit] = field(default_factory=list)
 
     def env(self, base: dict) -> dict:
         """``base`` with this plan's changes."""
@@ -167,9 +174,10 @@ class LaunchPlan:
         return out
 
     def describe(self) -> str:
-        """The plan as shell lines: ``unset``/``export`` lines, then the command."""
+        """The plan as shell lines: ``unset``/``export`` lines, the file edits (comments), then the command."""
         lines = [f"unset {k}" for k in self.unset]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in self.set.items()]
+        lines += [e.describe() for e in self.edits]
         lines.append(shlex.join(self.argv))
         return "\n".join(lines)
 
@@ -255,23 +263,25 @@ def _opencode(exe: str, url: str, model: str, context: int, args: list[str], env
 def agent_plan(agent: str, exe: str, url: str, model: str, context: int, args: list[str], env: dict) -> LaunchPlan:
     """What to run for ``agent`` (its executable ``exe``) against the server at ``url`` with ``model`` of
     ``context`` tokens; ``env`` is the environment it starts from (read, not changed)."""
-    build = {"claude": _claude, "codex": _codex, "opencode": _opencode}[agent]
+    build = {"claude": _claude, "codex": _codex, "opencode": _opencode, **BUILDERS}[agent]
     return build(exe, url, model, context, list(args), env, config.api_key())
 
 
 def launch(
     ctx: typer.Context,
-    agent: str = typer.Argument(..., help="The agent to start: claude (Claude Code), codex (Codex CLI) or opencode."),
+    agent: str = typer.Argument(..., help="The agent to start: claude (Claude Code), codex (Codex CLI), opencode, "
+                                          "pi, qwen (Qwen Code), droid, cline, kilo or crush."),
     model: str = typer.Option(None, "--model", "-m", help=f"Model to use (default: the first with num_ctx >= "
                                                            f"{MIN_CONTEXT})."),
     show_config: bool = typer.Option(False, "--config", help="Print the variables and command it would run, and "
                                                             "run nothing."),
 ) -> None:
-    """Start a coding agent (claude, codex or opencode) against ollapy serve; arguments after -- go to the agent."""
+    """Start a coding agent (claude, codex, opencode, pi, qwen, droid, cline, kilo, crush) against ollapy serve;
+    arguments after -- go to the agent."""
     from ollapy.cli.client import Client
 
     if agent not in AGENTS:
-        raise UsageError(f"unknown agent {agent!r}", hint="use claude, codex or opencode")
+        raise UsageError(f"unknown agent {agent!r}", hint="use " + ", ".join(AGENTS))
     exe = shutil.which(agent)
     if exe is None and not show_config:
         raise OllapyError(f"{agent} is not on PATH", hint=f"install it: {AGENTS[agent]}")
@@ -287,6 +297,8 @@ def launch(
         return
     for d in plan.dirs:
         Path(d).mkdir(parents=True, exist_ok=True)
+    for edit in plan.edits:
+        edit.apply()
     print(f"launching {agent} with {name} (context {context}, output up to {output_bound(context)}) at {url}",
           file=sys.stderr)
     sys.stderr.flush()

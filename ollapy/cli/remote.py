@@ -114,7 +114,8 @@ class RemoteRunner:
         base = Options()
         for k in ("temperature", "top_k", "top_p", "min_p", "num_predict", "repeat_penalty", "seed", "stop",
                   "presence_penalty", "frequency_penalty", "num_keep", "typical_p", "repeat_last_n", "mirostat",
-                  "mirostat_tau", "mirostat_eta"):
+                  "mirostat_tau", "mirostat_eta", "dry_multiplier", "dry_base", "dry_allowed_length",
+                  "dry_penalty_last_n", "dry_sequence_breakers", "top_n_sigma", "xtc_probability", "xtc_threshold"):
             v = getattr(self.options, k)
             if v != getattr(base, k) and k not in opts:
                 opts[k] = list(v) if isinstance(v, tuple) else v

@@ -47,6 +47,7 @@ from ollapy.engine.prefix.assignment import SlotAssigner
 from ollapy.engine.prefix.evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
 from ollapy.engine.prefix.source import PrefixSource
 from ollapy.engine.request import Request
+from ollapy.engine.sampler import resolve_logit_bias
 from ollapy.engine.slot import Slot, SlotState
 from ollapy.engine.spec.draft_model import PendingTokens
 from ollapy.engine.spec.speculator import Candidate, Speculator
@@ -123,7 +124,9 @@ class Engine(SlotBookkeeping):
         An unset ``options.num_predict`` (negative) becomes the model's
         ``n_ctx_train`` (:func:`~ollapy.options.predict_limit`). Raises
         ContextError when the prompt does not fit ``num_ctx`` and
-        ``options.truncate`` is false, BusyError when the queue is full. ``media``: the prompt's image spans
+        ``options.truncate`` is false, BusyError when the queue is full, OptionError for a ``logit_bias`` token
+        outside the vocabulary (its texts are tokenized here: :func:`~ollapy.engine.sampler.resolve_logit_bias`).
+        ``media``: the prompt's image spans
         (:mod:`ollapy.engine.media`); a prompt with images that does not fit is a ContextError, never truncated.
         ``save_end`` False: only the save points reach the prompt cache, not the finished state.
         """
@@ -145,6 +148,8 @@ class Engine(SlotBookkeeping):
                                    hint="raise num_ctx, shorten the prompt, or allow truncate")
             tokens, keep = truncate_prompt(tokens, self.resolve_keep(keep, options), n_ctx)
             truncated = True
+        if options.logit_bias:  # texts tokenized, ids checked against the vocabulary (OptionError)
+            options = replace(options, logit_bias=resolve_logit_bias(self.backend, options.logit_bias))
         limit = predict_limit(options.num_predict, getattr(self.backend, "n_ctx_train", 0))
         if limit != options.num_predict:  # unset num_predict: at most n_ctx_train tokens (runaway base models)
             options = replace(options, num_predict=limit)

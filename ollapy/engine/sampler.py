@@ -1,8 +1,16 @@
 """Per-request token sampling: llama.cpp's sampler chain, with a greedy fast path.
 
-The chain (penalties, top_k, typical, top_p, min_p, temperature, dist; greedy
-at temperature 0; with ``mirostat`` 1/2: penalties, temperature, Mirostat v1/v2;
-an optional GBNF grammar first) is llama.cpp's own ``llama_sampler_chain``.
+The chain is llama.cpp's own ``llama_sampler_chain``, in the order of llama.cpp's
+common sampler (``common/sampling.cpp``, ``common/common.h``): logit bias,
+penalties, DRY, then top_n_sigma, top_k, typical, top_p, min_p, XTC,
+temperature, dist; greedy at temperature 0 (logit bias, penalties and DRY
+still apply; the truncating and random samplers, XTC included, only shape a
+random draw); with ``mirostat`` 1/2: logit bias, penalties, DRY, temperature,
+Mirostat v1/v2; an optional GBNF grammar apart (below). Each sampler is added
+only when its option turns it on. DRY is p-e-w's "Don't Repeat Yourself"
+(text-generation-webui PR 5677, as ported to llama.cpp); XTC is "Exclude Top
+Choices" (the same author, text-generation-webui PR 6335); top-n-sigma is Tang
+et al. 2024, "Top-nσ: Not All Logits Are You Need".
 Greedy requests without a grammar skip building the full candidate array:
 the argmax of the raw logits is the chain's answer
 unless the repeat penalty touched it, and that case is reproduced exactly in
@@ -13,9 +21,9 @@ always go through the chain. llama.cpp itself is reached through
 Two rules follow llama.cpp's common sampler (``common/sampling.cpp``) and its
 server, which Ollama's runner mirrors:
 
-* The prompt's tokens enter the penalty window before the first sample
+* The prompt's tokens enter the penalty and DRY windows before the first sample
   (``common_sampler_accept(..., accept_grammar=false)`` for every prompt
-  token), so ``repeat_penalty`` also discourages repeating the prompt.
+  token), so ``repeat_penalty`` and DRY also discourage repeating the prompt.
 * A grammar is not part of the chain. The chain samples first; the token is
   checked against the grammar alone, and only when the grammar rejects it are
   the logits reset and sampled again with the grammar applied first. Same
@@ -70,9 +78,8 @@ def structure_tokens(backend: "Backend") -> frozenset[int]:
 
 
 class Sampler:
-    """One llama.cpp sampler chain (penalties, top_k, top_p, min_p, temperature, dist; greedy at temperature 0;
-    penalties, temperature, Mirostat v1/v2 with ``mirostat`` 1/2; an optional GBNF grammar first).
-    Free with :meth:`close`."""
+    """One llama.cpp sampler chain (see the module docstring for its order; an optional GBNF grammar apart).
+    ``o.logit_bias`` must hold token ids only (:func:`resolve_logit_bias`). Free with :meth:`close`."""
 
     def __init__(self, backend: "Backend", o, grammar: str | None = None, prompt: Sequence[int] = ()) -> None:
         """``o``: the request's Options; ``grammar``: GBNF text (ValueError when llama.cpp rejects it);
@@ -90,18 +97,31 @@ class Sampler:
             self._one_arr = C.llama_token_data_array()
         self._ptr = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         add = lambda s: C.llama_sampler_chain_add(self._ptr, s)  # noqa: E731
+        biased = bool(o.logit_bias)
+        if biased:  # first, as llama.cpp's common sampler adds it: every later sampler sees the biased logits
+            add(_logit_bias_sampler(backend.n_vocab, o.logit_bias))
         if o.repeat_penalty != 1.0 or o.presence_penalty or o.frequency_penalty:
             last_n = backend.num_ctx if o.repeat_last_n == -1 else o.repeat_last_n
             add(C.llama_sampler_init_penalties(backend.n_vocab, last_n, o.repeat_penalty, o.frequency_penalty,
                                                o.presence_penalty))
+        dry_last_n = backend.num_ctx if o.dry_penalty_last_n == -1 else o.dry_penalty_last_n
+        dry = o.dry_multiplier > 0 and dry_last_n > 0
+        if dry:
+            breakers = [b.encode() for b in o.dry_sequence_breakers if b]
+            arr = (ctypes.c_char_p * len(breakers))(*breakers)
+            add(C.llama_sampler_init_dry(backend.vocab, o.dry_multiplier, o.dry_base, o.dry_allowed_length,
+                                         dry_last_n, arr, len(breakers)))
         # greedy fast path: the argmax of the raw logits is the chain's answer unless the penalties touched it
         # (llama.cpp's penalties only lower the logits of recently generated tokens when repeat_penalty >= 1
-        # and presence/frequency penalties >= 0), so most steps skip building the full candidate array
+        # and presence/frequency penalties >= 0), so most steps skip building the full candidate array; a logit
+        # bias or DRY (which may lower any token's logit) always goes through the chain
         self._fast = (o.temperature <= 0 and not grammar and o.repeat_penalty >= 1.0
-                      and o.presence_penalty >= 0 and o.frequency_penalty >= 0)
+                      and o.presence_penalty >= 0 and o.frequency_penalty >= 0 and not biased and not dry)
         self._n_vocab = backend.n_vocab
         self._last_n = backend.num_ctx if o.repeat_last_n == -1 else max(0, o.repeat_last_n)
         self._penalized = o.repeat_penalty != 1.0 or bool(o.presence_penalty) or bool(o.frequency_penalty)
+        # the prompt tokens the chain's history samplers (penalties, DRY) may look back on
+        self._history_n = max(self._last_n if self._penalized else 0, dry_last_n if dry else 0)
         # repeat penalty alone is reproduced exactly in float32 below (llama_sampler_penalties: logit <= 0 ?
         # logit * penalty : logit / penalty); presence/frequency penalties always go through the chain
         self._repeat_only = not o.presence_penalty and not o.frequency_penalty
@@ -109,7 +129,7 @@ class Sampler:
         self._chain_history = self._penalized and not self._repeat_only
         self._rp = _bindings.np.float32(o.repeat_penalty)
         # under a grammar, JSON's structure tokens never enter the penalty window (see the module docstring)
-        self._exempt = structure_tokens(backend) if grammar and self._penalized else frozenset()
+        self._exempt = structure_tokens(backend) if grammar and (self._penalized or dry) else frozenset()
         self._recent: collections.deque[int] = collections.deque(maxlen=max(1, self._last_n))
         self._counts: collections.Counter[int] = collections.Counter()
         self._accept_prompt(prompt)
@@ -126,6 +146,10 @@ class Sampler:
             else:
                 add(C.llama_sampler_init_mirostat_v2(seed, o.mirostat_tau, o.mirostat_eta))
             return
+        # llama.cpp's default order (common/common.h: penalties, DRY, top_n_sigma, top_k, typical_p, top_p, min_p,
+        # XTC, temperature), each only when it is on
+        if o.top_n_sigma > 0:
+            add(C.llama_sampler_init_top_n_sigma(o.top_n_sigma))
         if o.top_k > 0:
             add(C.llama_sampler_init_top_k(o.top_k))
         if o.typical_p < 1.0:
@@ -134,19 +158,22 @@ class Sampler:
             add(C.llama_sampler_init_top_p(o.top_p, 1))
         if o.min_p > 0.0:
             add(C.llama_sampler_init_min_p(o.min_p, 1))
+        if o.xtc_probability > 0 and o.xtc_threshold <= 0.5:
+            add(C.llama_sampler_init_xtc(o.xtc_probability, o.xtc_threshold, 1, seed))
         add(C.llama_sampler_init_temp(o.temperature))
         add(C.llama_sampler_init_dist(seed))
 
     def _accept_prompt(self, prompt: Sequence[int]) -> None:
-        """Put the prompt's tokens in the penalty window (only the last ``repeat_last_n`` can matter).
+        """Put the prompt's tokens in the penalty and DRY windows (only the last ``repeat_last_n`` or
+        ``dry_penalty_last_n`` can matter), as llama.cpp's server accepts every prompt token.
 
-        Called before any sampler but the penalties is in the chain: only the
-        penalties sampler keeps state from ``accept``."""
-        if not self._penalized or not self._last_n or not prompt:
+        Called before any sampler that draws random numbers is in the chain: of the samplers added so far only
+        the penalties and DRY keep state from ``accept``."""
+        if not self._history_n or not prompt:
             return
-        tail = list(prompt)[-self._last_n:]
-        if self._fast:
-            for t in tail:
+        tail = list(prompt)[-self._history_n:]
+        if self._fast and self._penalized:
+            for t in tail[-self._last_n:]:
                 self._remember(t)
         for t in tail:  # the chain too, even where the fast path keeps the history itself (it may fall back)
             if t not in self._exempt:
@@ -254,6 +281,33 @@ class Sampler:
         if self._grammar:
             C.llama_sampler_free(self._grammar)
             self._grammar = None
+
+
+def _logit_bias_sampler(n_vocab: int, pairs: Sequence[tuple[int, float]]):
+    """llama.cpp's ``llama_sampler_init_logit_bias`` over resolved ``(token id, bias)`` pairs (-inf bans)."""
+    arr = (C.llama_logit_bias * len(pairs))()
+    for i, (tok, bias) in enumerate(pairs):
+        assert isinstance(tok, int) and 0 <= tok < n_vocab, (tok, n_vocab)  # resolve_logit_bias checked them
+        arr[i].token, arr[i].bias = tok, bias
+    return C.llama_sampler_init_logit_bias(n_vocab, len(pairs), arr)
+
+
+def resolve_logit_bias(backend: "Backend", pairs: Sequence[tuple[int | str, float]]) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` pairs (:func:`ollapy.options.read_logit_bias`) as token ids: a text key gives every token
+    of its tokenization (no BOS, special tokens not parsed), as llama.cpp's server reads one. Raises OptionError
+    for a token id outside the model's vocabulary (``0 .. n_vocab - 1``)."""
+    from ollapy.errors import OptionError
+
+    out: list[tuple[int, float]] = []
+    for key, bias in pairs:
+        if isinstance(key, str):
+            out.extend((t, bias) for t in backend.tokenize(key, add_special=False, parse_special=False))
+        elif 0 <= key < backend.n_vocab:
+            out.append((key, bias))
+        else:
+            raise OptionError(f"logit_bias token {key} is outside the vocabulary of this model "
+                              f"(0 to {backend.n_vocab - 1})", hint="use token ids from /tokenize as keys")
+    return tuple(out)
 
 
 def token_logprob(backend: "Backend", row: int, tok: int, top: int) -> TokenLogprob:

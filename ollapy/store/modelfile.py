@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ollapy.errors import OptionError, UsageError
-from ollapy.options import coerce_option
+from ollapy.options import LIST_OPTIONS, coerce_option
 from ollapy.store.info import parameter_text
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -109,8 +109,8 @@ def parse_modelfile(text: str) -> Modelfile:
                 typed = coerce_option(key, raw)
             except OptionError as exc:
                 raise UsageError(f"Modelfile line {start_line}: {exc.message}", hint=exc.hint) from None
-            if key == "stop":
-                mf.parameters.setdefault("stop", []).extend(typed)
+            if key in LIST_OPTIONS:  # stop, dry_sequence_breakers: one value a line
+                mf.parameters.setdefault(key, []).extend(typed)
             else:
                 mf.parameters[key] = typed
             continue

@@ -140,13 +140,18 @@ def create_messages(messages: Any) -> list[dict[str, str]]:
 
 
 def create_parameters(parameters: Any) -> dict[str, Any]:
-    """``parameters`` of /api/create, each value typed by :func:`~ollapy.options.coerce_option` (``stop`` a list).
-    Raises OptionError naming the parameter."""
-    from ollapy.options import coerce_option
+    """``parameters`` of /api/create, each value typed by :func:`~ollapy.options.coerce_option` (``stop`` and
+    ``dry_sequence_breakers`` lists). Raises OptionError naming the parameter, also for one that belongs to a
+    request only (``logit_bias``: token ids are a request's, not a model's)."""
+    from ollapy.errors import OptionError
+    from ollapy.options import LIST_OPTIONS, REQUEST_ONLY_OPTIONS, coerce_option
 
     if not isinstance(parameters, dict):
         raise UsageError("parameters must be an object of option names and values")
-    return {k: list(coerce_option(k, v)) if k == "stop" else coerce_option(k, v) for k, v in parameters.items()}
+    for k in parameters:
+        if k in REQUEST_ONLY_OPTIONS:
+            raise OptionError(f"parameter {k} cannot be part of a model", hint="send it with each request")
+    return {k: list(coerce_option(k, v)) if k in LIST_OPTIONS else coerce_option(k, v) for k, v in parameters.items()}
 
 
 def create_spec(body: CreateBody, allow_paths: bool = False) -> Modelfile:

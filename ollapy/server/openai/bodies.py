@@ -25,6 +25,13 @@ def read_effort(value: Any, field: str) -> Any:
         raise OptionError(f"invalid {field} value {reprlib.repr(effort)}", hint='use "high", "medium", "low" or "none"')
     return effort
 
+LLAMA_SERVER_SAMPLING = ("top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "dry_multiplier",
+                         "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+                         "top_n_sigma", "xtc_probability", "xtc_threshold")
+"""Sampling fields llama.cpp's server reads at the top level of an OpenAI body (``tools/server/server-schema.cpp``),
+beyond OpenAI's own: each is the Ollama option of the same name."""
+
+
 class StreamOptions(Body):
     """OpenAI's ``stream_options``: ``include_usage`` adds a last chunk with ``usage``."""
 
@@ -32,11 +39,13 @@ class StreamOptions(Body):
 
 
 class OpenAIBody(Body):
-    """What ``/v1/chat/completions`` and ``/v1/completions`` share: the model, sampling fields (mapped to
-    Ollama options by :meth:`ollama_options`), ``response_format`` (read as a format: None, ``"json"`` or a
+    """What ``/v1/chat/completions`` and ``/v1/completions`` share: the model, sampling fields (OpenAI's,
+    ``logit_bias`` and llama-server's :data:`LLAMA_SERVER_SAMPLING`, mapped to Ollama options by
+    :meth:`ollama_options`), ``response_format`` (read as a format: None, ``"json"`` or a
     JSON schema), ``keep_alive``, ``stream`` (default false) and ``stream_options``."""
 
-    SAMPLING: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
+    SAMPLING: ClassVar[tuple[str, ...]] = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty",
+                                           "logit_bias", *LLAMA_SERVER_SAMPLING)
 
     model: Any = Field("", validate_default=True)
     max_completion_tokens: Any = None
@@ -46,6 +55,21 @@ class OpenAIBody(Body):
     seed: Any = None
     presence_penalty: Any = None
     frequency_penalty: Any = None
+    logit_bias: Any = None
+    # llama-server's sampling fields, top level in its /v1 bodies (Ollama's option names where they exist)
+    top_k: Any = None
+    min_p: Any = None
+    typical_p: Any = None
+    repeat_penalty: Any = None
+    repeat_last_n: Any = None
+    dry_multiplier: Any = None
+    dry_base: Any = None
+    dry_allowed_length: Any = None
+    dry_penalty_last_n: Any = None
+    dry_sequence_breakers: Any = None
+    top_n_sigma: Any = None
+    xtc_probability: Any = None
+    xtc_threshold: Any = None
     stop: Any = None
     n: Any = None
     options: Any = None  # ollapy/Ollama extension, used when it is an object
@@ -99,8 +123,9 @@ class OpenAIBody(Body):
         if mt is not None:
             opts["num_predict"] = mt
         for name in self.SAMPLING:
-            if getattr(self, name) is not None:
-                opts[name] = getattr(self, name)
+            value = getattr(self, name)
+            if value is not None and not (name == "logit_bias" and value in ({}, [])):  # {}: no bias, as OpenAI
+                opts[name] = value
         if self.stop is not None:
             opts["stop"] = [self.stop] if isinstance(self.stop, str) else self.stop
         if isinstance(self.options, dict):
