@@ -84,6 +84,11 @@ class Options:
     truncate: bool = True
     # how tool calls are read from the output: auto (from the chat template), hermes, llama3, mistral, generic
     tool_parser: str = "auto"
+    # code completion (fill-in-the-middle): where the text typed on the current line goes. plain: where it stands,
+    # before the suffix (llama-server's /infill, Ollama's templates); moved-line: after the middle token, so a
+    # keystroke prefills only the typed text; auto: moved-line for /infill's prompt, plain for a prefix and suffix
+    # (ollapy.chat.fim)
+    fim_layout: str = "auto"
 
     @classmethod
     def names(cls) -> list[str]:
@@ -126,6 +131,7 @@ _CHOICES = {
     "flash_attn": ("auto", "on", "off"),
     "extra_bufts": ("auto", "on", "off"),
     "tool_parser": ("auto", "hermes", "llama3", "mistral", "generic"),
+    "fim_layout": ("auto", "plain", "moved-line"),
 }
 _MIN = {"num_ctx": 16, "num_batch": 1, "num_parallel": 1, "num_thread": 0, "repeat_last_n": -1, "top_k": 0,
         "mirostat": 0, "draft_num_predict": -1, "draft_min": 1}

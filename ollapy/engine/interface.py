@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ollapy.chat.fim import FimTokens
+
 if TYPE_CHECKING:
     import asyncio
 
+    from ollapy.chat.fim import FimRequest
     from ollapy.chat.templates import Template
     from ollapy.engine.request import Prompt, Request
     from ollapy.options import Options
@@ -30,7 +33,7 @@ STALE_AFTER_S = 5.0  # a snapshot older than this is shown as stale (a runner re
 @dataclass(frozen=True)
 class ContextFacts:
     """Figures of a loaded model's context: context per slot (tokens), trained context, slots, vocabulary
-    size, BOS/EOS ids (-1: none) and whether the model adds BOS."""
+    size, BOS/EOS ids (-1: none), whether the model adds BOS, and its fill-in-the-middle token ids."""
 
     num_ctx: int
     n_ctx_train: int
@@ -39,6 +42,7 @@ class ContextFacts:
     bos: int
     eos: int
     add_bos: bool
+    fim: FimTokens = FimTokens()
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ class ModelRunner(Protocol):
     subclasses named on it, and RunnerError (HTTP 502) when a runner child stopped.
 
     Prompt building (:meth:`tokenize`, :meth:`render`, :meth:`chat_prompt`, :meth:`raw_prompt`,
-    :meth:`grammar_for`), generation (:meth:`submit`, :meth:`chat`: a :class:`~ollapy.engine.request.Request`
+    :meth:`fim_prompt`, :meth:`grammar_for`), generation (:meth:`submit`, :meth:`chat`: a :class:`~ollapy.engine.request.Request`
     to iterate, ``async for`` with ``loop=``, or ``cancel()``), :meth:`embed`, figures (:meth:`info`,
     :meth:`stats`, :meth:`cache_stats`, :meth:`snapshot`), model facts (the attributes and ``facts``) and
     :meth:`close` (also the context manager's exit).
@@ -98,6 +102,11 @@ class ModelRunner(Protocol):
         """Whether the chat template has a reasoning section."""
 
     @property
+    def supports_insert(self) -> bool:
+        """Whether the model completes code between a prefix and a suffix (Ollama's ``insert`` capability): its
+        vocabulary has FIM tokens, or its template reads ``suffix`` (a registry Go template with ``.Suffix``)."""
+
+    @property
     def embedding_only(self) -> bool:
         """True for an embedding model (no text generation)."""
 
@@ -124,6 +133,11 @@ class ModelRunner(Protocol):
 
     def raw_prompt(self, text: str) -> Prompt:
         """A prompt used verbatim (Ollama's ``raw``)."""
+
+    def fim_prompt(self, request: FimRequest, options: Options | None = None) -> Prompt:
+        """A code-completion prompt (:mod:`ollapy.chat.fim`): the template's when it reads ``suffix``, else the
+        model's FIM tokens; its save point is the part the next keystroke keeps, and its finished state is not
+        cached (``save_end`` False). Raises OptionError when the model supports no insert."""
 
     def grammar_for(self, fmt: Any) -> str | None:
         """GBNF for Ollama's ``format`` (None, ``"json"`` or a JSON schema dict). Raises OptionError."""

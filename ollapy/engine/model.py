@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from ollapy import config
 from ollapy.chat import templates as chat
+from ollapy.chat.fim import FimTokens
 from ollapy.engine.backend import bindings
 from ollapy.engine.backend.context import Backend, ContextConfig
 from ollapy.engine.engine import Engine
@@ -105,7 +106,8 @@ class LoadedModel(PromptBuilder):
         self.cache = cache
         b = self.backend
         self.facts = ContextFacts(num_ctx=b.num_ctx, n_ctx_train=b.n_ctx_train, n_parallel=b.n_parallel,
-                                  n_vocab=b.n_vocab, bos=b.bos, eos=b.eos, add_bos=bool(b.add_bos))
+                                  n_vocab=b.n_vocab, bos=b.bos, eos=b.eos, add_bos=bool(b.add_bos),
+                                  fim=FimTokens(*b.fim_ids))
         self.draft_backend: Backend | None = None
         speculator = self._load_draft(draft_path, options)
         row_cost = config.draft_row_cost()
@@ -197,7 +199,8 @@ class LoadedModel(PromptBuilder):
         """
         return self.engine.submit(prompt.tokens, options, grammar=self.grammar_for(fmt), keep=prompt.keep,
                                   cache=cache, save_points=prompt.save_points, loop=loop, pin=pin,
-                                  truncated=prompt.truncated, logprobs=logprobs, media=getattr(prompt, "media", ()))
+                                  truncated=prompt.truncated, logprobs=logprobs, media=getattr(prompt, "media", ()),
+                                  save_end=getattr(prompt, "save_end", True))
 
     def chat(self, messages: list[dict], options: Options | None = None, *, tools: list[dict] | None = None,
              think: bool | str | None = None, **kw) -> Request:

@@ -15,13 +15,19 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
-from ollapy.engine.backend.templating import json_schema_grammar, render_chat_template, template_mentions_tools
+from ollapy.engine.backend.templating import (
+    json_schema_grammar,
+    render_chat_template,
+    template_mentions_tools,
+    template_reads_suffix,
+)
 from ollapy.engine.request import Prompt
 from ollapy.errors import OptionError
 from ollapy.options import Options
 from ollapy.tokens import common_prefix
 
 if TYPE_CHECKING:
+    from ollapy.chat.fim import FimRequest
     from ollapy.chat.templates import Template
     from ollapy.engine.backend.context import Backend
     from ollapy.engine.interface import ContextFacts
@@ -262,6 +268,59 @@ class PromptBuilder:
         """A prompt used verbatim (Ollama's ``raw``): tokenized, BOS added when the model wants it."""
         tokens = self.tokenize(text)
         return Prompt(tokens, 1 if tokens and tokens[0] == self.backend.bos else 0, (), text)
+
+    @property
+    def supports_insert(self) -> bool:
+        """Whether the model completes between a prefix and a suffix (Ollama's ``insert`` capability): its
+        template reads ``suffix`` (:func:`template_reads_suffix`) or its vocabulary has FIM tokens."""
+        return template_reads_suffix(self.template.text) or self.facts.fim.usable
+
+    def fim_prompt(self, request: FimRequest, options: Options | None = None) -> Prompt:
+        """The prompt of a code completion (``/infill``, or Ollama's and OpenAI's ``suffix``).
+
+        A template that reads ``suffix`` (a registry Go template with ``.Suffix``, translated) is rendered with
+        ``prompt`` and ``suffix`` as Ollama renders it (the typed text stays in ``prompt``; no repository
+        context); otherwise the model's FIM tokens are laid out by :func:`ollapy.chat.fim.fim_tokens` with a save
+        point where the next keystroke's prompt parts (the stable part). Either way the finished state is not
+        cached (``save_end`` False): a keystroke's tail is no later request's prefix. Raises OptionError when the
+        model has neither (Ollama's ``"NAME" does not support insert``) or for an unknown ``fim_layout``.
+        """
+        from ollapy.chat.fim import fim_tokens
+
+        options = options or Options()
+        if template_reads_suffix(self.template.text):
+            text = self._render_insert(request.prefix + (request.typed or ""), request.suffix)
+            tokens = self.tokenize(text)
+            return Prompt(tokens, 1 if tokens and tokens[0] == self.backend.bos else 0, (), text, save_end=False)
+        if not self.facts.fim.usable:
+            raise OptionError(f'"{self.name}" does not support insert',
+                              hint="use a code model whose vocabulary has FIM tokens (e.g. qwen2.5-coder)")
+
+        def plain(text: str) -> list[int]:
+            return self.backend.tokenize(text, add_special=False, parse_special=False)
+
+        def special(text: str) -> list[int]:
+            return self.backend.tokenize(text, add_special=False, parse_special=True)
+
+        try:
+            lay = fim_tokens(request, self.facts.fim, plain, num_ctx=self.backend.num_ctx,
+                             room=max(0, options.num_predict),
+                             bos=self.backend.bos if self.backend.add_bos else None,
+                             tokenize_typed=special if request.typed is not None else plain)
+        except ValueError as exc:
+            raise OptionError(str(exc), hint="fim_layout is one of auto, plain, moved-line") from None
+        points = (lay.stable,) if 0 < lay.stable < len(lay.tokens) else ()
+        text = b"".join(self.backend.token_piece(t, special=True) for t in lay.tokens).decode("utf-8", "replace")
+        return Prompt(lay.tokens, 0, points, text, truncated=lay.truncated, save_end=False)
+
+    def _render_insert(self, prompt: str, suffix: str) -> str:
+        """The template rendered as Ollama renders it for ``suffix``: ``.Prompt`` and ``.Suffix`` set, no
+        messages (a legacy template reads its ``.Prompt`` from the one user turn). Raises OptionError."""
+        try:
+            return render_chat_template(self.template.text, [{"role": "user", "content": prompt}], self.bos_text,
+                                        self.eos_text, True, variables={"prompt": prompt, "suffix": suffix})
+        except Exception as exc:  # noqa: BLE001 - template errors become OptionError, as in render()
+            raise OptionError(f"chat template error: {exc}", hint="check the template's .Suffix branch") from None
 
     def grammar_for(self, fmt) -> str | None:
         """GBNF for Ollama's ``format``: None, ``"json"``, or a JSON schema (dict). Raises OptionError."""

@@ -88,7 +88,9 @@ class Prompt:
     """Prompt tokens plus the positions the engine cares about.
 
     ``keep``: tokens of BOS + system prompt (protected on a context shift);
-    ``save_points``: prefix lengths worth saving in the prompt cache.
+    ``save_points``: prefix lengths worth saving in the prompt cache; ``save_end`` False: the state a finished
+    request leaves is not offered to the prompt cache (a code completion's: its tail is one keystroke's typed
+    text and answer, which no later request starts with; its save point keeps the file's stable part).
     """
 
     tokens: list[int]
@@ -97,6 +99,7 @@ class Prompt:
     text: str
     truncated: bool = False
     media: tuple = ()  # ollapy.engine.media.MediaSpan per image chunk, in position order
+    save_end: bool = True
 
 
 @dataclass
@@ -106,7 +109,8 @@ class Request:
     ``tokens`` are the full prompt token ids; ``options`` the merged options;
     ``grammar`` an optional GBNF grammar; ``keep`` the number of leading
     tokens (BOS + system prompt) to protect on a context shift, or -1 for the
-    default; ``cache`` False skips the prompt cache for this request.
+    default; ``cache`` False skips the prompt cache for this request; ``save_end`` False stores only the
+    save points, not the state the finished request leaves (:class:`Prompt`).
     """
 
     tokens: list[int]
@@ -115,6 +119,7 @@ class Request:
     keep: int = -1
     cache: bool = True
     save_points: tuple[int, ...] = ()
+    save_end: bool = True
     pin: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     logprobs: int = -1  # -1: none; n >= 0: each token's logprob and its n most likely alternatives

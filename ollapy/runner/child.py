@@ -83,7 +83,7 @@ class RunnerChild:
             pid=os.getpid(), architecture=model.architecture, template=model.template, facts=model.facts,
             supports_tools=model.supports_tools, supports_thinking=model.supports_thinking,
             embedding_only=model.embedding_only, load_duration_ns=model.load_duration_ns, info=model.info(),
-            snapshot=model.snapshot(), cache_block=model.cache_block)
+            snapshot=model.snapshot(), cache_block=model.cache_block, supports_insert=model.supports_insert)
         if not self.send(("ready", facts)):
             return False
         threading.Thread(target=self._send_status, name="runner-status", daemon=True).start()

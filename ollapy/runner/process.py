@@ -327,6 +327,11 @@ class ProcessModel:
         """As ``LoadedModel.raw_prompt``: a prompt used verbatim."""
         return self._call("raw_prompt", text)
 
+    def fim_prompt(self, request, options: Options | None = None) -> Prompt:
+        """As ``LoadedModel.fim_prompt``: a code completion's prompt (``request`` an
+        :class:`ollapy.chat.fim.FimRequest`). Raises OptionError."""
+        return self._call("fim_prompt", request, options)
+
     def grammar_for(self, fmt) -> str | None:
         """As ``LoadedModel.grammar_for``: GBNF for Ollama's ``format``. Raises OptionError."""
         return self._call("grammar_for", fmt)
@@ -335,6 +340,11 @@ class ProcessModel:
     def supports_tools(self) -> bool:
         """Whether the chat template renders tool definitions."""
         return self._ready.supports_tools
+
+    @property
+    def supports_insert(self) -> bool:
+        """Whether the model completes between a prefix and a suffix (FIM tokens or a ``suffix`` template)."""
+        return self._ready.supports_insert
 
     @property
     def supports_thinking(self) -> bool:

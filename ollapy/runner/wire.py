@@ -35,8 +35,8 @@ from ollapy.engine.interface import ContextFacts, RunnerSnapshot
 from ollapy.errors import OllapyError, RunnerError, describe
 
 # calls the child serves on a worker thread (runner interface methods of its LoadedModel)
-CALLS = frozenset({"tokenize", "tokenize_text", "token_pieces", "render", "chat_prompt", "raw_prompt", "grammar_for",
-                   "embed", "info", "stats", "cache_stats"})
+CALLS = frozenset({"tokenize", "tokenize_text", "token_pieces", "render", "chat_prompt", "raw_prompt", "fim_prompt",
+                   "grammar_for", "embed", "info", "stats", "cache_stats"})
 STATUS_INTERVAL_S = 1.0  # how often the child sends its figures
 
 
@@ -96,6 +96,7 @@ class ReadyFacts:
     info: dict
     snapshot: RunnerSnapshot
     cache_block: int | None = None  # None: the model has no prompt cache
+    supports_insert: bool = False  # FIM tokens or a template that reads ``suffix``
 
 
 @dataclass(frozen=True)

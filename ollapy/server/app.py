@@ -118,6 +118,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.state.webui = (not config.no_webui()) if webui is None else webui
 
     from ollapy.server.anthropic import routes as anthropic_routes
+    from ollapy.server.llamacpp import infill as llamacpp_infill
     from ollapy.server.llamacpp import routes as llamacpp_routes
     from ollapy.server.ollama import embed as embed_routes
     from ollapy.server.ollama import models as model_routes
@@ -136,6 +137,7 @@ def create_app(runtime: Runtime | None = None, *, allow_paths: bool = False, def
     app.include_router(anthropic_routes.router)
     app.include_router(webui_router)
     app.include_router(llamacpp_routes.router)
+    app.include_router(llamacpp_infill.router)
 
     @app.get("/metrics", include_in_schema=False)
     async def _metrics():

@@ -171,13 +171,16 @@ async def chunk_objects(gen: generation.Generation, objects_of: Callable[[Any], 
 
 
 async def watch_disconnect(request: Request, gen: generation.Generation) -> None:
-    """For non-streaming answers: cancel the generation when the client goes away."""
+    """For non-streaming answers: cancel the generation as soon as the client goes away (the body is read, so
+    the server's next message is the disconnect: awaited, not polled, so an editor's abandoned completion frees
+    its slot within an engine step)."""
     try:
         while not gen.finished and not gen.closed:
-            if await request.is_disconnected():
+            msg = await request.receive()
+            if msg.get("type") == "http.disconnect":
                 gen.close("client gone")
                 return
-            await asyncio.sleep(0.25)
+            await asyncio.sleep(0.05)  # another message (a body part nobody read): look again shortly
     except asyncio.CancelledError:
         pass
 

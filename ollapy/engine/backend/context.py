@@ -215,6 +215,10 @@ class Backend:
         self.bos = C.llama_vocab_bos(self.vocab)
         self.eos = C.llama_vocab_eos(self.vocab)
         self.add_bos = bool(C.llama_vocab_get_add_bos(self.vocab))
+        # fill-in-the-middle token ids (-1: none), as llama-server's /infill reads them
+        self.fim_ids = tuple(int(f(self.vocab)) for f in (C.llama_vocab_fim_pre, C.llama_vocab_fim_suf,
+                                                           C.llama_vocab_fim_mid, C.llama_vocab_fim_pad,
+                                                           C.llama_vocab_fim_rep, C.llama_vocab_fim_sep))
         t_wait = time.perf_counter_ns()
         finish_imports()
         self.imports_wait_ns = time.perf_counter_ns() - t_wait  # not model loading: excluded from load_duration

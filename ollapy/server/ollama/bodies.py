@@ -87,6 +87,15 @@ class GenerateBody(OllamaGenBody):
     def _context(cls, v: Any) -> list[int] | None:
         return generation.context_field(v)
 
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: Any) -> str:
+        if v is None or v == "":
+            return ""
+        if not isinstance(v, str):
+            raise OptionError("suffix must be a string", hint="send the text after the cursor")
+        return v
+
 
 class ChatBody(OllamaGenBody, ToolsBody):
     """``/api/chat``: ``messages`` (a list, possibly empty; tool parts read by :func:`read_history`),

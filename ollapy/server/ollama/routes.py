@@ -9,7 +9,8 @@ bodies in :mod:`ollapy.server.ollama.bodies`; the shared HTTP helpers in
 :mod:`ollapy.server.http`. Final chunks also carry ollapy's extras
 ``truncated``, ``prompt_cache_tokens`` and, when tokens were reused,
 ``prompt_cache_source`` (``slot``, ``copy``, ``cache ram``, ``cache disk``). An error after a stream started is
-its last line, ``{"error": "..."}``.
+its last line, ``{"error": "..."}``. ``/api/generate`` with ``suffix`` is a code completion
+(:mod:`ollapy.server.fim`).
 """
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ollapy import __version__
+from ollapy.chat.fim import FimRequest
 from ollapy.chat.reply import ReplyDelta
-from ollapy.errors import OptionError
 from ollapy.options import api_options
-from ollapy.server import generation
+from ollapy.server import fim, generation
 from ollapy.server.errors import redact_paths
 from ollapy.server.http import chunk_objects, collected, err, ndjson_response, read_body, state_of
 from ollapy.server.ollama.bodies import ChatBody, GenerateBody, OllamaGenBody
@@ -66,17 +67,19 @@ async def api_generate(request: Request):
     st = state_of(request)
     try:
         body = GenerateBody.from_dict(await read_body(request))
-        if body.suffix:  # fill-in-the-middle: no ollapy model template renders a suffix yet
-            await st.runtime.resolve(body.model)  # an unknown model is a 404 first, as in Ollama
-            raise OptionError(f'"{body.model}" does not support insert',
-                              hint="send it without suffix")
-        if not body.prompt and not body.suffix:
+        if not body.prompt:  # as Ollama: an empty prompt only loads (or unloads) the model, suffix or not
             return await _load_or_unload(st, body, {"response": ""})
-        gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
-                                     images=body.images,
-                                     system=body.system, options=body.run_options(), fmt=body.format,
-                                     keep_alive=body.keep_alive, cache=body.cache, context=body.context,
-                                     logprobs=body.logprob_count, think=body.think)
+        if body.suffix:  # fill-in-the-middle (ollapy.server.fim): system and images unused, as in Ollama
+            gen = await fim.start_fim(st, body.model, FimRequest(prefix=body.prompt, suffix=body.suffix),
+                                      route="generate", options=body.run_options(), keep_alive=body.keep_alive,
+                                      cache=body.cache, context=body.context, fmt=body.format,
+                                      raw_prompt=body.prompt if body.raw else None, logprobs=body.logprob_count)
+        else:
+            gen = await generation.start(st, body.model, route="generate", prompt=body.prompt, raw=body.raw,
+                                         images=body.images,
+                                         system=body.system, options=body.run_options(), fmt=body.format,
+                                         keep_alive=body.keep_alive, cache=body.cache, context=body.context,
+                                         logprobs=body.logprob_count, think=body.think)
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return err(exc)
 

@@ -147,11 +147,22 @@ class ChatCompletionBody(OpenAIBody, LogprobsBody, ToolsBody):
 
 
 class CompletionBody(OpenAIBody):
-    """``/v1/completions``: ``prompt`` (a non-empty string, or a list of one) and the legacy ``logprobs``
-    (null, or 0..5 alternatives per token: :attr:`logprob_count`)."""
+    """``/v1/completions``: ``prompt`` (a non-empty string, or a list of one), ``suffix`` (the text after the
+    insertion point: a fill-in-the-middle completion) and the legacy ``logprobs`` (null, or 0..5 alternatives per
+    token: :attr:`logprob_count`)."""
 
     prompt: Any = Field("", validate_default=True)
+    suffix: Any = None
     logprobs: Any = None
+
+    @field_validator("suffix")
+    @classmethod
+    def _suffix(cls, v: Any) -> str:
+        if v is None:
+            return ""
+        if not isinstance(v, str):
+            raise OptionError("suffix must be a string", hint="send the text after the insertion point")
+        return v
 
     @field_validator("prompt")
     @classmethod

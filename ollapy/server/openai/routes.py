@@ -7,7 +7,8 @@ output with a grammar. Sampling fields map to Ollama options
 (``max_tokens`` → ``num_predict``...); the ``developer`` role is ``system``.
 Errors use OpenAI's shape; a prompt that leaves no room for the answer in
 ``num_ctx`` is a 400 with code ``context_length_exceeded`` (unless ``options``
-set ``truncate`` true, an ollapy extension: then it is cut as under ``/api``).
+set ``truncate`` true, an ollapy extension: then it is cut as under ``/api``). ``/v1/completions`` with a
+``suffix`` is a code completion (:mod:`ollapy.server.fim`).
 """
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from typing import Any, Callable, Iterator
 
 from fastapi import APIRouter, Request
 
+from ollapy.chat.fim import FimRequest
 from ollapy.chat.reply import ReplyDelta
 from ollapy.errors import ModelNotFound
-from ollapy.server import generation
+from ollapy.server import fim, generation
 from ollapy.server.http import chunk_objects, collected, read_body, sse_response, state_of
 from ollapy.server.http import openai_err as err
 from ollapy.server.openai.bodies import ChatCompletionBody, CompletionBody, OpenAIBody
@@ -154,9 +156,15 @@ async def completions(request: Request):
     st = state_of(request)
     try:
         body = CompletionBody.from_dict(await read_body(request))
-        gen = await generation.start(st, body.model, route="v1/completions", prompt=body.prompt, raw=True,
-                                     options=body.ollama_options(), fmt=body.response_format,
-                                     keep_alive=body.keep_alive, logprobs=body.logprob_count, overflow="error")
+        if body.suffix:  # fill-in-the-middle, as Ollama's /v1/completions passes suffix to its generate
+            gen = await fim.start_fim(st, body.model, FimRequest(prefix=body.prompt, suffix=body.suffix),
+                                      route="v1/completions", options=body.ollama_options(),
+                                      fmt=body.response_format, keep_alive=body.keep_alive,
+                                      logprobs=body.logprob_count, overflow="error")
+        else:
+            gen = await generation.start(st, body.model, route="v1/completions", prompt=body.prompt, raw=True,
+                                         options=body.ollama_options(), fmt=body.response_format,
+                                         keep_alive=body.keep_alive, logprobs=body.logprob_count, overflow="error")
     except Exception as exc:  # noqa: BLE001
         return err(exc)
     base = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": body.model,
