@@ -136,13 +136,16 @@ def test_apply_template_is_the_prompt_chat_evaluates(api, smollm2_path, vocab):
 
 
 def test_a_suffix_on_a_model_without_fim_gets_ollamas_error(api):
-    """Continue's autocomplete sends /api/generate with ``suffix``; neither test model has FIM tokens or a template
-    that renders a suffix, so the answer is Ollama's 400 (an unknown model stays a 404)."""
+    """Continue's autocomplete sends /api/generate with ``suffix``; SmolLM2 has no FIM tokens and its template
+    renders no suffix, so the answer is Ollama's 400 (an unknown model stays a 404), and llama.vscode's /infill
+    gets llama-server's words."""
     import ollama
 
     with pytest.raises(ollama.ResponseError) as e:
         api.oc.generate(model="smol", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n")
-    assert e.value.status_code == 400 and e.value.error == '"smol" does not support insert (send it without suffix)'
+    assert e.value.status_code == 400 and e.value.error.startswith('"smol" does not support insert (send it without ')
+    r = _post(api, "/infill", {"model": "smol", "input_prefix": "def add(a, b):\n", "input_suffix": ""})
+    assert r.status_code == 400 and "Infill is not supported by this model" in r.json()["error"]["message"]
     with pytest.raises(ollama.ResponseError) as e:
         api.oc.generate(model="nope", prompt="x", suffix="y")
     assert e.value.status_code == 404

@@ -55,6 +55,7 @@ VALID = {  # a request each route answers with 200, which the "mutated" bodies c
     "/api/delete": {"model": "smol2"}, "/api/pull": {"model": "nope", "stream": False},
     "/v1/messages": {"model": "smol", "max_tokens": 4, "messages": CHAT},
     "/v1/responses": {"model": "smol", "input": "Hi", "max_output_tokens": 4},
+    "/infill": {"model": "smol", "input_prefix": "def f():\n", "input_suffix": "", "n_predict": 4},  # a 400 (no FIM)
 }
 
 
@@ -152,7 +153,7 @@ def _routes(app) -> list[tuple[str, str]]:
     return sorted(set(out))
 
 
-LLAMACPP_ROUTES = ("/tokenize", "/detokenize", "/apply-template")
+LLAMACPP_ROUTES = ("/tokenize", "/detokenize", "/apply-template", "/infill")
 
 
 def _check_answer(method: str, path: str, r) -> None:

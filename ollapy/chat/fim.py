@@ -25,8 +25,9 @@ Cuts follow llama-server with a fixed window ``W`` instead of ``n_batch`` (ollap
 prompt need not fit one batch): at most ``3W/4`` prefix tokens (the last ones) and ``W/4 - 2`` suffix tokens
 (the first ones; less the typed text where it stays in the prefix), and the repository context takes what is
 left of the context after ``W`` and twice the answer's room (its last tokens). The prefix's cut moves in steps of
-a quarter of its share, so that a prefix that grows by a keystroke keeps the same first token: a cached prefix,
-where a cut that followed every token would shift the whole prompt.
+a quarter of its share (so it keeps between ``3W/16`` fewer and ``3W/4`` tokens), so that a prefix that grows by
+a keystroke keeps the same first token: a cached prefix, where a cut that followed every token would shift the
+whole prompt.
 
 Everything here is pure: text and a tokenizer in, token ids out (:func:`fim_tokens`).
 """
@@ -140,7 +141,8 @@ def repo_context(ids: FimTokens, chunks: Sequence[tuple[str, str]], tokenize: Ca
 
 
 def _cut_front(tokens: list[int], take: int) -> list[int]:
-    """The last ``take`` or a few more tokens: the cut moves in steps of ``take // 4`` (a stable first token)."""
+    """The last ``take`` tokens or up to ``take // 4 - 1`` fewer: the cut moves in steps of ``take // 4``, so
+    that ``tokens`` growing at its end keeps the same first token until the next step."""
     if len(tokens) <= take:
         return tokens
     step = max(1, take // 4)

@@ -444,6 +444,8 @@ class Engine(SlotBookkeeping):
             if s.busy and s.request.cancelled and s.state is not SlotState.FINISH:  # FINISH ends this step
                 s.request.cancelled_in = s.state.value
                 self._fail(s, Cancelled("request cancelled"))
+            elif s.busy and s.request.wrapping_up and s.state is SlotState.GENERATE:
+                self._finish(s, "stop")  # the caller's own limit (Request.finish_early)
         if not self._waiting:  # the common case, read without the lock: submit() only appends
             return
         with self._cv:

@@ -135,8 +135,8 @@ class ModelRunner(Protocol):
         """A prompt used verbatim (Ollama's ``raw``)."""
 
     def fim_prompt(self, request: FimRequest, options: Options | None = None) -> Prompt:
-        """A code-completion prompt (:mod:`ollapy.chat.fim`): the template's when it reads ``suffix``, else the
-        model's FIM tokens; its save point is the part the next keystroke keeps, and its finished state is not
+        """A code-completion prompt (:mod:`ollapy.chat.fim`): the model's FIM tokens, else its template when it
+        reads ``suffix``; its save point is the part the next keystroke keeps, and its finished state is not
         cached (``save_end`` False). Raises OptionError when the model supports no insert."""
 
     def grammar_for(self, fmt: Any) -> str | None:

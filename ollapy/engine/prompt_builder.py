@@ -278,23 +278,25 @@ class PromptBuilder:
     def fim_prompt(self, request: FimRequest, options: Options | None = None) -> Prompt:
         """The prompt of a code completion (``/infill``, or Ollama's and OpenAI's ``suffix``).
 
-        A template that reads ``suffix`` (a registry Go template with ``.Suffix``, translated) is rendered with
-        ``prompt`` and ``suffix`` as Ollama renders it (the typed text stays in ``prompt``; no repository
-        context); otherwise the model's FIM tokens are laid out by :func:`ollapy.chat.fim.fim_tokens` with a save
-        point where the next keystroke's prompt parts (the stable part). Either way the finished state is not
-        cached (``save_end`` False): a keystroke's tail is no later request's prefix. Raises OptionError when the
-        model has neither (Ollama's ``"NAME" does not support insert``) or for an unknown ``fim_layout``.
+        A vocabulary with FIM tokens has them laid out by :func:`ollapy.chat.fim.fim_tokens` (repository context,
+        the ``fim_layout``), with a save point where the next keystroke's prompt departs (the stable part); an
+        Ollama registry template for such a model renders the same tokens (``<|fim_prefix|>{{ .Prompt }}...``).
+        Otherwise a template that reads ``suffix`` (a Go template with ``.Suffix``, translated) is rendered with
+        ``prompt`` and ``suffix`` as Ollama renders it (the typed text stays in ``prompt``; no repository context).
+        Either way the finished state is not cached (``save_end`` False): a keystroke's tail is no later
+        request's prefix. Raises OptionError when the model has neither (Ollama's ``"NAME" does not support
+        insert``) or for an unknown ``fim_layout``.
         """
         from ollapy.chat.fim import fim_tokens
 
         options = options or Options()
-        if template_reads_suffix(self.template.text):
+        if not self.facts.fim.usable:
+            if not template_reads_suffix(self.template.text):
+                raise OptionError(f'"{self.name}" does not support insert',
+                                  hint="use a code model whose vocabulary has FIM tokens (e.g. qwen2.5-coder)")
             text = self._render_insert(request.prefix + (request.typed or ""), request.suffix)
             tokens = self.tokenize(text)
             return Prompt(tokens, 1 if tokens and tokens[0] == self.backend.bos else 0, (), text, save_end=False)
-        if not self.facts.fim.usable:
-            raise OptionError(f'"{self.name}" does not support insert',
-                              hint="use a code model whose vocabulary has FIM tokens (e.g. qwen2.5-coder)")
 
         def plain(text: str) -> list[int]:
             return self.backend.tokenize(text, add_special=False, parse_special=False)

@@ -134,6 +134,7 @@ class Request:
     """Set once the engine has placed the request in a slot (``metrics.prompt_cache_tokens`` is then final, before
     the prefill) or ended it: what an API that reports the cache hit before the first token waits for."""
     _cancel: threading.Event = field(default_factory=threading.Event)
+    _wrap_up: threading.Event = field(default_factory=threading.Event)
     _q: Any = None
     _closed: bool = False
 
@@ -173,10 +174,21 @@ class Request:
         """True once :meth:`cancel` was called."""
         return self._cancel.is_set()
 
+    @property
+    def wrapping_up(self) -> bool:
+        """True once :meth:`finish_early` was called."""
+        return self._wrap_up.is_set()
+
     # -- caller side ----------------------------------------------------------------------
     def cancel(self) -> None:
         """Ask the engine to stop this request; its slot is freed within one step."""
         self._cancel.set()
+
+    def finish_early(self) -> None:
+        """Ask the engine to end this generating request as finished (``done_reason`` ``"stop"``, its final chunk
+        with the metrics) at the next step, its slot freed there: a caller's own limit (``/infill``'s
+        ``n_indent``) that still wants the figures. A request not yet generating goes on until it is."""
+        self._wrap_up.set()
 
     def __iter__(self):
         while True:

@@ -124,6 +124,10 @@ class RunnerChild:
                 req = self.requests.get(msg[1])
                 if req is not None:
                     req.cancel()
+            elif kind == "finish":  # Request.finish_early: end it as finished (the caller's own limit)
+                req = self.requests.get(msg[1])
+                if req is not None:
+                    req.finish_early()
             elif kind == "close":
                 unsaved = self.close_model(float(msg[2]))
                 self.send(("result", msg[1], unsaved))

@@ -51,3 +51,10 @@ class ProcessRequest(Request):
         super().cancel()
         if first and self.runner is not None:
             self.runner._send_cancel(self.id)
+
+    def finish_early(self) -> None:
+        """End this request as finished, here and in the child (:meth:`Request.finish_early`)."""
+        first = not self.wrapping_up
+        super().finish_early()
+        if first and self.runner is not None:
+            self.runner._send_cancel(self.id, "finish")

@@ -97,7 +97,7 @@ class ProcessModel:
         self._closing = False
         self._closed = False
         self._reader: threading.Thread | None = None
-        self._cancels: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[tuple[str, int] | None] = queue.SimpleQueue()
         self._timeout = config.runner_timeout()
         self._proc, self._sock, self._conn = self._spawn()
         self._stderr = ChildLog(self._proc.stdout, self.name, self.pid)
@@ -282,21 +282,23 @@ class ProcessModel:
                               hint="it may be stopped or overloaded; raise OLLAPY_RUNNER_TIMEOUT, or unload the "
                                    "model (keep_alive 0) to restart it") from None
 
-    def _send_cancel(self, rid: int) -> None:
-        """Queue a cancel for the writer thread: never blocks (called on a server's event loop)."""
+    def _send_cancel(self, rid: int, kind: str = "cancel") -> None:
+        """Queue a cancel (or ``kind`` ``"finish"``: :meth:`Request.finish_early`) for the writer thread: never
+        blocks (called on a server's event loop)."""
         with self._lock:
             pending = rid in self._requests
         if pending and self._dead is None:
-            self._cancels.put(rid)
+            self._cancels.put((kind, rid))
 
     def _write_cancels(self) -> None:
-        """The writer thread: send each queued cancel (a stopped child may block this thread, nobody else)."""
+        """The writer thread: send each queued cancel or finish (a stopped child may block this thread, nobody
+        else)."""
         while True:
-            rid = self._cancels.get()
-            if rid is None:
+            item = self._cancels.get()
+            if item is None:
                 return
             try:
-                self._send(("cancel", rid))
+                self._send(item)
             except OSError:
                 return
 
@@ -383,7 +385,7 @@ class ProcessModel:
                 self._calls.pop(mid, None)
                 late = self._requests.pop(mid, None) is not None
             if late and self._dead is None:
-                self._cancels.put(mid)  # accepted after we gave up: end it in the child
+                self._cancels.put(("cancel", mid))  # accepted after we gave up: end it in the child
             raise
         return req
 

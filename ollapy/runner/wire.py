@@ -7,7 +7,8 @@ on an inherited socketpair. Parent to child:
 * ``("call", id, op, args, kwargs)``, ``op`` one of :data:`CALLS`;
 * ``("submit", id, prompt, options, kwargs)``: a generation (``prompt`` an
   :class:`ollapy.engine.request.Prompt`);
-* ``("cancel", id)``: cancel that generation;
+* ``("cancel", id)``: cancel that generation; ``("finish", id)``: end it as finished (its final chunk and
+  metrics still come: ``Request.finish_early``);
 * ``("close", id, timeout_s)``: close the model, answer, exit 0.
 
 Child to parent:

@@ -3,10 +3,10 @@
 Three routes build a :class:`~ollapy.chat.fim.FimRequest` and call :func:`start_fim`: Ollama's
 ``/api/generate`` with ``suffix`` (Continue), OpenAI's ``/v1/completions`` with ``suffix``, and llama.cpp's
 ``/infill`` (llama.vscode, llama.vim; :mod:`ollapy.server.llamacpp.infill`). The model decides how the prompt is
-built (:meth:`ollapy.engine.interface.ModelRunner.fim_prompt`): a template that reads ``suffix`` (an Ollama
-registry template with ``.Suffix``) is rendered as Ollama renders it, else the vocabulary's FIM tokens are laid
-out as llama-server lays them out; a model with neither answers Ollama's ``"NAME" does not support insert``
-(400), checked on the loaded model, never on its name.
+built (:meth:`ollapy.engine.interface.ModelRunner.fim_prompt`): the vocabulary's FIM tokens laid out as
+llama-server lays them out, else a template that reads ``suffix`` (an Ollama registry template with ``.Suffix``)
+rendered as Ollama renders it; a model with neither answers Ollama's ``"NAME" does not support insert`` (400),
+checked on the loaded model, never on its name.
 
 What Ollama does with the other ``/api/generate`` fields when ``suffix`` is set (``server/routes.go``,
 ``GenerateHandler``), ollapy does too: ``system`` (and the model's SYSTEM) is not used, ``context`` goes in front

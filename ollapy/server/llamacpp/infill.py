@@ -7,8 +7,8 @@ The body is llama-server's (``tools/server/server-context.cpp``, ``post_infill``
   chunks), laid out with the model's ``FIM_REP``/``FIM_SEP`` tokens (:mod:`ollapy.chat.fim`);
 * ``prompt``: the text typed so far on the current line; where it goes is the ``fim_layout`` option (default:
   after ``FIM_MID``, so a keystroke extends a cached prefix; ``plain``: llama-server's place, the prefix's end);
-* ``n_predict`` (-1: no limit), ``t_max_predict_ms`` (after the first new line, stop at the next new line once
-  this much time went into generating), ``n_indent`` (stop at a new line indented less: that line is cut);
+* ``n_predict`` (-1: no limit), ``t_max_predict_ms`` (stop at a new line once this much time went into
+  generating), ``n_indent`` (stop at a new line indented less: that line is cut);
 * ``samplers``: the names in the chain (llama-server's ``top_k``, ``top_p``, ``min_p``, ``typ_p``,
   ``temperature``...; the one-letter string form too); a sampler left out is turned off (its neutral value).
   ``dry``, ``xtc``, ``infill`` and ``penalties`` are accepted and have no sampler of their own here;
@@ -155,15 +155,14 @@ class LineLimits:
 
     ``feed(piece, now_s)`` returns the text to send and whether to stop: a line after the first new line whose
     first character other than spaces and tabs comes before column ``n_indent`` ends the answer (its indentation
-    is kept, the rest cut); once a new line was generated, a later piece with a new line ends it when more than
-    ``t_max_ms`` went into generating since the first piece."""
+    is kept, the rest cut); a piece with a new line ends it when more than ``t_max_ms`` went into generating
+    since the first piece (llama-server's code; its comment speaks of a second new line)."""
 
     def __init__(self, n_indent: int, t_max_ms: int) -> None:
         self.n_indent, self.t_max_ms = n_indent, t_max_ms
         self.text = ""
         self.sent = 0
         self.t0: float | None = None
-        self.has_new_line = False
 
     def feed(self, piece: str, now_s: float) -> tuple[str, bool]:
         if self.t0 is None:
@@ -174,9 +173,8 @@ class LineLimits:
             out, self.sent = self.text[self.sent:cut], max(self.sent, cut)
             return out, True
         stop = False
-        if "\n" in piece:
-            stop = self.has_new_line and self.t_max_ms > 0 and (now_s - self.t0) * 1000 > self.t_max_ms
-            self.has_new_line = True
+        if "\n" in piece:  # llama-server stops at any new line once the time is up (first or later)
+            stop = self.t_max_ms > 0 and (now_s - self.t0) * 1000 > self.t_max_ms
         out, self.sent = self.text[self.sent:], len(self.text)
         return out, stop
 
@@ -193,9 +191,11 @@ class LineLimits:
 
 
 def _timings(m: dict) -> dict:
-    prompt_n, prompt_ms = int(m.get("prompt_eval_count") or 0), (m.get("prompt_eval_duration") or 0) / 1e6
+    cached = int(m.get("prompt_cache_tokens") or 0)  # prompt_eval_count counts every prompt token, reused or not
+    prompt_n = max(0, int(m.get("prompt_eval_count") or 0) - cached)
+    prompt_ms = (m.get("prompt_eval_duration") or 0) / 1e6
     pred_n, pred_ms = int(m.get("eval_count") or 0), (m.get("eval_duration") or 0) / 1e6
-    return {"cache_n": int(m.get("prompt_cache_tokens") or 0), "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+    return {"cache_n": cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms else 0.0,
             "predicted_n": pred_n, "predicted_ms": pred_ms,
@@ -203,19 +203,20 @@ def _timings(m: dict) -> dict:
             "predicted_per_second": 1e3 * pred_n / pred_ms if pred_ms else 0.0}
 
 
-def final_object(gen, model: str, content: str, stop_type: str, stopping_word: str, settings: dict) -> dict:
-    """llama-server's final ``/infill`` object (see the module docstring); ``stop_type`` eos, word or limit."""
+def final_object(gen, model: str, text: str, stop_type: str, stopping_word: str, settings: dict,
+                 content: str | None = None) -> dict:
+    """llama-server's final ``/infill`` object (see the module docstring) for the answer ``text``; ``stop_type``
+    eos, word or limit; ``content``: the text the object carries when not all of it (a stream's last piece)."""
     m = gen.metrics() if gen.final is not None else gen.partial_metrics()
-    cached = int(m.get("prompt_cache_tokens") or 0)
-    prompt_n = int(m.get("prompt_eval_count") or 0)
     predicted = int(m.get("eval_count") or 0)
-    return {"index": 0, "content": content, "tokens": [], "id_slot": -1, "stop": True, "model": model,
+    return {"index": 0, "content": text if content is None else content, "tokens": [], "id_slot": -1, "stop": True,
+            "model": model,
             "tokens_predicted": predicted, "tokens_evaluated": gen.prompt_tokens,
-            "generation_settings": settings, "has_new_line": "\n" in content,
+            "generation_settings": settings, "has_new_line": "\n" in text,
             "truncated": bool(m.get("truncated")), "stop_type": stop_type, "stopping_word": stopping_word,
             "stopped_eos": stop_type == "eos", "stopped_word": stop_type == "word",
             "stopped_limit": stop_type == "limit", "tokens_cached": gen.prompt_tokens + predicted,
-            "timings": {**_timings(m), "cache_n": cached, "prompt_n": prompt_n}}
+            "timings": _timings(m)}
 
 
 def _stop_type(final) -> tuple[str, str]:
@@ -234,8 +235,9 @@ async def infill(request: Request):
         req = FimRequest(prefix=_text(body, "input_prefix", True), suffix=_text(body, "input_suffix", True),
                          typed=_text(body, "prompt", False), extra=read_extra(body.get("input_extra")), repo=True)
         n_indent, t_max = max(0, _int(body, "n_indent", 0)), max(0, _int(body, "t_max_predict_ms", 0))
-        fields, stream = read_fields(body.get("response_fields")), body.get("stream", False)
-        cache = body.get("cache_prompt", True)
+        fields = read_fields(body.get("response_fields"))
+        stream = False if body.get("stream") is None else body["stream"]  # null: the default, as llama-server
+        cache = True if body.get("cache_prompt") is None else body["cache_prompt"]
         if not isinstance(stream, bool) or not isinstance(cache, bool):
             raise OptionError('"stream" and "cache_prompt" must be true or false')
         name = model_name(st, body)
@@ -248,29 +250,29 @@ async def infill(request: Request):
                 **{k: v for k, v in opts.items() if k in SAMPLING}}
     limits = LineLimits(n_indent, t_max)
 
-    def final(text: str, last) -> dict:
+    def final(text: str, last, content: str | None = None) -> dict:
         kind, word = ("limit", "") if last is None else _stop_type(last)
-        obj = final_object(gen, name, text, kind, word, settings)
+        obj = final_object(gen, name, text, kind, word, settings, content)
         return nested_fields(fields, obj) if fields else obj
 
     if not stream:
         return await _whole(request, gen, limits, final)
 
     async def events():
-        sent = []
+        sent, limited, last = [], False, ""
         try:
             async for c in gen.chunks():
-                piece, stop = limits.feed(c.text, time.perf_counter()) if c.text else ("", False)
-                if stop:
-                    gen.close()  # a limit: the slot is freed within one step
-                    yield sse_event(_partial(gen, piece))
-                    yield sse_event(final("".join(sent) + piece, None))
-                    return
+                piece, stop = ("", False) if limited or not c.text else limits.feed(c.text, time.perf_counter())
+                if stop:  # a limit: the engine ends the request at its next step (text after it is dropped)
+                    limited, last = True, piece
+                    gen.req.finish_early()
+                    continue
                 if piece and not c.done:
                     sent.append(piece)
                     yield sse_event(_partial(gen, piece))
-                if c.done:
-                    yield sse_event({**final("".join(sent) + piece, c), "content": piece})
+                if c.done:  # the last event: the final object, carrying the last piece of text
+                    last = last if limited else piece
+                    yield sse_event(final("".join(sent) + last, None if limited else c, last))
         except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
             yield sse_error_event(exc)
 
@@ -284,17 +286,18 @@ def _partial(gen, piece: str) -> dict:
 
 
 async def _whole(request: Request, gen, limits: LineLimits, final):
-    """The non-streamed answer (cancelled when the client goes away); a limit ends the generation early (its slot
-    is freed within one step)."""
+    """The non-streamed answer (cancelled when the client goes away); a limit ends the generation early
+    (:meth:`~ollapy.engine.request.Request.finish_early`: its slot freed at the next step, its figures kept)."""
     watcher = asyncio.get_running_loop().create_task(watch_disconnect(request, gen))
     text, stopped = [], False
     try:
         async for c in gen.chunks():
-            piece, stop = limits.feed(c.text, time.perf_counter()) if c.text else ("", False)
+            if stopped or not c.text:
+                continue
+            piece, stopped = limits.feed(c.text, time.perf_counter())
             text.append(piece)
-            if stop:
-                stopped = True
-                break
+            if stopped:  # the engine ends the request at its next step, with its figures; later text is dropped
+                gen.req.finish_early()
     except Exception as exc:  # noqa: BLE001 - mapped to a status in one place
         return openai_err(exc)
     finally:
