@@ -194,6 +194,8 @@ def main() -> int:
                          "plain_ok": pok, "moved_ok": mok, "same": same,
                          "plain_prompt_tokens": p.prompt_tokens, "moved_prompt_tokens": m.prompt_tokens})
             print_row(rows[-1])
+            if args.json:  # after each case: a run cut short keeps what it measured
+                Path(args.json).write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
     finally:
         if proc is not None:
             proc.terminate()
@@ -202,8 +204,6 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
-    if args.json:
-        Path(args.json).write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
     if failed:
         print(f"\n{failed} requests failed: no comparison")
         return 1

@@ -22,7 +22,7 @@ Used by ``scripts/check_clients.sh`` (group ``fim``); the request bodies were re
   them, one per completion), ``tokens_cached``, ``generation_settings``, ``timings``.
 * llama.vim (``autoload/llama.vim``): the same two requests with its fields (``top_p`` 0.90, ``temperature`` 0
   on the update, ``stop`` [], ``t_max_predict_ms`` 250 on a first request, ``response_fields``), always with
-  ``"model": ""`` and ``Authorization: Bearer `` by default (its ``exists(...) && len("...")`` tests are always
+  ``"model": ""`` and ``Authorization: Bearer`` (an empty key) by default (its ``exists(...) && len("...")`` tests are always
   true). The answer: flat keys (``content``, ``timings/prompt_n``, ``tokens_cached``...), as llama-server's
   ``response_fields`` gives them.
 
@@ -78,7 +78,8 @@ def continue_stream(http: httpx.Client, body: dict) -> tuple[str, dict | None]:
     ``error``; it stops reading (aborts) once a first line is complete."""
     text, last = "", None
     with http.stream("POST", "/api/generate", json=body) as r:
-        need(r.status_code == 200, f"/api/generate: HTTP {r.status_code}: {r.read()[:200]!r}")
+        if r.status_code != 200:
+            raise Failed(f"/api/generate: HTTP {r.status_code}: {r.read()[:200]!r}")
         buf = ""
         for chunk in r.iter_text():
             buf += chunk
@@ -115,10 +116,7 @@ def replay_continue(url: str, model: str) -> str:
                                         "keep_alive": 1800})
     need(CASE.passes(text), f"raw FIM prompt: unexpected completion {text!r}")
     out.append(f"raw {text.strip()!r}")
-    if not fim:
-        raise Failed(f"/api/show's template has no .Suffix, so Continue never sends suffix (raw prompts only; "
-                     f"raw gave {text.strip()!r})")
-    # _streamFim, no snippets
+    # _streamFim, no snippets (replayed even when /api/show keeps Continue from sending it, to show the route)
     text, last = continue_stream(http, {"model": model, "prompt": prefix, "suffix": suffix, "options": opts,
                                         "keep_alive": 1800})
     need(CASE.passes(text), f"suffix: unexpected completion {text!r}")
@@ -131,6 +129,9 @@ def replay_continue(url: str, model: str) -> str:
                                         "keep_alive": 1800})
     need(isinstance(text, str), "no text")
     out.append(f"suffix+snippets {text.strip()!r}")
+    if not fim:
+        raise Failed("/api/show's template has no .Suffix, so Continue never sends suffix, only raw prompts "
+                     f"rendered by its own template (replayed anyway: {'; '.join(out)})")
     return "Continue (template has .Suffix): " + "; ".join(out)
 
 
@@ -184,8 +185,9 @@ def replay_vscode(url: str, model: str) -> str:
 def replay_vim(url: str, model: str) -> str:
     """llama.vim with ``g:llama_config.model_fim`` set to ``model`` (its default, "", is sent as ``"model": ""``:
     ``model`` "" replays that)."""
+    # curl sends its "Authorization: Bearer " header; the value's trailing space is not part of it (RFC 9110 OWS)
     http = httpx.Client(base_url=url, timeout=600, headers={"Content-Type": "application/json",
-                                                             "Authorization": "Bearer "})
+                                                             "Authorization": "Bearer"})
     chunks = [{"text": OTHER.source.replace("█", "json.load(f)"), "time": time.time(), "filename": "config.py"}]
     prep = {"id_slot": 0, "input_prefix": "", "input_suffix": "", "input_extra": chunks, "prompt": "", "n_predict": 0,
             "temperature": 0.0, "samplers": [], "stream": False, "cache_prompt": True, "t_max_prompt_ms": 1,
