@@ -156,7 +156,11 @@ def main() -> int:
     if args.merge:
         parts = [json.loads(Path(p).read_text()) for p in args.merge]
         by_name = {r["case"]: r for part in parts for r in part["rows"]}
-        rows = [by_name[c.name] for c in CASES if c.name in by_name]
+        rows = []
+        for c in CASES:  # judged again: the rules of fim_cases.py as they are now
+            if c.name in by_name:
+                r = by_name[c.name]
+                rows.append({**r, "plain_ok": c.passes(r["plain"]), "moved_ok": c.passes(r["moved"])})
         print(f"model: {parts[0]['model']}\nmerged from {len(parts)} runs\n")
         print(f"{'case':<24} {'plain':<5} {'moved':<5} {'same':<4}  {'plain first line':<34}  moved-line first line")
         for r in rows:
@@ -229,6 +233,10 @@ def summarize(rows: list[dict]) -> int:
     print(f"exact first-line matches, plain         {plain_ok}/{n}")
     print(f"exact first-line matches, moved-line    {moved_ok}/{n}")
     print(f"identical first lines                   {same}/{n} ({space_only} more differ only in white space)")
+    by_name = {c.name: c for c in CASES}
+    healed = sum(not r["moved_ok"] and by_name[r["case"]].passes(r["moved"].lstrip(" ")) for r in rows)
+    print(f"moved-line right but for a leading space {healed} (the typed text tokenized alone ends at a token "
+          "boundary the model rarely saw)")
     print(f"moved-line better (plain wrong)         {better}")
     print(f"moved-line worse (plain right)          {worse}")
     if moved_ok >= plain_ok:

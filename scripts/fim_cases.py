@@ -5,8 +5,9 @@ typed, and the accepted completions of that line: the text that belongs between 
 the text already after the cursor on that line, e.g. a bracket an editor closed by itself). A completion passes
 when its first line, trailing white space dropped, is one of ``accept`` (or matches ``pattern``, a regular
 expression that must match the whole line), either alone or followed by the text already after the cursor (what
-llama.vscode strips from a suggestion that ends with it). Leading white space counts: ``return  x`` is a wrong
-insertion. The files were written for this benchmark (no third-party code).
+llama.vscode strips from a suggestion that ends with it). A trailing comment the model adds is not part of the
+code and is dropped first (``read()  # the body`` passes for ``read()``). Leading white space counts:
+``return  x`` is a wrong insertion. The files were written for this benchmark (no third-party code).
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import re
 from dataclasses import dataclass
 
 CURSOR = "█"
+COMMENT = {"python": r"\s+#", "bash": r"\s+#", "sql": r"\s+--"}
+"""Where a trailing comment starts, by language (``//`` for the others)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class FimCase:
     def passes(self, completion: str) -> bool:
         """Whether ``completion``'s first line completes the cursor's line correctly (see the module docstring)."""
         first = completion.split("\n", 1)[0].rstrip()
+        first = re.split(COMMENT.get(self.language, r"\s+//"), first, maxsplit=1)[0].rstrip()
         rest = self.line_rest.rstrip()
         candidates = [first]
         if rest and first.endswith(rest):
