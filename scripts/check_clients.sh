@@ -3,18 +3,18 @@
 #
 # Installs each client at a pinned version into a scratch folder (OLLAPY_CLIENTS_DIR, default
 # ~/.cache/ollapy/clients; npm packages under npm/, each PyPI client in its own virtual environment), starts
-# `ollapy serve` on a free loopback port with a scratch store holding the two test models, and prints one line per
+# `ollapy serve` on a free loopback port with a scratch store holding the test models, and prints one line per
 # check: `ok NAME` or `FAIL NAME: why`, then a summary. Heavy (about 5 GB of installs, most of it Open WebUI) and
 # not part of CI: run it by hand, e.g. `nice -n 10 scripts/check_clients.sh`. ONLY="sdk llm" runs some groups
 # (sdk, js, llm, aider, continue, fim, opencode, agents, openwebui); SKIP="openwebui" leaves some out.
 #
 # Models: `smol` (SmolLM2 135M, num_ctx 4096) for the SDKs, llm, aider, Open WebUI; `gemma3-agents` (Gemma 3 270M
 # base at num_ctx 32768, greedy, ending its answer at a line end, num_predict MAX_OUT) for the agents, Continue
-# and opencode, whose system prompts and tools run to thousands of tokens. `qwen2.5-coder:0.5b` (Qwen2.5-Coder 0.5B, the
-# third test model) for code completion (group fim): the requests Continue's Ollama provider, llama.vscode and
-# llama.vim send, replayed by scripts/fim_replays.py, which reads each answer as its client does. What a 135M/270M model cannot do (use
-# tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a note, not a FAIL,
-# where the server answered correctly.
+# and opencode, whose system prompts and tools run to thousands of tokens; `qwen2.5-coder:0.5b` (Qwen2.5-Coder 0.5B,
+# the third test model) for code completion (group fim: the requests of Continue's Ollama provider, llama.vscode
+# and llama.vim, replayed by scripts/fim_replays.py, which reads each answer as its client does). What a 135M/270M
+# model cannot do (use tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a
+# note, not a FAIL, where the server answered correctly.
 #
 # Agents (AGENT_TURNS=3): Claude Code `claude -p` then `claude -p --continue` twice, Codex `codex exec` then
 # `codex exec resume --last` twice, with their default tools on, through `ollapy launch`; per turn the prompt
