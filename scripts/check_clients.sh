@@ -3,16 +3,18 @@
 #
 # Installs each client at a pinned version into a scratch folder (OLLAPY_CLIENTS_DIR, default
 # ~/.cache/ollapy/clients; npm packages under npm/, each PyPI client in its own virtual environment), starts
-# `ollapy serve` on a free loopback port with a scratch store holding the two test models, and prints one line per
+# `ollapy serve` on a free loopback port with a scratch store holding the test models, and prints one line per
 # check: `ok NAME` or `FAIL NAME: why`, then a summary. Heavy (about 5 GB of installs, most of it Open WebUI) and
 # not part of CI: run it by hand, e.g. `nice -n 10 scripts/check_clients.sh`. ONLY="sdk llm" runs some groups
-# (sdk, js, llm, aider, continue, opencode, agents, openwebui); SKIP="openwebui" leaves some out.
+# (sdk, js, llm, aider, continue, fim, opencode, agents, openwebui); SKIP="openwebui" leaves some out.
 #
 # Models: `smol` (SmolLM2 135M, num_ctx 4096) for the SDKs, llm, aider, Open WebUI; `gemma3-agents` (Gemma 3 270M
 # base at num_ctx 32768, greedy, ending its answer at a line end, num_predict MAX_OUT) for the agents, Continue
-# and opencode, whose system prompts and tools run to thousands of tokens. What a 135M/270M model cannot do (use
-# tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a note, not a FAIL,
-# where the server answered correctly.
+# and opencode, whose system prompts and tools run to thousands of tokens; `qwen2.5-coder:0.5b` (Qwen2.5-Coder 0.5B,
+# the third test model) for code completion (group fim: the requests of Continue's Ollama provider, llama.vscode
+# and llama.vim, replayed by scripts/fim_replays.py, which reads each answer as its client does). What a 135M/270M
+# model cannot do (use tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a
+# note, not a FAIL, where the server answered correctly.
 #
 # Agents (AGENT_TURNS=3): Claude Code `claude -p` then `claude -p --continue` twice, Codex `codex exec` then
 # `codex exec resume --last` twice, with their default tools on, through `ollapy launch`; per turn the prompt
@@ -26,7 +28,7 @@ DIR=${OLLAPY_CLIENTS_DIR:-$HOME/.cache/ollapy/clients}
 MAX_OUT=${MAX_OUT:-256}  # the agents' output cap: a tools-on answer is a JSON call, longer than a word
 AGENT_TURNS=${AGENT_TURNS:-3}
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-2400}  # seconds an install may take (Open WebUI pulls torch & co.)
-ONLY=${ONLY:-"sdk js llm aider continue opencode agents openwebui"}
+ONLY=${ONLY:-"sdk js llm aider continue fim opencode agents openwebui"}
 SKIP=${SKIP:-}
 # pinned versions (the ones tried for docs/clients.md)
 NPM_PKGS="@continuedev/cli@1.5.47 opencode-ai@1.18.33 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ollama@0.6.4"
@@ -91,12 +93,15 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 600); do curl -sf "$URL/" > /dev/null && break; sleep 0.2; done
-read -r SMOL GEMMA < <("$PY" "$ROOT/scripts/fetch_test_models.py" | awk '$1 == "smollm2" {s=$2} $1 == "gemma3" {g=$2} END {print s, g}')
+read -r SMOL GEMMA QWEN < <("$PY" "$ROOT/scripts/fetch_test_models.py" | \
+  awk '$1 == "smollm2" {s=$2} $1 == "gemma3" {g=$2} $1 == "qwen-coder" {q=$2} END {print s, g, q}')
 printf 'FROM %s\nPARAMETER num_ctx 4096\n' "$SMOL" > "$WORK/Modelfile.smol"
 printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER num_predict %s\nPARAMETER temperature 0\nPARAMETER stop "\\n"\nPARAMETER stop "<end_of_turn>"\nPARAMETER stop "<start_of_turn>"\n' \
   "$GEMMA" "$MAX_OUT" > "$WORK/Modelfile.gemma"
 "$PY" -m ollapy.cli.main create smol -f "$WORK/Modelfile.smol" > /dev/null 2>&1
 "$PY" -m ollapy.cli.main create gemma3-agents -f "$WORK/Modelfile.gemma" > /dev/null 2>&1
+printf 'FROM %s\n' "$QWEN" > "$WORK/Modelfile.qwen"
+"$PY" -m ollapy.cli.main create qwen2.5-coder:0.5b -f "$WORK/Modelfile.qwen" > /dev/null 2>&1
 # an embedding model (SmolLM2 declaring a pooling type: /api/show lists "embedding"), for the clients that embed
 # only with such models (llm-ollama)
 "$PY" "$ROOT/scripts/make_embedding_gguf.py" "$SMOL" "$WORK/smol-embed.gguf" > /dev/null
@@ -244,6 +249,25 @@ import httpx
 r = httpx.post('$URL/api/generate', json={'model': 'smol', 'prompt': 'def add(a, b):\n    return ', 'suffix': '\n\nprint(add(1, 2))',
                'raw': True, 'stream': False, 'options': {'num_predict': 16}}, timeout=60)
 assert r.status_code == 400 and r.json()['error'].startswith('\"smol\" does not support insert'), r.text"
+fi
+
+# ---- code completion: Continue, llama.vscode, llama.vim (issue 52) ----------------------------------------
+if want fim; then
+  # each replay prints what its client would show; Continue's and llama.vscode's name the model, llama.vim's
+  # names it as g:llama_config.model_fim does when set
+  for c in continue llama.vscode llama.vim; do
+    check "fim-$c" 900 "$PY" "$ROOT/scripts/fim_replays.py" "$URL" qwen2.5-coder:0.5b "$c" && \
+      echo "     $(tail -n 1 "$WORK/last-fim-$c.log")"
+  done
+  # the clients' default configurations name no ollapy model: llama.vim sends "model": "", llama.vscode its
+  # ai_model setting's default "google/gemini-2.5-flash" (llama-server serves one model and ignores the field)
+  for c in "llama.vim|" "llama.vscode|google/gemini-2.5-flash"; do
+    if out=$(timeout 900 "$PY" "$ROOT/scripts/fim_replays.py" "$URL" "${c#*|}" "${c%%|*}" 2>&1); then
+      ok "fim-${c%%|*}-default-model (\"${c#*|}\")"
+    else
+      note "fim-${c%%|*}-default-model (\"${c#*|}\"): $(echo "$out" | tail -n 1 | cut -c1-250); set the model (docs/code-completion.md)"
+    fi
+  done
 fi
 
 # ---- opencode ----------------------------------------------------------------------------------------------
