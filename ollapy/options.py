@@ -513,8 +513,8 @@ OPTION_HELP: dict[str, str] = {
                      "off.",
     "logit_bias": "Per-token logit offsets (token id or text -> bias); -100 bans a token. Requests only.",
     "fim_layout": "Code completion: where the text typed on the current line goes: plain (at the end of the prefix, "
-                  "before the suffix), moved-line (after the middle token, so typing extends a cached prefix), auto "
-                  "(docs/code-completion.md).",
+                  "before the suffix), moved-line (after the middle token: a keystroke extends a cached prefix, but "
+                  "answers are worse), auto (= plain; docs/code-completion.md).",
 }
 
 

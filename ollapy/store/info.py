@@ -133,6 +133,31 @@ def human_count(n: int) -> str:
     return str(n)
 
 
+#: the spellings llama.cpp recognises as FIM prefix / suffix / middle tokens (``src/llama-vocab.cpp``, ``load``):
+#: a vocabulary with one of each fills in the middle (Ollama's ``insert`` capability)
+FIM_TOKEN_TEXTS = (
+    {b"<|fim_prefix|>", b"<fim-prefix>", b"<fim_prefix>", "<｜fim▁begin｜>".encode(), b"<PRE>", "▁<PRE>".encode()},
+    {b"<|fim_suffix|>", b"<fim-suffix>", b"<fim_suffix>", "<｜fim▁hole｜>".encode(), b"<SUF>", "▁<SUF>".encode()},
+    {b"<|fim_middle|>", b"<fim-middle>", b"<fim_middle>", "<｜fim▁end｜>".encode(), b"<MID>", "▁<MID>".encode()},
+)
+
+
+def has_fim_tokens(path: Path) -> bool:
+    """Whether the GGUF's vocabulary holds FIM prefix, suffix and middle tokens, as llama.cpp finds them by text
+    (``tokenizer.ggml.tokens``; read from the header, nothing loaded). False for an unreadable file."""
+    from ollapy.errors import ModelLoadError
+
+    try:
+        meta, _ = read_gguf_header(path, keep=frozenset({"tokenizer.ggml.tokens"}))
+    except ModelLoadError:
+        return False
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list):
+        return False
+    vocab = set(tokens)
+    return all(vocab & texts for texts in FIM_TOKEN_TEXTS)
+
+
 def read_gguf_info(path: Path) -> dict[str, Any]:
     """Return architecture, parameters, context_length, embedding_length, quantization, chat_template,
     split_count and embedding_only (:func:`embedding_only_meta`).

@@ -35,7 +35,7 @@ MODEL_HINT = 'name one: {"model": "NAME", ...} (ollapy serves several models; ll
 def model_name(state, body: dict) -> str:
     """The model a utility request means: its ``model`` field, else the only loaded model. Raises UsageError when
     neither names one."""
-    if body.get("model") is not None:
+    if body.get("model") not in (None, ""):  # llama.vim sends "model": "" unless model_fim is set: no model named
         return checked_model(body.get("model"), hint=MODEL_HINT)
     loaded = list(state.runtime.models)
     if len(loaded) == 1:

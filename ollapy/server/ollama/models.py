@@ -73,6 +73,37 @@ def projector_fields(ref) -> dict:
                                "size": Path(path).stat().st_size}}
 
 
+FIM_TEMPLATE_NOTE = ("{#- fill-in-the-middle: a request with a suffix ({{ .Suffix }}) is laid out with the model's FIM "
+                     "tokens: <|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|> -#}\n")
+"""What ``/api/show``'s ``template`` starts with for a model that fills in the middle by its FIM tokens."""
+
+
+def supports_insert(path, template: str | None) -> bool:
+    """Ollama's ``insert`` capability: the GGUF has FIM tokens, or the (Jinja) template reads a ``suffix`` variable
+    (a registry Go template's ``.Suffix``, translated), as the runner decides it."""
+    from ollapy.store.info import has_fim_tokens
+
+    if has_fim_tokens(Path(path)):
+        return True
+    if not template or "suffix" not in template:
+        return False
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return "suffix" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False
+
+
+def with_insert(caps: list[str], insert: bool) -> list[str]:
+    """``caps`` with ``insert`` after ``completion`` and ``tools`` (Ollama's order), when the model has it."""
+    if not insert or "completion" not in caps:
+        return caps
+    at = caps.index("tools") + 1 if "tools" in caps else caps.index("completion") + 1
+    return [*caps[:at], "insert", *caps[at:]]
+
+
 def adapter_fields(ref) -> dict:
     """``adapters`` (ollapy's extra to ``/api/show``): each LoRA adapter's blob digest, size and ``general.name``,
     in the order they are applied; nothing for a model without adapters. Never a path on the server."""
@@ -109,6 +140,12 @@ async def api_show(request: Request):
     arch = info.get("architecture") or ""
     chosen = select_template(info.get("chat_template"), arch, ref.template)  # the one generation uses
     template = chosen.text
+    insert = await asyncio.to_thread(supports_insert, ref.path, template)
+    if insert and ".Suffix" not in template:
+        # Continue (core/llm/llms/Ollama.ts) sends `suffix` only when the template names `.Suffix`, as Ollama's Go
+        # templates of FIM models do; ollapy lays a suffix out with the model's FIM tokens, so it says so in a
+        # Jinja comment (the template renders as before)
+        template = FIM_TEMPLATE_NOTE + template
     model_info = {"general.architecture": arch, "general.parameter_count": info.get("parameter_count"),
                   f"{arch}.context_length": info.get("context_length"),
                   f"{arch}.embedding_length": info.get("embedding_length")}
@@ -126,8 +163,8 @@ async def api_show(request: Request):
         "model_info": {k: v for k, v in model_info.items() if v is not None},
         "messages": list(ref.messages or []),
         # as Ollama: completion (or embedding), tools, thinking; from the GGUF header, the model is not loaded
-        "capabilities": model_capabilities(template, embedding_only=bool(info.get("embedding_only")))
-        + (["vision"] if getattr(ref, "projector", None) else []),
+        "capabilities": with_insert(model_capabilities(template, embedding_only=bool(info.get("embedding_only"))),
+                                    insert) + (["vision"] if getattr(ref, "projector", None) else []),
         **projector_fields(ref),
         **adapter_fields(ref),
         "modified_at": iso_time(Path(ref.path).stat().st_mtime if Path(ref.path).exists() else None),
