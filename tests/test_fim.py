@@ -120,7 +120,8 @@ def test_openai_completions_suffix(api):
 
 def test_infill_layout_fields_and_stream(api):
     """llama.vscode's ``/infill``: repository context from ``input_extra``, ``prompt`` at the prefix's end (the
-    default layout, llama-server's) or after ``FIM_MID`` (``moved-line``), ``n_predict``; llama-server's response fields; ``response_fields``; the SSE stream."""
+    default layout, llama-server's) or after ``FIM_MID`` (``moved-line``), ``n_predict``; llama-server's response
+    fields; ``response_fields``; the SSE stream."""
     head = FILE_HEAD + TYPED[1]
     body = {"input_prefix": FILE_HEAD, "input_suffix": FILE_TAIL, "input_extra": EXTRA, "prompt": TYPED[1],
             "n_predict": 8, "temperature": 0, "samplers": ["top_k", "top_p", "temperature"]}
