@@ -56,7 +56,7 @@ def check_quantizable(path: Path) -> str:
     ft = meta.get("general.file_type")
     if ft not in QUANTIZABLE_FILE_TYPES:
         raise UsageError("quantization is only supported for F16 and F32 models",
-                         hint="create from the model's F16 or F32 GGUF, or leave out --quantize")
+                         hint="create from the model's F16, BF16 or F32 GGUF, or do not ask to quantize it")
     return QUANTIZABLE_FILE_TYPES[ft]
 
 

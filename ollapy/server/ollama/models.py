@@ -317,6 +317,10 @@ async def api_create(request: Request):
         spec = create_spec(body, state_of(request).runtime.allow_paths)  # from the fields: no Modelfile text
         qname = body.quantize or body.quantization
         qtype = quant_type(qname) if qname else None
+        if qtype is not None and Path(spec.from_).is_file():  # an uploaded blob: refused before the stream starts
+            from ollapy.store.adapters import check_quantizable
+
+            await asyncio.to_thread(check_quantizable, Path(spec.from_))
     except Exception as exc:  # noqa: BLE001
         return err(exc)
 
@@ -333,7 +337,6 @@ async def api_create(request: Request):
             def progress(done: int, total: int) -> None:  # Ollama's create progress: tensors done of total
                 emit({"status": status, "digest": "0", "total": total, "completed": done})
 
-            emit({"status": status})
             quantize = (qtype, quantize_model, progress)
         with tempfile.TemporaryDirectory(prefix="ollapy-create-") as nowhere:  # FROM never resolves against the cwd
             create_model(body.model, spec, Path(nowhere), quiet=True, quantize=quantize)
