@@ -19,7 +19,11 @@ from ollapy.settings import (
     CACHE_DIR,
     CACHE_DISK,
     CACHE_ENABLED,
+    CACHE_NAMESPACE,
     CACHE_RAM,
+    CACHE_REMOTE,
+    CACHE_REMOTE_PASSWORD_FILE,
+    CACHE_TENANT,
     CATALOGUE,
     DEBUG,
     DRAFT_ROW_COST,
@@ -336,6 +340,36 @@ def cache_ram_bytes() -> int:
 def cache_disk_bytes() -> int:
     """Disk tier cap of the prompt cache, in bytes."""
     return _size(CACHE_DISK)
+
+
+def cache_remote() -> str:
+    """``OLLAPY_CACHE_REMOTE`` stripped (``""``: no remote tier); the URL is checked when the store opens."""
+    return CACHE_REMOTE.raw().strip()
+
+
+def cache_remote_password_file() -> str:
+    """``OLLAPY_CACHE_REMOTE_PASSWORD_FILE`` (``""``: none)."""
+    return CACHE_REMOTE_PASSWORD_FILE.raw().strip()
+
+
+def cache_namespace() -> str:
+    """``OLLAPY_CACHE_NAMESPACE``; raises SettingError unless it is 1-64 characters of letters, digits, ``._-``."""
+    ns = CACHE_NAMESPACE.raw().strip()
+    if not (0 < len(ns) <= 64 and all(c.isascii() and (c.isalnum() or c in "._-") for c in ns)):
+        raise invalid(CACHE_NAMESPACE, "1 to 64 letters, digits, '.', '_' or '-', e.g. prod-eu")
+    return ns
+
+
+def cache_tenant() -> str:
+    """The server-side tenant id that goes into the prompt cache's salt: ``OLLAPY_CACHE_TENANT``, else a hash
+    of ``OLLAPY_API_KEY`` when a key is set (the key itself never), else ``""`` (no tenant)."""
+    import hashlib
+
+    t = CACHE_TENANT.raw().strip()
+    if t:
+        return t
+    key = API_KEY.raw().strip()
+    return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
 
 
 def cache_enabled() -> bool:
