@@ -333,6 +333,8 @@ def test_a_format_version_change_shares_nothing(model, db, store_url, tmp_path, 
     assert rf.entry_key("t", key.rsplit(":", 1)[1]) != key  # a new version reads other keys
     with pytest.raises(rf.RemoteValueError, match="format version 1"):  # and never trusts an old value
         rf.decode(raw, "entry", key, 0, "", {})
+    with replica(model, tmp_path / "b", store_url) as b:
+        assert b.peek(_prompt(model, QUESTIONS[1]).tokens) is None
 
 
 def test_a_store_restarted_empty_gets_the_blocks_again(model, cold, db, store_url, tmp_path):

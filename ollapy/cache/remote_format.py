@@ -63,17 +63,17 @@ class ValueHeader:
     meta: dict = field(default_factory=dict)
 
 
-def key_prefix(namespace: str, version: int = REMOTE_FORMAT) -> str:
-    """Every key's prefix: ``<namespace>:ollapy:r<version>``."""
-    return f"{namespace}:ollapy:r{version}"
+def key_prefix(namespace: str, version: int | None = None) -> str:
+    """Every key's prefix: ``<namespace>:ollapy:r<version>`` (default: this build's :data:`REMOTE_FORMAT`)."""
+    return f"{namespace}:ollapy:r{REMOTE_FORMAT if version is None else version}"
 
 
-def block_key(namespace: str, name: str, version: int = REMOTE_FORMAT) -> str:
+def block_key(namespace: str, name: str, version: int | None = None) -> str:
     """Part 0's key of block ``name`` (a chain hash, hex)."""
     return f"{key_prefix(namespace, version)}:b:{name}"
 
 
-def entry_key(namespace: str, anchor: str, version: int = REMOTE_FORMAT) -> str:
+def entry_key(namespace: str, anchor: str, version: int | None = None) -> str:
     """Part 0's key of the entry anchored at chain hash ``anchor`` (hex)."""
     return f"{key_prefix(namespace, version)}:e:{anchor}"
 

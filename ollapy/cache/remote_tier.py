@@ -45,6 +45,7 @@ log = logging.getLogger("ollapy.cache")
 
 DEFAULT_BANDWIDTH = 300e6  # bytes/s assumed until a MiB was read (loopback GETs from Python: about 1 GB/s)
 MIN_DEADLINE_S = 0.05
+SKIP_S = 30.0  # an entry whose chain broke (a block evicted or bad) is not offered again for this long
 KNOWN_BLOCKS = 65536  # block names remembered as held by the store (an LRU: a forgotten one is sent again)
 
 __all__ = ["RemoteEntry", "RemoteTier"]
@@ -86,6 +87,7 @@ class RemoteTier:
         self.kv = kv
         self.prefill_tps: float | None = None  # the model's measured prefill rate, tokens/s (note_prefill)
         self._held: OrderedDict[str, None] = OrderedDict()  # block names the store is known to hold
+        self._skip: OrderedDict[str, float] = OrderedDict()  # entry key -> until when its broken chain is skipped
 
     # ---- cost model --------------------------------------------------------------------------
     def note_prefill(self, n_tokens: int, seconds: float) -> None:
@@ -110,7 +112,10 @@ class RemoteTier:
         depth0 = better_than // self.index_block  # anchors at or under it cannot beat what is held locally
         anchors = [h.hex() for h in chain[depth0:]]
         keys = [entry_key(self.namespace, a) for a in anchors]
-        keys = [k for k in keys if f"remote:{k}" not in exclude]
+        now = time.monotonic()
+        while self._skip and next(iter(self._skip.values())) < now:
+            self._skip.popitem(last=False)
+        keys = [k for k in keys if f"remote:{k}" not in exclude and k not in self._skip]
         if not keys:
             return None
         present = self.store.exists(keys)
@@ -224,6 +229,11 @@ class RemoteTier:
         self.stats.add(remote_bytes_read=nread)
         if bad:
             self.stats.add(remote_corrupt=1)
+        if bad or len(blocks) < len(r.blocks):  # a broken chain is not fetched again at every lookup for a while
+            self._skip[r.key] = time.monotonic() + SKIP_S
+            self._skip.move_to_end(r.key)
+            while len(self._skip) > KNOWN_BLOCKS:
+                self._skip.popitem(last=False)
         whole_tail = len(tail) == r.tail_parts
         if whole_tail and len(blocks) == len(r.blocks):
             self._remember(r.blocks)
