@@ -342,9 +342,32 @@ def cache_disk_bytes() -> int:
     return _size(CACHE_DISK)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: the only form of a store URL ever shown."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit((parts.scheme, f"{parts.username or ''}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
 def cache_remote() -> str:
-    """``OLLAPY_CACHE_REMOTE`` stripped (``""``: no remote tier); the URL is checked when the store opens."""
-    return CACHE_REMOTE.raw().strip()
+    """``OLLAPY_CACHE_REMOTE`` stripped (``""``: no remote tier); raises SettingError for another scheme than
+    redis, rediss, valkey, valkeys or unix (the rest of the URL is checked when the store opens)."""
+    url = CACHE_REMOTE.raw().strip()
+    if url and url.split("://", 1)[0].lower() not in ("redis", "rediss", "valkey", "valkeys", "unix"):
+        from ollapy.errors import SettingError
+
+        raise SettingError(CACHE_REMOTE.env, redact_url(url), "redis://[user:password@]host:port[/db], rediss://, "
+                           "valkey://, valkeys:// or unix:///path")
+    return url
 
 
 def cache_remote_password_file() -> str:
@@ -463,6 +486,8 @@ ACCESSORS.update({
     API_KEY.env: api_key, ALLOWED_HOSTS.env: allowed_hosts,
 })
 ACCESSORS[NO_WEBUI.env] = no_webui
+ACCESSORS.update({CACHE_REMOTE.env: lambda: cache_remote(), CACHE_REMOTE_PASSWORD_FILE.env: lambda: cache_remote_password_file(),
+                  CACHE_NAMESPACE.env: lambda: cache_namespace(), CACHE_TENANT.env: lambda: cache_tenant()})
 
 
 def check_settings() -> None:

@@ -30,8 +30,8 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
+from ollapy.config import redact_url
 from ollapy.errors import OllapyError
 
 log = logging.getLogger("ollapy.cache")
@@ -54,18 +54,8 @@ class RemoteUnavailable(OllapyError):
 
 
 def redact(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``: the only form of a store URL ever shown."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparsable URL>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
+    """``url`` with its password (if any) replaced by ``***`` (:func:`ollapy.config.redact_url`)."""
+    return redact_url(url)
 
 
 def _client_module():
@@ -325,7 +315,7 @@ class RemoteStore:
         self._succeeded()
         with self._lock:
             self._c["values_existing"] += len(present)
-            for (key, pieces), stored in zip(todo, done):
+            for (_key, pieces), stored in zip(todo, done):
                 if stored:
                     self._c["values_written"] += 1
                     self._c["bytes_written"] += sum(len(memoryview(p).cast("B")) for p in pieces)
