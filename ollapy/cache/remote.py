@@ -89,6 +89,7 @@ class StoreStats:
     """A snapshot of one store client: counters since it opened and gauges now.
 
     ``errors`` (operations that failed: timeouts, refused connections), ``bytes_read``/``bytes_written``,
+    ``bytes_sent`` (every ``SET`` sent, stored or not),
     ``values_written`` (``SET NX`` that stored), ``values_existing`` (``SET NX`` that found the key there),
     ``dropped`` (queued writes dropped: the queue was full, or the breaker was open), ``read_s`` (seconds spent
     in bulk reads: ``bytes_read / read_s`` is the measured bandwidth), ``probe_ms`` (the last lookup round
@@ -98,6 +99,7 @@ class StoreStats:
     errors: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
+    bytes_sent: int = 0
     values_written: int = 0
     values_existing: int = 0
     dropped: int = 0
@@ -136,8 +138,8 @@ class RemoteStore:
         self._in_a_row = 0
         self._open_until = 0.0
         self._half_open = False
-        self._c = {"errors": 0, "bytes_read": 0, "bytes_written": 0, "values_written": 0, "values_existing": 0,
-                   "dropped": 0}
+        self._c = {"errors": 0, "bytes_read": 0, "bytes_written": 0, "bytes_sent": 0, "values_written": 0,
+                   "values_existing": 0, "dropped": 0}
         self._read_s = 0.0
         self._probe_ms = 0.0
         self.queue_cap = queue_bytes
@@ -315,6 +317,7 @@ class RemoteStore:
         self._succeeded()
         with self._lock:
             self._c["values_existing"] += len(present)
+            self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces in todo for p in pieces)
             for (_key, pieces), stored in zip(todo, done):
                 if stored:
                     self._c["values_written"] += 1
