@@ -42,7 +42,7 @@ PROBE_TIMEOUT_S = 0.04  # socket timeout of a round trip on a request's path (EX
 READ_TIMEOUT_S = 0.5  # socket timeout of one read of a bulk transfer (each recv, not the whole transfer)
 CONNECT_TIMEOUT_S = 0.2
 QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
-GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
+GET_CHUNK = 4  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
 SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 INSTALL_HINT = "pip install 'ollapy[remote]'"
 

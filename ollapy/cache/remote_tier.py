@@ -24,6 +24,7 @@ and the store's ``SET NX`` keeps the first copy of a block that two replicas sen
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -86,6 +87,7 @@ class RemoteTier:
         self.stats = stats
         self.kv = kv
         self.prefill_tps: float | None = None  # the model's measured prefill rate, tokens/s (note_prefill)
+        self._names = threading.Lock()  # guards _held and _skip (the engine's thread and the cache's writers)
         self._held: OrderedDict[str, None] = OrderedDict()  # block names the store is known to hold
         self._skip: OrderedDict[str, float] = OrderedDict()  # entry key -> until when its broken chain is skipped
 
@@ -113,9 +115,10 @@ class RemoteTier:
         anchors = [h.hex() for h in chain[depth0:]]
         keys = [entry_key(self.namespace, a) for a in anchors]
         now = time.monotonic()
-        while self._skip and next(iter(self._skip.values())) < now:
-            self._skip.popitem(last=False)
-        keys = [k for k in keys if f"remote:{k}" not in exclude and k not in self._skip]
+        with self._names:
+            while self._skip and next(iter(self._skip.values())) < now:
+                self._skip.popitem(last=False)
+            keys = [k for k in keys if f"remote:{k}" not in exclude and k not in self._skip]
         if not keys:
             return None
         present = self.store.exists(keys)
@@ -230,10 +233,11 @@ class RemoteTier:
         if bad:
             self.stats.add(remote_corrupt=1)
         if bad or len(blocks) < len(r.blocks):  # a broken chain is not fetched again at every lookup for a while
-            self._skip[r.key] = time.monotonic() + SKIP_S
-            self._skip.move_to_end(r.key)
-            while len(self._skip) > KNOWN_BLOCKS:
-                self._skip.popitem(last=False)
+            with self._names:
+                self._skip[r.key] = time.monotonic() + SKIP_S
+                self._skip.move_to_end(r.key)
+                while len(self._skip) > KNOWN_BLOCKS:
+                    self._skip.popitem(last=False)
         whole_tail = len(tail) == r.tail_parts
         if whole_tail and len(blocks) == len(r.blocks):
             self._remember(r.blocks)
@@ -249,15 +253,17 @@ class RemoteTier:
 
     def _forget(self, names) -> None:
         """Block names the store may no longer hold: a later :meth:`offer` sends them again."""
-        for n in names:
-            self._held.pop(n, None)
+        with self._names:
+            for n in names:
+                self._held.pop(n, None)
 
     def _remember(self, names) -> None:
-        for n in names:
-            self._held[n] = None
-            self._held.move_to_end(n)
-        while len(self._held) > KNOWN_BLOCKS:
-            self._held.popitem(last=False)
+        with self._names:
+            for n in names:
+                self._held[n] = None
+                self._held.move_to_end(n)
+            while len(self._held) > KNOWN_BLOCKS:
+                self._held.popitem(last=False)
 
     # ---- writes ------------------------------------------------------------------------------
     def offer(self, e: Entry, tail, blocks, anchor: str) -> bool:
@@ -272,8 +278,10 @@ class RemoteTier:
                 "state_len": e.nbytes, "block_len": block_len, "block_parts": n_parts(block_len)}
         values = []
         b = e.block_tokens
+        with self._names:
+            held = [name in self._held for name in e.blocks]
         for j, (name, data) in enumerate(zip(e.blocks, blocks)):
-            if name in self._held:
+            if held[j]:
                 continue
             values += [(k, v, True) for k, v in encode_parts(
                 "block", block_key(self.namespace, name), self.model_sha256, self.salt, data,
