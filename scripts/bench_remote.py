@@ -327,6 +327,9 @@ def main() -> int:
     ap.add_argument("--lookups", type=int, default=100)
     ap.add_argument("--exactness", type=int, default=20)
     args = ap.parse_args()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the valkey-server child is stopped on a kill too
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import fetch_test_models as ftm
 

@@ -31,7 +31,8 @@ SYSTEM = " ".join(f"Rule {i}: answer politely, briefly and truthfully, rule numb
 QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 2 plus 2? Answer with a number.",
              "Name a colour of the sky.", "Which animal barks?"]
 OPTS = Options(num_ctx=2048, num_parallel=1, temperature=0, num_predict=6)
-B = 256  # 256-token blocks: a SmolLM2 block is about 5.9 MB, so each is stored as two values (PART_BYTES)
+B = 256  # the local tiers' block; the remote tier cuts states into 64-token blocks (about 1.5 MB for SmolLM2)
+RB = 64
 
 
 def _free_port() -> int:
@@ -212,8 +213,7 @@ def replica(m: LoadedModel, root: Path, url: str, **kw):
 
 def test_a_restore_on_another_replica_answers_as_cold(model, cold, db, store_url, tmp_path):
     keys = db.keys("t:ollapy:r1:*")
-    assert any(b":b:" in k and k.endswith(b":1") for k in keys), keys  # a block over 4 MiB: two values
-    assert all(db.strlen(k) <= rf.PART_BYTES + (1 << 20) for k in keys)
+    assert all(db.strlen(k) <= rf.PART_BYTES + (1 << 20) for k in keys)  # values under a few MiB
     with replica(model, tmp_path / "b", store_url) as b:
         warm = [_answer(model, b, q) for q in QUESTIONS[1:]]
         snap = b.snapshot()
@@ -236,7 +236,7 @@ def test_a_delaying_proxy_and_a_store_down_never_fail_a_request(model, cold, db,
             snap = b.snapshot()
     finally:
         proxy.close()
-    assert snap.remote_breaker_open == 1 and snap.remote_errors >= 3 and snap.hits_remote == 0
+    assert snap.remote_errors >= 1 and snap.hits_remote == 0
     assert max(took) < 0.15, took  # a stalled store costs a lookup its probe timeout, not the delay
     with replica(model, tmp_path / "c", f"redis://127.0.0.1:{_free_port()}/0") as c:  # nothing listens there
         assert _answer(model, c, QUESTIONS[1]) == cold[1]
@@ -260,11 +260,11 @@ def test_a_value_evicted_between_lookup_and_read_restores_the_verified_prefix(mo
     with replica(model, tmp_path / "b", store_url) as b:
         prompt = _prompt(model, QUESTIONS[1]).tokens
         cand = b.peek(prompt)
-        assert cand is not None and cand.tier == "remote" and len(cand.entry.blocks) >= 2
-        db.delete(rf.block_key("t", cand.entry.blocks[1]))  # the store's LRU took block 2 meanwhile
+        assert cand is not None and cand.tier == "remote" and len(cand.entry.blocks) >= 6
+        db.delete(rf.block_key("t", cand.entry.blocks[5]))  # the store's LRU took block 6 meanwhile
         assert b.load(cand) is None  # the plan counted on the whole chain: planned again...
         again = b.peek(prompt)
-        assert again.tier == "ram" and again.n_tokens == B  # ...from the verified first block, now in RAM
+        assert again.tier == "ram" and again.n_tokens == 5 * RB  # ...from the verified 5 blocks, now in RAM
         assert b.snapshot().remote_partial == 1
         assert _answer(model, b, QUESTIONS[1]) == cold[1]
 
@@ -291,17 +291,18 @@ def test_two_replicas_writing_the_same_blocks_at_once_store_one_copy(model, db, 
         _answer(model, b, QUESTIONS[1])  # a remote hit, then B's own state of the whole prompt in RAM
         e = max((x for x in b.entries.values() if x.blocks), key=lambda x: len(x.tokens))
         blocks, tail = b.ram.blocks_of(e), e.payload
-        anchor = b.index.chain(e.tokens)[-1].hex()
+        chain = b.index.chain(e.tokens)
     db.flushall()
     stores = [open_store(store_url) for _ in range(2)]
     try:
         with replica(model, tmp_path / "c", store_url) as c:  # its tier's format and names, two store clients
-            tiers = [type(c.remote)(s, "t", c.remote.model_sha256, c.salt, c.block, True, c.stats) for s in stores]
+            tiers = [type(c.remote)(s, "t", c.remote.model_sha256, c.salt, c.block, True, c.stats, c.kv)
+                     for s in stores]
             go = threading.Barrier(2)
 
             def offer(t):
                 go.wait()
-                t.offer(e, tail, blocks, anchor)
+                t.offer(e.tokens, chain, e.nbytes, None, blocks, tail)
                 t.store.flush(30)
 
             threads = [threading.Thread(target=offer, args=(t,)) for t in tiers]
@@ -346,6 +347,21 @@ def test_a_store_restarted_empty_gets_the_blocks_again(model, cold, db, store_ur
         assert _answer(model, b, QUESTIONS[3]) == cold[3]
         b.parent.store.flush(30)
     assert db.keys("t:ollapy:r1:b:*") and db.keys("t:ollapy:r1:e:*")  # C's state went to the store again
+
+
+def test_the_circuit_breaker_skips_a_failing_store_then_probes_it():
+    from ollapy.cache.remote import RemoteStore
+
+    store = RemoteStore(f"redis://127.0.0.1:{_free_port()}/0", breaker_open_s=0.2)  # nothing listens there
+    try:
+        for _ in range(3):
+            assert store.exists(["k"]) is None
+        assert store.breaker_state() == "open" and store.snapshot().errors == 3
+        assert store.exists(["k"]) is None and store.snapshot().errors == 3  # skipped: no attempt
+        time.sleep(0.3)
+        assert store.exists(["k"]) is None and store.breaker_state() == "open"  # one PING, it failed: open again
+    finally:
+        store.close()
 
 
 def test_the_password_is_never_shown_and_a_missing_library_names_the_extra(tmp_path, monkeypatch):

@@ -176,8 +176,9 @@ class StateIntake:
         self.stats.add(stores=1, bytes_stored=len(payload))
         if not persist and e.payload is not None:
             self._release_continued(e)
-        if split is not None:  # the remote tier gets every block state now (a turn's end too: another replica may
-            self._offer_remote(e, split.tail, split.blocks)  # take the next turn), even when its disk write waits
+        # the remote tier gets every state now (a turn's end too: another replica may take the next turn), even
+        # when its disk write waits
+        self._offer_remote(e, payload if split is None else None, *((split.blocks, split.tail) if split else ()))
         if persist and self.policy.defers(e) and e.payload is not None:
             e.due = time.monotonic() + self.write_delay  # written when due, evicted, or at close
         elif persist:
@@ -262,7 +263,6 @@ class StateIntake:
             if blocks is None:
                 return
         counts = self.disk.write_async(e, payload, replaced, blocks)
-        self._offer_remote(e, payload, blocks)
         if counts is not None:
             self.stats.add(bytes_written=counts.nbytes, files_written=1, blocks_written=counts.blocks_written,
                            blocks_reused=counts.blocks_reused)

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ollapy.config import redact_url
@@ -42,7 +42,7 @@ PROBE_TIMEOUT_S = 0.04  # socket timeout of a round trip on a request's path (EX
 READ_TIMEOUT_S = 0.5  # socket timeout of one read of a bulk transfer (each recv, not the whole transfer)
 CONNECT_TIMEOUT_S = 0.2
 QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
-GET_CHUNK = 4  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
+GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
 SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 INSTALL_HINT = "pip install 'ollapy[remote]'"
 
@@ -143,7 +143,7 @@ class RemoteStore:
         self._read_s = 0.0
         self._probe_ms = 0.0
         self.queue_cap = queue_bytes
-        self._queue: deque[tuple[list[tuple[str, list, bool]], int]] = deque()
+        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int]] = deque()
         self._queued = 0
         self._cv = threading.Condition(self._lock)
         self._closing = False
@@ -186,6 +186,8 @@ class RemoteStore:
             log.debug("prompt cache: remote %s failed: %s", what, type(exc).__name__)
 
     def _succeeded(self) -> None:
+        """A round trip on a request's path answered in time: the error streak ends (a bulk read or a write that
+        succeeds slowly does not end it: a store that answers those but stalls lookups still opens the breaker)."""
         with self._lock:
             self._in_a_row = 0
 
@@ -242,7 +244,6 @@ class RemoteStore:
             except self._errors_cls as exc:
                 self._failed("GET", exc)
                 return
-            self._succeeded()
             n = sum(len(v) for v in values if v is not None)
             with self._lock:
                 self._c["bytes_read"] += n
@@ -256,12 +257,12 @@ class RemoteStore:
         return n / s if n >= (1 << 20) and s > 0 else None
 
     # ---- writes ----------------------------------------------------------------------------
-    def put_async(self, values: list[tuple[str, list, bool]]) -> bool:
-        """Queue ``values`` for ``SET NX``: ``(key, pieces, check)``, the pieces of a value joined at send time;
-        ``check`` True sends it only when an ``EXISTS`` finds the key missing (a block: no bytes resent). The
-        oldest queued items are dropped to stay under the queue's bytes. False when refused (closing, breaker
-        open, or larger than the whole queue)."""
-        nbytes = sum(len(memoryview(p).cast("B")) for _, pieces, _ in values for p in pieces)
+    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int) -> bool:
+        """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET NX``:
+        ``(key, pieces, check)``, the pieces of a value joined at send time, ``check`` True to send it only when
+        an ``EXISTS`` finds the key missing (a block: no bytes resent). Encoding (checksums) runs on the writer
+        thread, never the caller's. The oldest queued items are dropped to stay under the queue's bytes. False
+        when refused (closing, breaker open, or larger than the whole queue)."""
         with self._cv:
             if self._closing or nbytes > self.queue_cap or self._open_until:
                 self._c["dropped"] += 1
@@ -270,7 +271,7 @@ class RemoteStore:
                 _, n = self._queue.popleft()
                 self._queued -= n
                 self._c["dropped"] += 1
-            self._queue.append((values, nbytes))
+            self._queue.append((make, nbytes))
             self._queued += nbytes
             self._cv.notify()
         return True
@@ -285,9 +286,17 @@ class RemoteStore:
                     self._cv.wait()
                 if not self._queue:
                     return
-                values, nbytes = self._queue.popleft()
+                make, nbytes = self._queue.popleft()
             try:
-                self._send(values)
+                try:
+                    values = make()
+                except Exception:  # noqa: BLE001 - a state that does not encode is dropped, never the writer
+                    log.debug("prompt cache: a remote write could not be encoded", exc_info=True)
+                    values = []
+                    with self._lock:
+                        self._c["dropped"] += 1
+                if values:
+                    self._send(values)
             finally:
                 with self._cv:
                     self._queued -= nbytes
@@ -314,7 +323,6 @@ class RemoteStore:
         except self._errors_cls as exc:
             self._failed("SET", exc)
             return
-        self._succeeded()
         with self._lock:
             self._c["values_existing"] += len(present)
             self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces in todo for p in pieces)

@@ -3,7 +3,7 @@
 It opens the :class:`~ollapy.cache.remote_tier.RemoteTier` once the model's sha256 and the index exist, offers
 the lookup a remote candidate when the store holds a longer prefix than RAM and disk
 (:meth:`RemoteLink._peek_remote`), restores one (:meth:`RemoteLink._load_remote`) and queues the entries that
-reach the disk tier for the store (:meth:`RemoteLink._offer_remote`, called by
+the cache keeps for the store (:meth:`RemoteLink._offer_remote`, called by
 :class:`~ollapy.cache.intake.StateIntake`). Without ``OLLAPY_CACHE_REMOTE`` none of it runs.
 """
 from __future__ import annotations
@@ -44,24 +44,18 @@ class RemoteLink:
         if self.remote is not None:
             self.remote.note_prefill(n_tokens, seconds)
 
-    def _chain_names(self, tokens: list[int], n_blocks: int) -> list[str]:
-        """The names of the first ``n_blocks`` KV blocks of ``tokens`` (chain hashes, as :meth:`_split` names them)."""
-        step = self.block_tokens // self.block
-        chain = self.index.chain(tokens, limit=n_blocks * step)
-        return [chain[(i + 1) * step - 1].hex() for i in range(n_blocks)]
-
-    def _offer_remote(self, e: Entry, tail, blocks=None) -> None:
-        """Queue block entry ``e`` for the remote tier, once (under the lock: queueing only)."""
-        if self.remote is None or not e.blocks or e.name in self._offered:
+    def _offer_remote(self, e: Entry, whole=None, blocks=None, tail=None) -> None:
+        """Queue the state of ``e`` for the remote tier, once (under the lock: queueing only): ``whole`` (a state
+        kept whole), or ``blocks`` and ``tail`` (the local tiers' cut of it). The remote tier cuts it again into
+        blocks of one index block (:meth:`~ollapy.cache.remote_tier.RemoteTier.offer`) on its writer thread."""
+        if self.remote is None or e.name in self._offered or len(e.tokens) < self.block:
             return
-        if blocks is None:
-            blocks = self.ram.blocks_of(e)
-        if blocks is None or tail is None:
+        if whole is None and (blocks is None or tail is None):
             return
         self._offered[e.name] = None
         while len(self._offered) > OFFERED_NAMES:
             self._offered.popitem(last=False)
-        if self.remote.offer(e, tail, blocks, self.index.chain(e.tokens)[-1].hex()):
+        if self.remote.offer(e.tokens, self.index.chain(e.tokens), e.nbytes, whole, blocks, tail):
             self.stats.add(remote_offered=1)
 
     def _peek_remote(self, tokens: list[int], best: Candidate | None, max_tokens: int | None,
@@ -80,7 +74,7 @@ class RemoteLink:
         model) is taken into the RAM tier and None returned: the engine plans again and finds it there (its plan
         counted on the longer state)."""
         e = cand.entry
-        got = self.remote.fetch(e, self._chain_names(e.tokens, len(e.blocks)))
+        got = self.remote.fetch(e, [h.hex() for h in self.index.chain(e.tokens, limit=len(e.blocks))])
         if got is None:
             return None
         blocks, tail, k = got
@@ -92,7 +86,7 @@ class RemoteLink:
         except ValueError:
             state = None
         if state is not None:
-            tokens = list(e.tokens[:k * self.block_tokens])
+            tokens = list(e.tokens[:k * e.block_tokens])
             split = self._split(tokens, state)
             with self._lock:
                 if not self._closed and self.index is not None:

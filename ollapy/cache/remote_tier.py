@@ -164,7 +164,7 @@ class RemoteTier:
 
     def _check_chain(self, r: RemoteEntry) -> None:
         """The entry's block names must be the chain hashes of its own tokens (trust nothing the value says)."""
-        if not r.blocks or r.block_tokens % self.index_block or len(r.blocks) * r.block_tokens > len(r.tokens):
+        if not r.blocks or r.block_tokens != self.index_block or len(r.blocks) * r.block_tokens > len(r.tokens):
             raise RemoteValueError("bad block chain")
         if r.block_parts != n_parts(r.block_len):
             raise RemoteValueError("bad block parts")
@@ -266,30 +266,44 @@ class RemoteTier:
                 self._held.popitem(last=False)
 
     # ---- writes ------------------------------------------------------------------------------
-    def offer(self, e: Entry, tail, blocks, anchor: str) -> bool:
-        """Queue ``e`` (a block entry: ``tail`` and the data of ``e.blocks``) for the store, with the blocks it
-        is not known to hold; ``anchor``: the chain hash of ``e``'s last full index block. Never waits on the
-        store (:meth:`RemoteStore.put_async`); False when the queue refused it."""
-        if not e.blocks or blocks is None or len(blocks) != len(e.blocks):
+    def offer(self, tokens: list[int], chain: list[bytes], nbytes: int, whole=None, blocks=None, tail=None) -> bool:
+        """Queue the state of ``tokens`` (``nbytes``; ``chain``: the index's chain hashes of ``tokens``) for the
+        store: given ``whole``, or as the local tiers' ``blocks`` and ``tail`` (immutable buffers). The writer
+        thread joins it where needed and cuts it into blocks of one index block (64 tokens, so a turn sends its
+        new 64-token blocks and a tail under 64 cells), names them by ``chain`` and sends the blocks the store
+        lacks, then the entry. Never waits on the store and computes nothing heavy here
+        (:meth:`RemoteStore.put_async`); False when the queue refused it or the state cannot be cut."""
+        if self.kv is None or not chain:
             return False
-        block_len = len(memoryview(blocks[0]).cast("B"))
-        key = entry_key(self.namespace, anchor)
-        meta = {"tokens": list(e.tokens), "blocks": list(e.blocks), "block_tokens": e.block_tokens,
-                "state_len": e.nbytes, "block_len": block_len, "block_parts": n_parts(block_len)}
-        values = []
-        b = e.block_tokens
+        tokens, names = list(tokens), [h.hex() for h in chain]
+        anchor, rb = names[-1], self.index_block
+        sha, salt, ns, kv = self.model_sha256, self.salt, self.namespace, self.kv
         with self._names:
-            held = [name in self._held for name in e.blocks]
-        for j, (name, data) in enumerate(zip(e.blocks, blocks)):
-            if held[j]:
-                continue
-            values += [(k, v, True) for k, v in encode_parts(
-                "block", block_key(self.namespace, name), self.model_sha256, self.salt, data,
-                {"tokens": list(e.tokens[j * b:(j + 1) * b]), "parent": e.blocks[j - 1] if j else ""})]
-        values += [(k, v, False) for k, v in encode_parts("entry", key, self.model_sha256, self.salt, tail, meta)]
-        ok = self.store.put_async(values)
+            held = {n for n in names if n in self._held}
+
+        def make() -> list:
+            state = whole if whole is not None else kv.join_state(blocks, tail)
+            try:
+                cut = kv.split_state(state, rb)
+            except ValueError:
+                cut = None
+            if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(names):
+                return []
+            block_len = len(cut.blocks[0])
+            meta = {"tokens": tokens, "blocks": names, "block_tokens": rb, "state_len": len(state),
+                    "block_len": block_len, "block_parts": n_parts(block_len)}
+            values = []
+            for j, d in enumerate(cut.blocks):
+                if names[j] not in held:
+                    values += [(k, v, True) for k, v in encode_parts(
+                        "block", block_key(ns, names[j]), sha, salt, d,
+                        {"tokens": tokens[j * rb:(j + 1) * rb], "parent": names[j - 1] if j else ""})]
+            return values + [(k, v, False) for k, v in encode_parts("entry", entry_key(ns, anchor), sha, salt,
+                                                                    cut.tail, meta)]
+
+        ok = self.store.put_async(make, nbytes)
         if ok:
-            self._remember(e.blocks)
+            self._remember(names)
         return ok
 
     def snapshot(self) -> dict[str, int]:
