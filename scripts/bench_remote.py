@@ -110,7 +110,8 @@ class DelayProxy:
         except OSError:
             w.close()
             return
-        await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
+        with contextlib.suppress(asyncio.CancelledError):  # closed mid-transfer: ends quietly
+            await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
 
     def close(self) -> None:
         async def stop():

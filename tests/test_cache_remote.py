@@ -111,7 +111,8 @@ class Proxy:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(self._pipe(reader, uw, False), self._pipe(ur, writer, True))
+        with contextlib.suppress(asyncio.CancelledError):  # a proxy closed mid-transfer ends quietly
+            await asyncio.gather(self._pipe(reader, uw, False), self._pipe(ur, writer, True))
 
     def close(self) -> None:
         async def stop():
