@@ -16,6 +16,7 @@ from ollapy.cache.index import BlockIndex
 from ollapy.cache.remote_tier import RemoteTier
 from ollapy.cache.tiers import Entry, RamTier
 
+MIN_REMOTE_GAIN = 16  # prompt tokens beyond the local tiers' best prefix that make a store lookup worth its round trip
 OFFERED_NAMES = 4096  # entry names remembered as queued for the store (so a promotion does not queue one twice)
 
 
@@ -60,9 +61,10 @@ class RemoteLink:
 
     def _peek_remote(self, tokens: list[int], best: Candidate | None, max_tokens: int | None,
                      exclude) -> Candidate | None:
-        """The remote tier's candidate when it beats ``best`` by at least one index block, else ``best``."""
+        """The remote tier's candidate when it serves more of ``tokens`` than ``best`` and pays (the tier's cost
+        gate), else ``best``; the store is asked only when ``best`` leaves :data:`MIN_REMOTE_GAIN` tokens or more."""
         have = best.n_tokens if best is not None else 0
-        if self.remote is None or len(tokens) // self.block <= have // self.block:
+        if self.remote is None or len(tokens) - have < MIN_REMOTE_GAIN or len(tokens) < self.block:
             return best
         found = self.remote.peek(tokens, self.index.chain(tokens), have, exclude)
         if found is None or (max_tokens is not None and len(found[0].tokens) > max_tokens):

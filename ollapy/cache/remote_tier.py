@@ -111,7 +111,8 @@ class RemoteTier:
         """The store's deepest entry sharing more than ``better_than`` verified tokens with ``tokens``:
         ``(entry, shared tokens)``, the entry's ``header`` a :class:`RemoteEntry`; None when there is none, it
         does not pay, or the store fails. ``chain``: the index's chain hashes of ``tokens``."""
-        depth0 = better_than // self.index_block  # anchors at or under it cannot beat what is held locally
+        # an entry anchored at the block holding ``better_than`` may reach past it: anchors below cannot
+        depth0 = max(0, better_than // self.index_block - 1)
         anchors = [h.hex() for h in chain[depth0:]]
         keys = [entry_key(self.namespace, a) for a in anchors]
         now = time.monotonic()
@@ -133,7 +134,7 @@ class RemoteTier:
             e, n = found
             if n <= better_than:
                 return None
-            if not self._pays(e, n):
+            if not self._pays(e, n, better_than):
                 self.stats.add(remote_gated=1)
                 return None
             return e, n
@@ -169,9 +170,14 @@ class RemoteTier:
         if r.block_parts != n_parts(r.block_len):
             raise RemoteValueError("bad block parts")
 
-    def _pays(self, e: Entry, n: int) -> bool:
-        prefill = self._prefill_s(n)
-        return prefill is None or self._fetch_s(e.nbytes) < prefill
+    def _pays(self, e: Entry, n: int, better_than: int) -> bool:
+        """Fetching ``e`` beats prefilling the ``n - better_than`` tokens it adds plus restoring the local
+        ``better_than`` (estimated at the store's bandwidth: a conservative stand-in for the local read)."""
+        prefill = self._prefill_s(n - better_than)
+        if prefill is None:
+            return True
+        fetch = self._fetch_s(e.nbytes)
+        return fetch < prefill + fetch * better_than / max(n, 1)
 
     # ---- restore -----------------------------------------------------------------------------
     def fetch(self, e: Entry, chain_names: list[str]):
