@@ -16,7 +16,8 @@ breaker of Nygard's *Release It!*).
 
 Writes: :meth:`RemoteStore.put_async` appends to a queue bounded in bytes that drops its oldest items when
 full; one daemon thread at idle CPU priority (:func:`ollapy.cache.writer.set_thread_priority`) sends them
-as pipelined ``SET key value NX`` (an existing value, written by another replica, is never replaced).
+as pipelined ``SET key value NX`` for blocks (an existing one, written by another replica, is never replaced)
+and a plain ``SET`` for entries (the newest state anchored in a block wins: a conversation's next turn).
 :meth:`RemoteStore.close` stops it, dropping what is still queued after a bounded wait.
 
 The password never appears in a log line, an error or ``ollapy info``: :func:`redact` is applied to every
@@ -258,11 +259,13 @@ class RemoteStore:
 
     # ---- writes ----------------------------------------------------------------------------
     def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int) -> bool:
-        """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET NX``:
-        ``(key, pieces, check)``, the pieces of a value joined at send time, ``check`` True to send it only when
-        an ``EXISTS`` finds the key missing (a block: no bytes resent). Encoding (checksums) runs on the writer
-        thread, never the caller's. The oldest queued items are dropped to stay under the queue's bytes. False
-        when refused (closing, breaker open, or larger than the whole queue)."""
+        """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET``:
+        ``(key, pieces, check)``, the pieces of a value joined at send time; ``check`` True (a block, immutable)
+        sends it only when an ``EXISTS`` finds the key missing, as ``SET NX`` (no bytes resent, the first copy
+        kept); False (an entry) as a plain ``SET``: the newest state anchored in a block replaces an older
+        one. Encoding (checksums) runs on the writer thread, never the caller's. The oldest queued items are
+        dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger than the
+        whole queue)."""
         with self._cv:
             if self._closing or nbytes > self.queue_cap or self._open_until:
                 self._c["dropped"] += 1
@@ -315,18 +318,18 @@ class RemoteStore:
                 for k in probe:
                     pipe.exists(k)
                 present = {k for k, there in zip(probe, pipe.execute()) if there}
-            todo = [(k, pieces) for k, pieces, _ in values if k not in present]
+            todo = [v for v in values if v[0] not in present]
             pipe = self._bulk.pipeline(transaction=False)
-            for key, pieces in todo:
-                pipe.set(key, b"".join(pieces), nx=True)
+            for key, pieces, check in todo:
+                pipe.set(key, b"".join(pieces), nx=check)
             done = pipe.execute() if todo else []
         except self._errors_cls as exc:
             self._failed("SET", exc)
             return
         with self._lock:
             self._c["values_existing"] += len(present)
-            self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces in todo for p in pieces)
-            for (_key, pieces), stored in zip(todo, done):
+            self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces, _ in todo for p in pieces)
+            for (_key, pieces, _), stored in zip(todo, done):
                 if stored:
                     self._c["values_written"] += 1
                     self._c["bytes_written"] += sum(len(memoryview(p).cast("B")) for p in pieces)
