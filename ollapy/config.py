@@ -19,7 +19,11 @@ from ollapy.settings import (
     CACHE_DIR,
     CACHE_DISK,
     CACHE_ENABLED,
+    CACHE_NAMESPACE,
     CACHE_RAM,
+    CACHE_REMOTE,
+    CACHE_REMOTE_PASSWORD_FILE,
+    CACHE_TENANT,
     CATALOGUE,
     DEBUG,
     DRAFT_ROW_COST,
@@ -350,6 +354,59 @@ def cache_disk_bytes() -> int:
     return _size(CACHE_DISK)
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: the only form of a store URL ever shown."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if parts.port is not None:
+            host = f"{host}:{parts.port}"
+    except ValueError:
+        return "<unparsable URL>"
+    return urlunsplit((parts.scheme, f"{parts.username or ''}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def cache_remote() -> str:
+    """``OLLAPY_CACHE_REMOTE`` stripped (``""``: no remote tier); raises SettingError for another scheme than
+    redis, rediss, valkey, valkeys or unix (the rest of the URL is checked when the store opens)."""
+    url = CACHE_REMOTE.raw().strip()
+    if url and url.split("://", 1)[0].lower() not in ("redis", "rediss", "valkey", "valkeys", "unix"):
+        from ollapy.errors import SettingError
+
+        raise SettingError(CACHE_REMOTE.env, redact_url(url), "redis://[user:password@]host:port[/db], rediss://, "
+                           "valkey://, valkeys:// or unix:///path")
+    return url
+
+
+def cache_remote_password_file() -> str:
+    """``OLLAPY_CACHE_REMOTE_PASSWORD_FILE`` (``""``: none)."""
+    return CACHE_REMOTE_PASSWORD_FILE.raw().strip()
+
+
+def cache_namespace() -> str:
+    """``OLLAPY_CACHE_NAMESPACE``; raises SettingError unless it is 1-64 characters of letters, digits, ``._-``."""
+    ns = CACHE_NAMESPACE.raw().strip()
+    if not (0 < len(ns) <= 64 and all(c.isascii() and (c.isalnum() or c in "._-") for c in ns)):
+        raise invalid(CACHE_NAMESPACE, "1 to 64 letters, digits, '.', '_' or '-', e.g. prod-eu")
+    return ns
+
+
+def cache_tenant() -> str:
+    """The server-side tenant id that goes into the prompt cache's salt: ``OLLAPY_CACHE_TENANT``, else a hash
+    of ``OLLAPY_API_KEY`` when a key is set (the key itself never), else ``""`` (no tenant)."""
+    import hashlib
+
+    t = CACHE_TENANT.raw().strip()
+    if t:
+        return t
+    key = API_KEY.raw().strip()
+    return "key-" + hashlib.blake2b(key.encode(), digest_size=8).hexdigest() if key else ""
+
+
 def cache_enabled() -> bool:
     """False when ``OLLAPY_CACHE`` turns the prompt cache off; raises SettingError for a bad boolean."""
     return _bool(CACHE_ENABLED)
@@ -442,6 +499,8 @@ ACCESSORS.update({
     REQUEST_IMAGE_PIXELS.env: request_image_pixels, SERVER_IMAGE_PIXELS.env: server_image_pixels,
 })
 ACCESSORS[NO_WEBUI.env] = no_webui
+ACCESSORS.update({CACHE_REMOTE.env: lambda: cache_remote(), CACHE_REMOTE_PASSWORD_FILE.env: lambda: cache_remote_password_file(),
+                  CACHE_NAMESPACE.env: lambda: cache_namespace(), CACHE_TENANT.env: lambda: cache_tenant()})
 
 
 def check_settings() -> None:

@@ -129,6 +129,30 @@ CACHE_DISK = _setting(
     "Prompt-cache disk tier cap in bytes, enforced on every write (pinned entries are not evicted).",
 )
 CACHE_ENABLED = _setting("OLLAPY_CACHE", "1", "0 turns the prompt cache (RAM and disk tiers) off for every run.")
+CACHE_REMOTE = _setting(
+    "OLLAPY_CACHE_REMOTE",
+    "",
+    "A Valkey/Redis server as the prompt cache's remote tier, shared by replicas: redis://[user:password@]host:port[/db], "
+    "rediss:// (TLS), valkey://, valkeys:// or unix:///path (needs `pip install 'ollapy[remote]'`; empty = none). "
+    "See docs/scaling.md.",
+)
+CACHE_REMOTE_PASSWORD_FILE = _setting(
+    "OLLAPY_CACHE_REMOTE_PASSWORD_FILE",
+    "",
+    "A file whose first line is the remote tier's password (overrides one in OLLAPY_CACHE_REMOTE; never logged).",
+)
+CACHE_NAMESPACE = _setting(
+    "OLLAPY_CACHE_NAMESPACE",
+    "default",
+    "The remote tier's key prefix: deployments sharing one Valkey/Redis server with different namespaces never "
+    "share entries.",
+)
+CACHE_TENANT = _setting(
+    "OLLAPY_CACHE_TENANT",
+    "",
+    "A server-side tenant id in the prompt cache's salt, so tenants never share cached prefixes (default: derived "
+    "from OLLAPY_API_KEY when one is set; clients never choose it).",
+)
 KV_CACHE_TYPE = _setting(
     "OLLAPY_KV_CACHE_TYPE",
     "f16",

@@ -1,4 +1,5 @@
-"""Prompt-cache manager: a block pool of KV states in a RAM tier and a disk tier shared across processes.
+"""Prompt-cache manager: a block pool of KV states in a RAM tier and a disk tier shared across processes (and an
+opt-in remote tier in Valkey/Redis shared across hosts).
 
 - :mod:`.manager`: :class:`~.manager.PromptCache` and :class:`~.manager.BoundCache`, the engine-facing facade
   (it satisfies :class:`ollapy.engine.prefix.source.PrefixSource`).
@@ -18,6 +19,9 @@
 - :mod:`.writer`, :mod:`.sync`, :mod:`.tempfiles`: the background disk writer, the file-system sync thread,
   and temporary-file names.
 - :mod:`.stats`: counters persisted across processes.
+- :mod:`.remote_link`, :mod:`.remote_tier`, :mod:`.remote`, :mod:`.remote_format`: the opt-in remote tier
+  (``OLLAPY_CACHE_REMOTE``): the facade's hooks, blocks and entries as values in Valkey/Redis (lookup, verified
+  restore, cost gate), the store client (circuit breaker, background ``SET NX`` queue), the value format.
 """
 from __future__ import annotations
 

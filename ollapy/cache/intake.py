@@ -176,6 +176,9 @@ class StateIntake:
         self.stats.add(stores=1, bytes_stored=len(payload))
         if not persist and e.payload is not None:
             self._release_continued(e)
+        # the remote tier gets every state now (a turn's end too: another replica may take the next turn), even
+        # when its disk write waits
+        self._offer_remote(e, payload if split is None else None, *((split.blocks, split.tail) if split else ()))
         if persist and self.policy.defers(e) and e.payload is not None:
             e.due = time.monotonic() + self.write_delay  # written when due, evicted, or at close
         elif persist:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,6 +54,8 @@ from ollapy.cache.catalog import EntryCatalog
 from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
 from ollapy.cache.intake import StateIntake
 from ollapy.cache.policy import INTERIM_WRITE_DELAY_S, WRITE_BACK_NEWEST, AdmissionPolicy
+from ollapy.cache.remote_link import RemoteLink
+from ollapy.cache.remote_tier import RemoteTier
 from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
@@ -96,11 +99,16 @@ class PromptCache:
     def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
                  disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain,
                  write_back: bool = False, block_tokens: int = BLOCK_TOKENS, splitter=default_splitter,
-                 queue_bytes: int | None = None, write_delay: float = INTERIM_WRITE_DELAY_S) -> None:
+                 queue_bytes: int | None = None, write_delay: float = INTERIM_WRITE_DELAY_S,
+                 remote: str | None = None, namespace: str | None = None, tenant: str | None = None) -> None:
         """``block_tokens``: positions per KV block (a multiple of ``block``; 0 keeps every state whole);
         ``splitter``: a callable returning an object with ``split_state``/``join_state`` (the API of
         :mod:`ollapy.cache.kvstate`), or None; ``queue_bytes``: the disk writer's byte budget;
-        ``write_delay``: seconds a deferred interim write waits (:data:`~ollapy.cache.policy.INTERIM_WRITE_DELAY_S`)."""
+        ``write_delay``: seconds a deferred interim write waits (:data:`~ollapy.cache.policy.INTERIM_WRITE_DELAY_S`);
+        ``remote``/``namespace``/``tenant``: the remote tier's store URL (``""``: none), key namespace and the
+        server-side tenant id put into the salt (None: ``OLLAPY_CACHE_REMOTE``, ``OLLAPY_CACHE_NAMESPACE``,
+        :func:`ollapy.config.cache_tenant`). A remote URL is opened here: a missing client library or a bad URL
+        raises :class:`~ollapy.cache.remote.RemoteUnavailable` at load, never at a request."""
         if block_tokens and block_tokens % block:
             raise ValueError(f"block_tokens {block_tokens} is not a multiple of the index block {block}")
         self.ref = ref
@@ -115,6 +123,14 @@ class PromptCache:
         self.splitter = splitter() if callable(splitter) and not hasattr(splitter, "split_state") else splitter
         self.queue_bytes = queue_bytes
         self.write_delay = write_delay
+        self.tenant = config.cache_tenant() if tenant is None else tenant
+        self.namespace = config.cache_namespace() if namespace is None else namespace
+        url = config.cache_remote() if remote is None else remote
+        self.store = None
+        if url:
+            from ollapy.cache.remote import open_store
+
+            self.store = open_store(url, config.cache_remote_password_file())
 
     def bind(self, loaded_model) -> BoundCache:
         """Attach to a loaded model (its backend gives the KV settings)."""
@@ -124,13 +140,16 @@ class PromptCache:
         backend = loaded_model.backend
         # llama.cpp saves only the in-window cells of sliding-window layers (llama_kv_cache::state_write
         # skips SWA-masked cells), so such a state restores correctly only as a whole: never trimmed.
-        return BoundCache(self, path, digest, salt_from_backend(backend), name,
+        salt = salt_from_backend(backend)
+        if self.tenant:  # a server-side id: tenants never share a cached prefix (CVE-2025-46570)
+            salt["tenant"] = self.tenant
+        return BoundCache(self, path, digest, salt, name,
                           trimmable=int(getattr(backend, "n_swa", 0) or 0) == 0,
                           piece=getattr(backend, "token_piece", None),
                           segments=bool(getattr(backend, "restores_segments", False)))
 
 
-class BoundCache(StateIntake, EntryCatalog):
+class BoundCache(StateIntake, EntryCatalog, RemoteLink):
     """The prompt cache of one loaded model; satisfies :class:`ollapy.engine.prefix.source.PrefixSource`.
 
     Engine-facing methods run on its loop thread only. A context manager:
@@ -163,10 +182,13 @@ class BoundCache(StateIntake, EntryCatalog):
         self._early: list[tuple[list[int], object, bool, bool]] = []  # stores before the sha256 was known
         self._restore_buf = None  # the buffer block entries are joined into (see _join)
         self._closed = False
+        self._offered: OrderedDict[str, None] = OrderedDict()  # entries queued for the remote tier
         self.last_drain = DrainResult()
+        self.remote: RemoteTier | None = None
         self._sha: str | None = digest or memoized_sha256(model_path, self.root)
         if self._sha:  # known: index the directory now (load time), not at the first request
             self._setup()
+            self._open_remote()
         self._sync = IndexSync(self._refresh, self._tick, setup=None if self._sha else self._hash_and_setup,
                                fresh=self.index is not None)
 
@@ -200,6 +222,7 @@ class BoundCache(StateIntake, EntryCatalog):
                 self._early.clear()
             return
         self._setup()
+        self._open_remote()
 
     def _ready(self) -> bool:
         """True once the index exists (never waits: the engine thread calls it)."""
@@ -265,7 +288,7 @@ class BoundCache(StateIntake, EntryCatalog):
                 key = (n, -e.nbytes, e.payload is not None)
                 if best_key is None or key > best_key:
                     best, best_key = Candidate(e, n, "ram" if e.payload is not None else "disk"), key
-        return best
+        return self._peek_remote(tokens, best, max_tokens, exclude) if self.remote is not None else best
 
     def load(self, cand: Candidate, defer_check: bool = False) -> Hit | None:
         """Read and verify ``cand``'s state; None (corrupt files deleted and counted) when it fails.
@@ -275,6 +298,8 @@ class BoundCache(StateIntake, EntryCatalog):
         on False, :meth:`record_corrupt`.
         """
         e = cand.entry
+        if cand.tier == "remote":
+            return self._load_remote(cand)
         with self._lock:
             if e.payload is not None:
                 if not e.blocks:
@@ -378,7 +403,9 @@ class BoundCache(StateIntake, EntryCatalog):
             e.last_used = time.time()
             if used == len(e.tokens):
                 e.continued = "restore"
-            if hit.tier == "disk":
+            if hit.tier == "remote":
+                self.stats.add(hits_remote=1, tokens_reused=used)
+            elif hit.tier == "disk":
                 self.stats.add(hits_disk=1, tokens_reused=used)
                 if e.payload is None and self.entries.get(e.name) is e:
                     if hit.parts is not None:
@@ -466,12 +493,15 @@ class BoundCache(StateIntake, EntryCatalog):
                           blocks_evicted=ram.blocks_evicted,
                           queued_bytes=self.disk.writer.queued_bytes if self.disk is not None else 0,
                           restore_buffer_bytes=len(self._restore_buf) if self._restore_buf is not None else 0)
+        if self.remote is not None:
+            gauges.update(self.remote.snapshot())
         return self.stats.snapshot(**gauges)
 
     def info(self) -> dict:
         """Entries and bytes of this model's cache as this process sees it (a dict of :meth:`snapshot`)."""
         out = self.snapshot().as_dict()
         out["directory"] = str(self.disk.dir) if self.disk is not None else None
+        out["remote"] = self.parent.store.url if self.parent.store is not None else None  # redacted
         return out
 
     def close(self, timeout: float = 120.0) -> DrainResult:
@@ -498,6 +528,8 @@ class BoundCache(StateIntake, EntryCatalog):
                     self.last_drain = self.disk.writer.last_result
                     raise
         finally:
+            if self.parent.store is not None:  # what is queued for the store goes out (bounded), then it closes
+                self.parent.store.close()
             self.stats.save()
             with self._lock:
                 for e in list(self.ram.entries.values()):

@@ -25,7 +25,8 @@ _HOST = socket.gethostname()
 
 COUNTERS = ("hits_ram", "hits_disk", "misses", "refused", "tokens_reused", "stores", "skipped_stores",
             "bytes_stored", "bytes_written", "files_written", "corrupt", "blocks_written", "blocks_reused",
-            "whole_states", "superseded", "continued", "dangling")
+            "whole_states", "superseded", "continued", "dangling", "hits_remote", "remote_misses", "remote_corrupt",
+            "remote_partial", "remote_gated", "remote_bytes_read", "remote_offered")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,15 @@ class CacheStats:
     ``queued_bytes`` (held by the disk writer's queue), ``restore_buffer_bytes`` (the
     buffer block entries are joined into for a restore: kept, as large as the largest
     state joined, until the cache is closed).
+
+    The remote tier (:mod:`ollapy.cache.remote_tier`; zero without ``OLLAPY_CACHE_REMOTE``): counters
+    ``hits_remote``, ``remote_misses`` (a stored entry that could not serve: evicted, failed a check, the store
+    failed), ``remote_corrupt`` (values that failed a check), ``remote_partial`` (restores of a verified prefix
+    of a chain), ``remote_gated`` (stored entries the cost gate left: prefilling was cheaper),
+    ``remote_bytes_read``, ``remote_offered`` (entries queued for the store); gauges of the store client:
+    ``remote_bytes_written``, ``remote_errors``, ``remote_dropped`` (queued writes dropped), ``remote_queue_depth``
+    and ``remote_queue_bytes`` (writes waiting), ``remote_breaker_open`` (1 while the circuit breaker skips the
+    store), ``remote_probe_us`` (the last lookup round trip, µs), ``remote_bandwidth`` (measured GET bytes/s).
     """
 
     hits_ram: int = 0
@@ -82,6 +92,21 @@ class CacheStats:
     blocks_evicted: int = 0
     queued_bytes: int = 0
     restore_buffer_bytes: int = 0
+    hits_remote: int = 0
+    remote_misses: int = 0
+    remote_corrupt: int = 0
+    remote_partial: int = 0
+    remote_gated: int = 0
+    remote_bytes_read: int = 0
+    remote_offered: int = 0
+    remote_bytes_written: int = 0
+    remote_errors: int = 0
+    remote_dropped: int = 0
+    remote_queue_depth: int = 0
+    remote_queue_bytes: int = 0
+    remote_breaker_open: int = 0
+    remote_probe_us: int = 0
+    remote_bandwidth: int = 0
 
     @property
     def dedupe_ratio(self) -> float:

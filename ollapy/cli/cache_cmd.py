@@ -118,6 +118,7 @@ def ls(model: str | None = typer.Argument(None, help="Only entries of this model
 def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Hits and misses by tier, tokens reused, bytes held (disk, pinned), blocks and dedupe, over every process."""
     from ollapy.cache.diskcap import block_usage
+    from ollapy.cache.remote import redact
     from ollapy.cache.stats import aggregate
     from ollapy.cache.tiers import disk_usage
 
@@ -131,10 +132,22 @@ def stats(as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
     if as_json:
         typer.echo(json.dumps(data, indent=1))
         return
-    lookups = data["hits_ram"] + data["hits_disk"] + data["misses"]
-    rate = (data["hits_ram"] + data["hits_disk"]) / lookups * 100 if lookups else 0.0
+    remote = config.cache_remote()
+    data["remote"] = redact(remote) if remote else None
+    if as_json:
+        typer.echo(json.dumps(data, indent=1))
+        return
+    hits = data["hits_ram"] + data["hits_disk"] + data["hits_remote"]
+    lookups = hits + data["misses"]
+    rate = hits / lookups * 100 if lookups else 0.0
     typer.echo(f"directory:      {data['directory']}")
-    typer.echo(f"hits:           {data['hits_ram']} ram, {data['hits_disk']} disk ({rate:.0f}% of {lookups} lookups)")
+    typer.echo(f"hits:           {data['hits_ram']} ram, {data['hits_disk']} disk, {data['hits_remote']} remote "
+               f"({rate:.0f}% of {lookups} lookups)")
+    if remote or data["hits_remote"] or data["remote_misses"]:
+        typer.echo(f"remote:         {data['remote'] or 'none now'}: {data['remote_misses']} miss(es) "
+                   f"({data['remote_corrupt']} bad value(s), {data['remote_gated']} left as cheaper to prefill), "
+                   f"{data['remote_partial']} partial restore(s), {_human(data['remote_bytes_read'])} read, "
+                   f"{data['remote_offered']} entr(ies) offered")
     typer.echo(f"misses:         {data['misses']} (of which {data['refused']} refused by llama.cpp)")
     typer.echo(f"tokens reused:  {data['tokens_reused']}")
     typer.echo(f"stores:         {data['stores']} ({data['skipped_stores']} skipped as already covered), "

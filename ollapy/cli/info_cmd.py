@@ -48,8 +48,17 @@ def collect_info(rpc_endpoints: str = "") -> dict:
             "state": str(config.state_dir()),
         },
         "host": config.host(),
+        "cache_remote": _remote_line(),
         "rpc": collect_rpc(rpc_endpoints),
     }
+
+
+def _remote_line() -> str | None:
+    """The prompt cache's remote tier as ``info`` shows it: the URL with its password redacted, the namespace."""
+    from ollapy.cache.remote import redact
+
+    url = config.cache_remote()
+    return f"{redact(url)} (namespace {config.CACHE_NAMESPACE.raw()})" if url else None
 
 
 def _fmt_mem(d: dict) -> str:
@@ -105,6 +114,8 @@ def info(
         f"state dir:         {data['paths']['state']}",
         f"server address:    {data['host']}",
     ]
+    if data.get("cache_remote"):
+        lines.append(f"cache remote tier: {data['cache_remote']}")
     typer.echo("\n".join(lines))
 
 

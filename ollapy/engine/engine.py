@@ -405,6 +405,9 @@ class Engine(SlotBookkeeping):
                 if not s.t_first:
                     req.metrics.prompt_eval_duration = now - s.t_start
                     s.t_first = now
+                    note = getattr(self.cache, "note_prefill", None)  # the remote tier's cost gate learns the rate
+                    if note is not None:
+                        note(len(req.tokens) - req.metrics.prompt_cache_tokens, (now - s.t_start) / 1e9)
                 s.state = SlotState.GENERATE
             if s.state is SlotState.FINISH:  # its row's KV is kept; nothing more is sampled
                 self._finish(s, "length")

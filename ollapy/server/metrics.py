@@ -13,6 +13,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+REMOTE_GAUGES = {  # the prompt cache's remote tier (ollapy.cache.stats.CacheStats remote_*; 0 without one)
+    "misses": "Stored remote entries that could not serve (evicted, failed a check, the store failed).",
+    "corrupt": "Remote values that failed a check (counted misses, never loaded).",
+    "partial": "Remote restores of a verified prefix of a block chain.",
+    "gated": "Remote entries left because prefilling was cheaper than fetching.",
+    "bytes_read": "Bytes read from the remote store.",
+    "bytes_written": "Bytes the remote store took (SET NX that stored).",
+    "errors": "Remote store operations that failed (timeouts, refused connections).",
+    "dropped": "Writes for the remote store dropped (queue full, breaker open).",
+    "queue_depth": "Writes waiting for the remote store.",
+    "breaker_open": "1 while the circuit breaker skips the remote store.",
+    "probe_us": "The last remote lookup round trip, in microseconds.",
+}
 _TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -109,6 +122,8 @@ class _RuntimeCollector:
                                     "restored; not in ollapy_prompt_cache_bytes).", labels=["model"])
         queued = GaugeMetricFamily("ollapy_prompt_cache_queued_bytes", "Bytes of states waiting in the disk writer's "
                                    "queue (bounded by its budget; not in ollapy_prompt_cache_bytes).", labels=["model"])
+        remote = {name: GaugeMetricFamily(f"ollapy_prompt_cache_remote_{name}", doc, labels=["model"])
+                  for name, doc in REMOTE_GAUGES.items()}
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
@@ -123,6 +138,9 @@ class _RuntimeCollector:
                 continue
             hits.add_metric([e.key, "ram"], cs.hits_ram)
             hits.add_metric([e.key, "disk"], cs.hits_disk)
+            hits.add_metric([e.key, "remote"], getattr(cs, "hits_remote", 0))
+            for name, fam in remote.items():
+                fam.add_metric([e.key], getattr(cs, f"remote_{name}", 0))
             misses.add_metric([e.key], cs.misses)
             reused.add_metric([e.key], cs.tokens_reused)
             written.add_metric([e.key], cs.bytes_written)
@@ -140,4 +158,5 @@ class _RuntimeCollector:
             restore.add_metric([e.key], getattr(cs, "restore_buffer_bytes", 0))
             queued.add_metric([e.key], getattr(cs, "queued_bytes", 0))
         yield from (loaded, stale, busy, slots, queue, hits, misses, reused, written, files, nbytes, b_written, b_reused,
-                    b_evicted, superseded, continued, dangling, b_shared, b_held, b_logical, restore, queued)
+                    b_evicted, superseded, continued, dangling, b_shared, b_held, b_logical, restore, queued,
+                    *remote.values())

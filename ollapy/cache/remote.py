@@ -1,0 +1,385 @@
+"""The remote tier's store client: a Valkey/Redis connection, a circuit breaker, the background write queue.
+
+:class:`RemoteStore` speaks to one Valkey or Redis server (``OLLAPY_CACHE_REMOTE``: ``redis://``,
+``rediss://`` (TLS), ``valkey://``, ``valkeys://`` or ``unix://``) through the ``valkey`` client library
+(``redis`` where ``valkey`` is not installed); both are the optional extra ``ollapy[remote]``. It offers
+what :mod:`ollapy.cache.remote_tier` needs and nothing that lists keys: a pipelined ``EXISTS`` over a list of
+keys (one round trip), pipelined ``GET`` s in chunks under a deadline, and ``SET NX`` writes queued for a
+background thread.
+
+Faults never fail a request: every operation catches the client's errors, counts them and returns "nothing
+there". Round trips on a request's path run under a short socket timeout (``probe_timeout``: a stalled
+store costs at most that once); bulk reads under a per-read timeout plus a deadline checked between chunks.
+After :data:`BREAKER_ERRORS` errors in a row the breaker opens: the store is skipped for
+:data:`BREAKER_OPEN_S` seconds, then one probe (``PING``) decides whether it closes again (the circuit
+breaker of Nygard's *Release It!*).
+
+Writes: :meth:`RemoteStore.put_async` appends to a queue bounded in bytes that drops its oldest items when
+full; one daemon thread at idle CPU priority (:func:`ollapy.cache.writer.set_thread_priority`) sends them
+as pipelined ``SET key value NX`` for blocks (an existing one, written by another replica, is never replaced)
+and a plain ``SET`` for entries (the newest state anchored in a block wins: a conversation's next turn).
+:meth:`RemoteStore.close` stops it, dropping what is still queued after a bounded wait.
+
+The password never appears in a log line, an error or ``ollapy info``: :func:`redact` is applied to every
+URL this module shows.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ollapy.config import redact_url
+from ollapy.errors import OllapyError
+
+log = logging.getLogger("ollapy.cache")
+
+BREAKER_ERRORS = 3  # errors in a row that open the breaker
+BREAKER_OPEN_S = 5.0  # seconds the store is skipped before a probe
+PROBE_TIMEOUT_S = 0.04  # socket timeout of a round trip on a request's path (EXISTS, a small GET)
+READ_TIMEOUT_S = 0.5  # socket timeout of one read of a bulk transfer (each recv, not the whole transfer)
+CONNECT_TIMEOUT_S = 0.2
+QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
+GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
+SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
+INSTALL_HINT = "pip install 'ollapy[remote]'"
+
+__all__ = ["RemoteStore", "RemoteUnavailable", "StoreStats", "open_store", "redact"]
+
+
+class RemoteUnavailable(OllapyError):
+    """The remote tier cannot be used as configured (no client library, a bad URL, an unreadable password file)."""
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***`` (:func:`ollapy.config.redact_url`)."""
+    return redact_url(url)
+
+
+def _client_module():
+    """The ``valkey`` module, else ``redis``; RemoteUnavailable naming the extra when neither is installed."""
+    try:
+        import valkey
+
+        return valkey
+    except ImportError:
+        pass
+    try:
+        import redis
+
+        return redis
+    except ImportError:
+        raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE needs a Valkey/Redis client: {INSTALL_HINT}") from None
+
+
+def _client_url(url: str, lib_name: str) -> str:
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in SCHEMES:
+        raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE {redact(url)!r}: the scheme must be one of "
+                                + ", ".join(f"{s}://" for s in SCHEMES))
+    if lib_name == "redis" and scheme in ("valkey", "valkeys"):  # redis-py knows only its own schemes
+        url = url.replace(scheme, "redis" if scheme == "valkey" else "rediss", 1)
+    return url
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A snapshot of one store client: counters since it opened and gauges now.
+
+    ``errors`` (operations that failed: timeouts, refused connections), ``bytes_read``/``bytes_written``,
+    ``bytes_sent`` (every ``SET`` sent, stored or not),
+    ``values_written`` (``SET NX`` that stored), ``values_existing`` (``SET NX`` that found the key there),
+    ``dropped`` (queued writes dropped: the queue was full, or the breaker was open), ``read_s`` (seconds spent
+    in bulk reads: ``bytes_read / read_s`` is the measured bandwidth), ``probe_ms`` (the last lookup round
+    trip), ``queue_depth``/``queue_bytes`` (writes waiting), ``breaker`` ("closed", "open" or "half-open").
+    """
+
+    errors: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    bytes_sent: int = 0
+    values_written: int = 0
+    values_existing: int = 0
+    dropped: int = 0
+    read_s: float = 0.0
+    probe_ms: float = 0.0
+    queue_depth: int = 0
+    queue_bytes: int = 0
+    breaker: str = "closed"
+
+
+class RemoteStore:
+    """One Valkey/Redis server, used by the remote tier; thread-safe (the client's pools are).
+
+    Raises :class:`RemoteUnavailable` at construction for a missing library or a bad URL; never after: every
+    operation answers "nothing there" (and counts an error) when the store fails.
+    """
+
+    def __init__(self, url: str, password: str | None = None, *, probe_timeout: float = PROBE_TIMEOUT_S,
+                 read_timeout: float = READ_TIMEOUT_S, queue_bytes: int = QUEUE_BYTES,
+                 breaker_errors: int = BREAKER_ERRORS, breaker_open_s: float = BREAKER_OPEN_S) -> None:
+        lib = _client_module()
+        self.url = redact(url)
+        curl = _client_url(url, lib.__name__)
+        extra = {"password": password} if password else {}
+        try:
+            self._fast = lib.from_url(curl, socket_timeout=probe_timeout, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                      **extra)
+            self._bulk = lib.from_url(curl, socket_timeout=read_timeout, socket_connect_timeout=CONNECT_TIMEOUT_S,
+                                      **extra)
+        except ValueError as exc:
+            raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE {self.url!r}: {str(exc).replace(url, self.url)}") from None
+        self._errors_cls = (lib.RedisError if hasattr(lib, "RedisError") else lib.ValkeyError, OSError)
+        self.breaker_errors = breaker_errors
+        self.breaker_open_s = breaker_open_s
+        self._lock = threading.Lock()
+        self._in_a_row = 0
+        self._open_until = 0.0
+        self._half_open = False
+        self._c = {"errors": 0, "bytes_read": 0, "bytes_written": 0, "bytes_sent": 0, "values_written": 0,
+                   "values_existing": 0, "dropped": 0}
+        self._read_s = 0.0
+        self._probe_ms = 0.0
+        self.queue_cap = queue_bytes
+        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int]] = deque()
+        self._queued = 0
+        self._cv = threading.Condition(self._lock)
+        self._closing = False
+        self._writer = threading.Thread(target=self._run, name="ollapy-remote-writer", daemon=True)
+        self._writer.start()
+
+    # ---- breaker ---------------------------------------------------------------------------
+    def available(self) -> bool:
+        """False while the breaker is open; after :attr:`breaker_open_s` one ``PING`` decides (half-open)."""
+        with self._lock:
+            if self._open_until == 0.0:
+                return True
+            if time.monotonic() < self._open_until or self._half_open:
+                return False
+            self._half_open = True
+        try:
+            ok = bool(self._fast.ping())
+        except self._errors_cls:
+            ok = False
+        with self._lock:
+            self._half_open = False
+            if ok:
+                self._open_until, self._in_a_row = 0.0, 0
+                log.info("prompt cache: remote store %s answers again", self.url)
+            else:
+                self._open_until = time.monotonic() + self.breaker_open_s
+        return ok
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        with self._lock:
+            self._c["errors"] += 1
+            self._in_a_row += 1
+            opened = self._in_a_row >= self.breaker_errors and self._open_until == 0.0
+            if self._in_a_row >= self.breaker_errors:
+                self._open_until = time.monotonic() + self.breaker_open_s
+        if opened:
+            log.warning("prompt cache: remote store %s failing (%s: %s); skipped for %.0f s", self.url, what,
+                        type(exc).__name__, self.breaker_open_s)
+        else:
+            log.debug("prompt cache: remote %s failed: %s", what, type(exc).__name__)
+
+    def _succeeded(self) -> None:
+        """A round trip on a request's path answered in time: the error streak ends (a bulk read or a write that
+        succeeds slowly does not end it: a store that answers those but stalls lookups still opens the breaker)."""
+        with self._lock:
+            self._in_a_row = 0
+
+    def breaker_state(self) -> str:
+        """``closed`` (in use), ``open`` (skipped) or ``half-open`` (a probe is running)."""
+        with self._lock:
+            return "closed" if self._open_until == 0.0 else ("half-open" if self._half_open else "open")
+
+    # ---- reads -----------------------------------------------------------------------------
+    def exists(self, keys: list[str]) -> list[bool] | None:
+        """Which of ``keys`` the store holds, in one pipelined round trip; None when the store failed."""
+        if not keys or not self.available():
+            return None
+        t0 = time.perf_counter()
+        try:
+            pipe = self._fast.pipeline(transaction=False)
+            for k in keys:
+                pipe.exists(k)
+            out = [bool(x) for x in pipe.execute()]
+        except self._errors_cls as exc:
+            self._failed("EXISTS", exc)
+            return None
+        self._succeeded()
+        self._probe_ms = (time.perf_counter() - t0) * 1e3
+        return out
+
+    def get_one(self, key: str) -> bytes | None:
+        """One small value (a request path round trip, under the probe timeout); None when missing or failed."""
+        if not self.available():
+            return None
+        try:
+            raw = self._fast.get(key)
+        except self._errors_cls as exc:
+            self._failed("GET", exc)
+            return None
+        self._succeeded()
+        with self._lock:
+            self._c["bytes_read"] += len(raw or b"")
+        return raw
+
+    def get_many(self, keys: list[str], deadline: float) -> Iterable[bytes | None]:
+        """Yield the values of ``keys`` in order (None for a missing one), read by pipelined ``GET`` s of
+        :data:`GET_CHUNK` keys; stops early (yields nothing more) when ``time.monotonic()`` passes ``deadline``
+        or the store fails. The caller consumes values as they arrive."""
+        for i in range(0, len(keys), GET_CHUNK):
+            if time.monotonic() > deadline or not self.available():
+                return
+            t0 = time.perf_counter()
+            try:
+                pipe = self._bulk.pipeline(transaction=False)
+                for k in keys[i:i + GET_CHUNK]:
+                    pipe.get(k)
+                values = pipe.execute()
+            except self._errors_cls as exc:
+                self._failed("GET", exc)
+                return
+            n = sum(len(v) for v in values if v is not None)
+            with self._lock:
+                self._c["bytes_read"] += n
+                self._read_s += time.perf_counter() - t0
+            yield from values
+
+    def bandwidth(self) -> float | None:
+        """Bytes per second the bulk reads measured so far (None before the first MiB)."""
+        with self._lock:
+            n, s = self._c["bytes_read"], self._read_s
+        return n / s if n >= (1 << 20) and s > 0 else None
+
+    # ---- writes ----------------------------------------------------------------------------
+    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int) -> bool:
+        """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET``:
+        ``(key, pieces, check)``, the pieces of a value joined at send time; ``check`` True (a block, immutable)
+        sends it only when an ``EXISTS`` finds the key missing, as ``SET NX`` (no bytes resent, the first copy
+        kept); False (an entry) as a plain ``SET``: the newest state anchored in a block replaces an older
+        one. Encoding (checksums) runs on the writer thread, never the caller's. The oldest queued items are
+        dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger than the
+        whole queue)."""
+        with self._cv:
+            if self._closing or nbytes > self.queue_cap or self._open_until:
+                self._c["dropped"] += 1
+                return False
+            while self._queue and self._queued + nbytes > self.queue_cap:
+                _, n = self._queue.popleft()
+                self._queued -= n
+                self._c["dropped"] += 1
+            self._queue.append((make, nbytes))
+            self._queued += nbytes
+            self._cv.notify()
+        return True
+
+    def _run(self) -> None:
+        from ollapy.cache.writer import set_thread_priority
+
+        set_thread_priority(threading.get_native_id(), idle=True)
+        while True:
+            with self._cv:
+                while not self._queue and not self._closing:
+                    self._cv.wait()
+                if not self._queue:
+                    return
+                make, nbytes = self._queue.popleft()
+            try:
+                try:
+                    values = make()
+                except Exception:  # noqa: BLE001 - a state that does not encode is dropped, never the writer
+                    log.debug("prompt cache: a remote write could not be encoded", exc_info=True)
+                    values = []
+                    with self._lock:
+                        self._c["dropped"] += 1
+                if values:
+                    self._send(values)
+            finally:
+                with self._cv:
+                    self._queued -= nbytes
+                    self._cv.notify_all()
+
+    def _send(self, values: list[tuple[str, list, bool]]) -> None:
+        if not self.available():
+            with self._lock:
+                self._c["dropped"] += 1
+            return
+        try:
+            probe = [k for k, _, check in values if check]
+            present: set[str] = set()
+            if probe:  # blocks another replica (or an earlier turn) stored already are not sent again
+                pipe = self._bulk.pipeline(transaction=False)
+                for k in probe:
+                    pipe.exists(k)
+                present = {k for k, there in zip(probe, pipe.execute()) if there}
+            todo = [v for v in values if v[0] not in present]
+            pipe = self._bulk.pipeline(transaction=False)
+            for key, pieces, check in todo:
+                pipe.set(key, b"".join(pieces), nx=check)
+            done = pipe.execute() if todo else []
+        except self._errors_cls as exc:
+            self._failed("SET", exc)
+            return
+        with self._lock:
+            self._c["values_existing"] += len(present)
+            self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces, _ in todo for p in pieces)
+            for (_key, pieces, _), stored in zip(todo, done):
+                if stored:
+                    self._c["values_written"] += 1
+                    self._c["bytes_written"] += sum(len(memoryview(p).cast("B")) for p in pieces)
+                else:
+                    self._c["values_existing"] += 1
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait (at most ``timeout`` s) until the queue is empty; True when it is."""
+        end = time.monotonic() + timeout
+        with self._cv:
+            while self._queue or self._queued:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued (at most ``timeout`` s, dropped after), stop the writer, close the connections."""
+        self.flush(timeout)
+        with self._cv:
+            self._closing = True
+            self._c["dropped"] += len(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        self._writer.join(timeout)
+        for client in (self._fast, self._bulk):
+            try:
+                client.close()
+            except self._errors_cls:
+                pass
+
+    def snapshot(self) -> StoreStats:
+        """The counters and gauges now."""
+        state = self.breaker_state()
+        with self._lock:
+            return StoreStats(**self._c, read_s=self._read_s, probe_ms=self._probe_ms, queue_depth=len(self._queue),
+                              queue_bytes=self._queued, breaker=state)
+
+
+def open_store(url: str, password_file: str = "", password: str | None = None) -> RemoteStore:
+    """A :class:`RemoteStore` for ``url``; the password is the first line of ``password_file`` when given.
+
+    Raises :class:`RemoteUnavailable` (one line, the URL redacted) for a missing library, a bad URL or an
+    unreadable password file.
+    """
+    if password_file:
+        try:
+            with open(password_file, encoding="utf-8") as f:
+                password = f.readline().strip()
+        except OSError as exc:
+            raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE_PASSWORD_FILE {password_file!r}: {exc.strerror}") from None
+    return RemoteStore(url, password)
