@@ -36,9 +36,14 @@ def test_typed_text_after_the_middle_token_or_in_place(vocab):
     plain = fim_tokens(FimRequest(pre + line, suf), ids, tok, num_ctx=4096)  # auto: Continue's shape stays plain
     assert plain.tokens == [ids.pre, *tok(pre + line), ids.suf, *tok(suf), ids.mid]
     assert plain.tokens[:plain.stable] == [ids.pre, *tok(pre)]  # the prefix up to the line being typed
-    infill = fim_tokens(FimRequest(pre, suf, typed=line, repo=True), ids, tok, num_ctx=4096)  # auto: after FIM_MID
-    assert infill.tokens[:1] == [ids.rep] and infill.tokens[-len(tok(line)):] == tok(line)
-    assert infill.tokens[infill.stable - 1] == ids.mid
+    infill = fim_tokens(FimRequest(pre, suf, typed=line, repo=True), ids, tok, num_ctx=4096)  # auto: plain, as
+    # llama-server's format_prompt_infill: the typed text, tokenized apart, ends the prefix
+    at = infill.tokens.index(ids.pre)
+    assert infill.tokens[:1] == [ids.rep] and infill.tokens[-1] == ids.mid
+    assert infill.tokens[at:] == [ids.pre, *tok(pre), *tok(line), ids.suf, *tok(suf), ids.mid]
+    assert infill.tokens[:infill.stable] == infill.tokens[:at + 1 + len(tok(pre))]  # saved: up to the typed text
+    after = fim_tokens(FimRequest(pre, suf, typed=line, repo=True, layout="moved-line"), ids, tok, num_ctx=4096)
+    assert after.tokens[-len(tok(line)):] == tok(line) and after.tokens[after.stable - 1] == ids.mid
 
 
 def test_a_growing_prefix_keeps_its_first_token_and_the_cut_follows_llama_server(vocab):

@@ -8,6 +8,7 @@ template's source is reported to the user (``ollapy show``, ``--verbose``).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 CHATML = (
@@ -80,3 +81,19 @@ def build_messages(prompt: str | None, system: str | None, history: list[dict] |
     if prompt is not None:
         msgs.append({"role": "user", "content": prompt})
     return msgs
+
+
+@functools.lru_cache(maxsize=32)
+def template_reads_suffix(template: str | None) -> bool:
+    """Whether a (Jinja2) chat template reads a ``suffix`` variable: a registry Go template with ``.Suffix``
+    (translated by :mod:`ollapy.chat.gotemplate`), which Ollama renders for ``/api/generate``'s ``suffix``.
+    False for a template that does not parse."""
+    if not template or "suffix" not in template:
+        return False
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        return "suffix" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
+    except jinja2.TemplateError:
+        return False

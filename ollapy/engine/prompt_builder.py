@@ -15,11 +15,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from ollapy.chat.templates import template_reads_suffix
 from ollapy.engine.backend.templating import (
     json_schema_grammar,
     render_chat_template,
     template_mentions_tools,
-    template_reads_suffix,
 )
 from ollapy.engine.request import Prompt
 from ollapy.errors import OptionError

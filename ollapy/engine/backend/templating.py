@@ -63,22 +63,6 @@ def template_mentions_tools(template: str | None) -> bool:
     return "tools" in (template or "")
 
 
-@functools.lru_cache(maxsize=32)
-def template_reads_suffix(template: str | None) -> bool:
-    """Whether a (Jinja2) chat template reads a ``suffix`` variable: a registry Go template with ``.Suffix``
-    (translated by :mod:`ollapy.chat.gotemplate`), which Ollama renders for ``/api/generate``'s ``suffix``.
-    False for a template that does not parse."""
-    if not template or "suffix" not in template:
-        return False
-    import jinja2
-    from jinja2 import meta
-
-    try:
-        return "suffix" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
-    except jinja2.TemplateError:
-        return False
-
-
 def render_chat_template(template: str, messages: list[dict], bos: str, eos: str, add_generation_prompt: bool = True,
                          *, tools: list[dict] | None = None, variables: dict[str, Any] | None = None) -> str:
     """Render ``messages`` with llama-cpp-python's sandboxed Jinja2 chat formatter.

@@ -81,19 +81,10 @@ FIM_TEMPLATE_NOTE = ("{#- fill-in-the-middle: a request with a suffix ({{ .Suffi
 def supports_insert(path, template: str | None) -> bool:
     """Ollama's ``insert`` capability: the GGUF has FIM tokens, or the (Jinja) template reads a ``suffix`` variable
     (a registry Go template's ``.Suffix``, translated), as the runner decides it."""
+    from ollapy.chat.templates import template_reads_suffix
     from ollapy.store.info import has_fim_tokens
 
-    if has_fim_tokens(Path(path)):
-        return True
-    if not template or "suffix" not in template:
-        return False
-    import jinja2
-    from jinja2 import meta
-
-    try:
-        return "suffix" in meta.find_undeclared_variables(jinja2.Environment().parse(template))
-    except jinja2.TemplateError:
-        return False
+    return has_fim_tokens(Path(path)) or template_reads_suffix(template)
 
 
 def with_insert(caps: list[str], insert: bool) -> list[str]:
