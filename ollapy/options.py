@@ -23,6 +23,7 @@ generated from them (``scripts/gen_docs.py``), so a new option needs its line th
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import reprlib
@@ -355,6 +356,16 @@ def read_logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
     """
     if value is None:
         return ()
+    if isinstance(value, str):  # `-o logit_bias={"15339":-100}`: the CLI gives option values as text
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise OptionError(f"logit_bias must be JSON, got {reprlib.repr(value)}",
+                              hint='e.g. -o \'logit_bias={"15339": -100}\'') from None
+        if isinstance(value, str):
+            raise OptionError(f"logit_bias must be an object of token id -> bias, got {reprlib.repr(value)}",
+                              hint='e.g. {"15339": -100}')
+        return read_logit_bias(value)
     if isinstance(value, dict):
         items = list(value.items())
     elif isinstance(value, (list, tuple)):
@@ -366,7 +377,7 @@ def read_logit_bias(value: Any) -> tuple[tuple[int | str, float], ...]:
             items.append((el[0], el[1]))
     else:
         raise OptionError(f"logit_bias must be an object of token id -> bias, got {reprlib.repr(value)}",
-                          hint='e.g. {"15339": -100} in the request body (a Modelfile cannot set it)')
+                          hint='e.g. {"15339": -100} (a request option: a Modelfile cannot set it)')
     if len(items) > LOGIT_BIAS_ENTRIES:
         raise OptionError(f"logit_bias has {len(items)} entries; at most {LOGIT_BIAS_ENTRIES} are allowed")
     out: list[tuple[int | str, float]] = []

@@ -106,3 +106,12 @@ def test_modelfile_parameters_and_request_only_logit_bias():
     assert read_logit_bias({"15": -100, "x": 2, "7": False}) == ((15, float("-inf")), ("x", 2.0), (7, float("-inf")))
     with pytest.raises(OptionError):
         read_logit_bias({"-3": 1})
+
+
+def test_logit_bias_given_as_text_is_read_as_json():
+    """``-o logit_bias={...}`` (the CLI's option values are text) reads as the JSON it holds; bad text is one line."""
+    assert read_logit_bias('{"1": -100, "Hello": 5}') == read_logit_bias({"1": -100, "Hello": 5})
+    assert read_logit_bias('{"1": -100}')[0][0] == 1
+    for bad in ("xx", '"1"'):
+        with pytest.raises(OptionError):
+            read_logit_bias(bad)
