@@ -301,7 +301,7 @@ def test_only_the_promised_formats_are_opened(raw, monkeypatch):
 
     monkeypatch.setattr(EpsImagePlugin, "Ghostscript", no_ghostscript)
     monkeypatch.setattr(EpsImagePlugin.EpsImageFile, "_open", no_ghostscript)
-    with pytest.raises(ImageError, match="not an image in a format this server reads"):
+    with pytest.raises(ImageError, match="not an image in a format ollapy reads"):
         media.decode_image(raw)
     for fmt in ("PNG", "JPEG", "WEBP", "GIF", "BMP"):
         assert media.decode_image(picture(34, fmt)).width == 50

@@ -181,7 +181,7 @@ def _open(raw: bytes, what: str, decode: bool):
             im.load()
             return w, h, im.convert("RGB")
     except UnidentifiedImageError:
-        raise ImageError(f"{what} is not an image in a format this server reads", hint=_FORMAT_HINT) from None
+        raise ImageError(f"{what} is not an image in a format ollapy reads", hint=_FORMAT_HINT) from None
     except ImageError:
         raise
     except Image.DecompressionBombError:
