@@ -128,9 +128,9 @@ def test_each_line_in_order_as_json_and_sharing_the_prefix(smollm2_path):
     assert sum(a == r["response"] for a, r in zip(serial, recs)) >= 6
     # the first line prefills the shared prefix (template, default system prompt, instruction) alone; the lines
     # that start while it generates copy it from its slot, later ones reuse their slot's own KV: none starts cold
-    assert recs[0]["prefix_source"] == "none"
-    assert {r["prefix_source"] for r in recs[1:4]} == {"copy"}, [r["prefix_source"] for r in recs]
-    assert all(r["prefix_source"] in ("copy", "slot") and r["prompt_cache_tokens"] > 20 for r in recs[1:])
+    assert recs[0]["prompt_cache_source"] == "none"
+    assert {r["prompt_cache_source"] for r in recs[1:4]} == {"copy"}, [r["prompt_cache_source"] for r in recs]
+    assert all(r["prompt_cache_source"] in ("copy", "slot") and r["prompt_cache_tokens"] > 20 for r in recs[1:])
 
 
 def test_session_continues_in_new_process(smollm2_path):

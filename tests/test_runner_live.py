@@ -58,9 +58,9 @@ def test_cli_process_runner_same_text_and_a_disk_cache_hit_in_the_next_process(s
     second = json.loads(run_cli(*batch, input=LONG + "\n", env=PROCESS).stdout)
     assert (first["response"], first["eval_count"], first["prompt_eval_count"]) == \
         (cold["response"], cold["eval_count"], cold["prompt_eval_count"])
-    assert first["prefix_source"] == "none"
+    assert first["prompt_cache_source"] == "none"
     # the first runner child's cache write was drained when it closed: the next process restores it from disk
-    assert second["prefix_source"] == "cache disk" and second["prompt_cache_tokens"] >= 64, second
+    assert second["prompt_cache_source"] == "cache disk" and second["prompt_cache_tokens"] >= 64, second
 
 
 def _cli(*args: str) -> subprocess.Popen:

@@ -46,8 +46,6 @@ def test_ollama_defaults_and_leniency():
     (ChatBody, {"model": "smol", "messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
      "arguments": "{oops"}}]}]}, OptionError, "invalid tool call arguments: not JSON"),
     (CopyBody, {"source": "a"}, UsageError, "source and destination are required"),
-    (CreateBody, {"model": "x", "quantize": "q4_K_M"}, UsageError, "quantize is not supported by ollapy"),
-    (CreateBody, {"model": "x", "adapters": {"a": "b"}}, UsageError, "adapters are not supported by ollapy"),
     (CreateBody, {"model": "x", "system": 5}, OptionError, "system: input should be a valid string"),
     (PullBody, {"model": "../x"}, InvalidModelName, "invalid model name"),
     (CreateBody, {"model": "./x.gguf", "from": "smol"}, InvalidModelName, "invalid model name"),

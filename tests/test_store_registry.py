@@ -131,7 +131,7 @@ def test_blob_404_and_unknown_model(store_env, registry, smollm2_path):
     with pytest.raises(ModelNotFound) as ei:
         resolve_model("nosuch:thing", quiet=True)
     msg = str(ei.value)
-    assert "\n" not in msg and str(store_env) in msg and registry.url in msg and "ollapy list" in msg and "smollm2:135m" in msg
+    assert "\n" not in msg and str(store_env) in msg and registry.url in msg and "ollapy list" in msg and "smollm2:1.7b" in msg
 
 
 def test_disk_full_keeps_partial_and_no_manifest(store_env, registry, smollm2_path, monkeypatch):
