@@ -62,7 +62,7 @@ def test_only_the_llama_boundary_imports_llama_cpp():
 # engine/prefix/source.py's PrefixSource Protocol). The shared modules below rank 0 are open to every layer.
 # web/ is the chat page's static files (no imports of its own), at rank 0: every layer above may name it.
 LAYERS = {"cli": 6, "server": 5, "runner": 4, "engine": 3, "cache": 3, "store": 2, "chat": 1, "web": 0}
-SHARED = {"config", "settings", "options", "errors", "duration", "fsutil", "rpc_endpoint", "tokens", "kvformat",
+SHARED = {"config", "settings", "options", "option_help", "errors", "duration", "fsutil", "rpc_endpoint", "tokens", "kvformat",
           "__init__"}
 
 
