@@ -34,8 +34,13 @@ Rows (``ok``/``MISSED`` with the target; exit status 1 on a miss):
    out of llama.cpp, before block dedupe; the disk tier's bytes shown beside) <= 1.5x the file's KV (the file's
    tokens x ``kv_bytes_per_token``).
 5. A cancelled completion frees its slot: a long streamed completion, closed by the client after a few tokens;
-   the time from the close until ``/api/ps`` shows no busy slot <= one decode step (the stream's median gap between
-   tokens). The next request's TTFT is shown beside.
+   the time from the close until ``/api/ps`` (polled on a kept-alive connection) shows no busy slot <= one decode
+   step (the stream's median gap between tokens). The next request, sent at the close, is timed beside the same
+   request on an idle slot: what it waited for the cancelled one.
+
+An ``info`` row (no target) gives the llama.vscode shape with the ``fim_layout`` option ``moved-line`` (an ollapy
+extension field ``options`` on ``/infill``): the opt-in layout that prefills only the typed text, at the cost in
+right answers that ``scripts/compare_fim_layouts.py`` measures.
 
     python scripts/bench_fim.py --native-bin ~/.cache/ollapy/native/build/bin
     python scripts/bench_fim.py --quick      # a smoke run: bisect.py (883 tokens), 3 words, 1 chunk, the last
@@ -374,6 +379,10 @@ def main() -> int:
                 res = post_infill(http, body)
                 (vs_o if who == "o" else vs_n).append(res)
         b1 = cache_bytes(ohttp)
+        # 1b. the same on ollapy with the opt-in moved-line layout (info)
+        vs_m = [post_infill(ohttp, {**vscode_body(tr, typed, chunks, args.n_predict, model),
+                                    "options": {"fim_layout": "moved-line"}}) for typed in tr.steps]
+        b1m = cache_bytes(ohttp)
 
         # 2. Continue's shape on ollapy
         cont = [post_generate(ohttp, continue_body(tr, typed, args.n_predict, model, args.continue_layout))
@@ -392,11 +401,16 @@ def main() -> int:
                                                                 args.continue_layout), cache=False))
 
         # 5. cancellation: a long completion closed by the client after a few tokens
-        post_generate(ohttp, continue_body(tr, tr.steps[0], 1, model, args.continue_layout))  # warm the slot
         # raw: the file's text without a FIM frame, so the model writes code on instead of ending the middle
         long_body = {"model": model, "prompt": "\n".join(tr.prefix_lines()) + "\n", "raw": True,
                      "options": {"temperature": 0, "num_predict": 400, "num_ctx": NUM_CTX}}
+        nxt_body = continue_body(tr, tr.steps[-1], args.n_predict, model, args.continue_layout)
+        # the next request on an idle slot, for comparison: after the same long prompt answered to its end
+        post_generate(ohttp, {**long_body, "options": {**long_body["options"], "num_predict": 12}})
+        idle = post_generate(ohttp, nxt_body)
         stamps = []
+        poll = httpx.Client(base_url=obase, timeout=60)  # kept alive: a poll is one request, no TCP handshake
+        ps_model(poll)
         with httpx.Client(base_url=obase, timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as c:
             with c.stream("POST", "/api/generate", json={**long_body, "stream": True}) as r:
                 for line in r.iter_lines():
@@ -407,19 +421,26 @@ def main() -> int:
             t_close = time.perf_counter()  # leaving the block closed the connection
         t_free = None
         while time.perf_counter() - t_close < 60:
-            if int(ps_model(ohttp).get("slots_busy", 1)) == 0:
+            if int(ps_model(poll).get("slots_busy", 1)) == 0:
                 t_free = time.perf_counter()
                 break
-            time.sleep(0.005)
+            time.sleep(0.001)
+        poll.close()
         step = statistics.median(b - a for a, b in zip(stamps[2:], stamps[3:])) if len(stamps) > 4 else float("nan")
-        nxt = post_generate(ohttp, continue_body(tr, tr.steps[-1], args.n_predict, model, args.continue_layout))
+        # the next request at the close: a second long completion, closed, then the next request sent at once
+        with httpx.Client(base_url=obase, timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+            with c.stream("POST", "/api/generate", json={**long_body, "stream": True}) as r:
+                for i, line in enumerate(r.iter_lines()):
+                    if i >= 12:
+                        break
+        nxt = post_generate(ohttp, nxt_body)
 
         # ---- rows
         print("llama.vscode shape (/infill), per request: TTFT ms, tokens prefilled")
         for i, typed in enumerate(tr.steps):
             n = f"{vs_n[i].ttft * 1000:7.0f} {vs_n[i].prefilled:5d}" if vs_n else "      -     -"
             print(f"  {i + 1:2d} ollapy {vs_o[i].ttft * 1000:7.0f} {vs_o[i].prefilled:5d}   llama-server {n}   "
-                  f"{typed.strip()[-24:]!r}")
+                  f"moved-line {vs_m[i].ttft * 1000:7.0f} {vs_m[i].prefilled:5d}   {typed.strip()[-24:]!r}")
         print("Continue shape (/api/generate), per request: TTFT ms warm / cold, tokens prefilled warm / cold")
         off = len(tr.steps) - len(cold_steps)  # the cold requests are the last ones
         for i in range(len(tr.steps)):
@@ -438,6 +459,10 @@ def main() -> int:
             print(f"{'':<7} {'  TTFT p95':<58} {ms(o95)} vs {ms(n95)}")
             print(f"{'':<7} {'  tokens prefilled per request (median; first request)':<58} "
                   f"{opre:.0f} vs {npre:.0f} ({vs_o[0].prefilled} vs {vs_n[0].prefilled})")
+            m50 = pct([r.ttft for r in vs_m], 50)
+            print(f"{'info':<7} {'llama.vscode, ollapy fim_layout=moved-line vs llama-server':<58} "
+                  f"{ms(m50)} vs {ms(n50)} ({m50 / n50:.2f}x); prefilled "
+                  f"{statistics.median(r.prefilled for r in vs_m):.0f} per request")
         else:
             rows.row(False, "llama.vscode /infill TTFT p50, ollapy vs llama-server",
                      f"{ms(o50)} vs - (no llama-server)", "<= 1.0x (build it: scripts/build_native_baselines.sh)")
@@ -454,7 +479,7 @@ def main() -> int:
         total = len(warm)
         rows.row(same == total, "completions identical to the same request cold (both shapes)",
                  f"{same}/{total}", "all")
-        for name, (a, b) in (("llama.vscode", (b0, b1)), ("Continue", (b1, b2))):
+        for name, (a, b) in (("llama.vscode", (b0, b1)), ("Continue", (b1m, b2))):
             stored, disk = b[0] - a[0], b[1] - a[1]
             rows.row(stored <= 1.5 * file_kv, f"prompt-cache bytes over the {name} trace ({len(tr.steps)} requests)",
                      f"{stored / 2**20:.1f} MiB = {stored / file_kv:.2f}x file KV (disk {disk / 2**20:.1f} MiB)",
@@ -465,14 +490,16 @@ def main() -> int:
         else:
             rows.row(t_free - t_close <= step, "cancelled completion: slot free after the client closed",
                      f"{ms(t_free - t_close)} (a decode step {ms(step)})", "<= one decode step")
-            print(f"{'':<7} {'  the next request: TTFT':<58} {ms(nxt.ttft)} (warm p50 {ms(w50)})")
+            print(f"{'':<7} {'  the next request sent at the close: TTFT':<58} {ms(nxt.ttft)} (on an idle slot "
+                  f"{ms(idle.ttft)}: waited {ms(max(0.0, nxt.ttft - idle.ttft))})")
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end (2 cores shared with other jobs: timings are "
               f"noisy where it is high)")
         out.update({"vscode_ollapy": [vars(r) for r in vs_o], "vscode_llama_server": [vars(r) for r in vs_n],
                     "continue": [vars(r) for r in cont], "cold_vscode": [vars(r) for r in cold_vs],
                     "cold_continue": [vars(r) for r in cold_cont], "file_tokens": len(toks), "file_kv": file_kv,
-                    "cache_bytes": [b0, b1, b2], "cancel_free_s": None if t_free is None else t_free - t_close,
-                    "decode_step_s": step})
+                    "cache_bytes": [b0, b1, b1m, b2], "cancel_free_s": None if t_free is None else t_free - t_close,
+                    "decode_step_s": step, "vscode_moved_line": [vars(r) for r in vs_m],
+                    "next_ttft_s": nxt.ttft, "idle_ttft_s": idle.ttft})
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1, default=str))
         done = True

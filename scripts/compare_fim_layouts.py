@@ -9,6 +9,10 @@ to lay that out with a model's FIM tokens (Qwen2.5-Coder's shown):
   (llama-server's ``/infill`` layout, which llama.vscode relies on: the text typed on the current line comes after
   the middle token, so each keystroke only extends the prompt's end and everything before it stays a cached
   prefix; with ``plain`` a keystroke changes the prompt before the suffix, so the suffix is prefilled again).
+* ``spm``:        ``<|fim_suffix|>SUFFIX<|fim_prefix|>PREFIX<|fim_middle|>`` (llama-server's ``--spm-infill``:
+  suffix first, so a keystroke only extends the prompt's end, and the typed text stays where it stands).
+
+``--against`` picks the layout compared with ``plain`` (``moved-line`` by default, or ``spm``).
 
 Each case of ``scripts/fim_cases.py`` runs greedily in both layouts (raw prompts, the special tokens written as
 text and read back as tokens, as Ollama's ``raw`` and llama-server's ``/completion`` read them; generation stops
@@ -47,14 +51,16 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "/work/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 # Qwen2.5-Coder's FIM tokens (llama_vocab_fim_pre/suf/mid of its GGUF); --fim-tokens names another model's
 QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
-LAYOUTS = ("plain", "moved-line")
+LAYOUTS = ("plain", "moved-line", "spm")
 
 
 def build_prompt(case: FimCase, layout: str, fim: tuple[str, str, str] = QWEN_FIM) -> str:
-    """The raw prompt text of ``case`` in ``layout`` (``plain`` or ``moved-line``, see the module docstring)."""
+    """The raw prompt text of ``case`` in ``layout`` (one of :data:`LAYOUTS`, see the module docstring)."""
     pre, suf, mid = fim
     if layout == "plain":
         return f"{pre}{case.before}{suf}{case.after}{mid}"
+    if layout == "spm":
+        return f"{suf}{case.after}{pre}{case.before}{mid}"
     assert layout == "moved-line", layout
     cut = case.before.rfind("\n") + 1  # the start of the unfinished line
     return f"{pre}{case.before[:cut]}{suf}{case.after}{mid}{case.before[cut:]}"
@@ -148,6 +154,8 @@ def main() -> int:
     ap.add_argument("--num-predict", type=int, default=24,
                     help="token cap per completion (the longest accepted line is under 20 tokens)")
     ap.add_argument("--fim-tokens", default=",".join(QWEN_FIM), help="prefix,suffix,middle token texts")
+    ap.add_argument("--against", choices=LAYOUTS[1:], default="moved-line",
+                    help="the layout compared with plain (its answers fill the 'moved' columns)")
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--json", help="write every answer to this file")
     ap.add_argument("--merge", nargs="+", metavar="JSON",
@@ -162,11 +170,12 @@ def main() -> int:
             if c.name in by_name:
                 r = by_name[c.name]
                 rows.append({**r, "plain_ok": c.passes(r["plain"]), "moved_ok": c.passes(r["moved"])})
+        args.against = parts[0].get("against", "moved-line")
         print(f"model: {parts[0]['model']}\nmerged from {len(parts)} runs\n")
         print(f"{'case':<24} {'plain':<5} {'moved':<5} {'same':<4}  {'plain first line':<34}  moved-line first line")
         for r in rows:
             print_row(r)
-        return summarize(rows)
+        return summarize(rows, args.against)
     fim = tuple(args.fim_tokens.split(","))
     assert len(fim) == 3, "--fim-tokens takes three comma-separated token texts"
     cases = [c for c in CASES if not args.only or c.name in args.only.split(",")]
@@ -180,19 +189,20 @@ def main() -> int:
             proc, base, name, api = start_server(args, tmp)
         server = Server(base, name, api, args.num_predict)
         where = f"llama-server ({args.native_bin})" if args.native_bin else (args.url or "ollapy serve")
-        print(f"model: {args.model}\nserver: {where}; greedy, first line, at most {args.num_predict} tokens\n")
+        print(f"model: {args.model}\nserver: {where}; greedy, first line, at most {args.num_predict} tokens; "
+              f"plain vs {args.against} (the 'moved' columns)\n")
         print(f"{'case':<24} {'plain':<5} {'moved':<5} {'same':<4}  {'plain first line':<34}  moved-line first line")
         rows, failed = [], 0
         for case in cases:
             got = {}
-            for layout in LAYOUTS:
+            for layout in ("plain", args.against):
                 try:
                     got[layout] = server.complete(build_prompt(case, layout, fim))
                 except (httpx.HTTPError, RuntimeError) as e:
                     print(f"{case.name} {layout}: {e}", file=sys.stderr)
                     failed += 1
                     got[layout] = Answer(f"<error: {e}>", 0, 0.0)
-            p, m = got["plain"], got["moved-line"]
+            p, m = got["plain"], got[args.against]
             pok, mok = case.passes(p.text), case.passes(m.text)
             same = p.text.split("\n", 1)[0] == m.text.split("\n", 1)[0]
             rows.append({"case": case.name, "language": case.language, "plain": p.text, "moved": m.text,
@@ -200,7 +210,8 @@ def main() -> int:
                          "plain_prompt_tokens": p.prompt_tokens, "moved_prompt_tokens": m.prompt_tokens})
             print_row(rows[-1])
             if args.json:  # after each case: a run cut short keeps what it measured
-                Path(args.json).write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
+                Path(args.json).write_text(json.dumps({"model": args.model, "against": args.against, "rows": rows},
+                                                      indent=1))
     finally:
         if proc is not None:
             proc.terminate()
@@ -213,7 +224,7 @@ def main() -> int:
     if failed:
         print(f"\n{failed} requests failed: no comparison")
         return 1
-    return summarize(rows)
+    return summarize(rows, args.against)
 
 
 def print_row(r: dict) -> None:
@@ -221,8 +232,9 @@ def print_row(r: dict) -> None:
           f"{'=' if r['same'] else '≠':<4}  {show(r['plain']):<34}  {show(r['moved'])}", flush=True)
 
 
-def summarize(rows: list[dict]) -> int:
-    """Print the totals and the recommendation; 0."""
+def summarize(rows: list[dict], other: str = "moved-line") -> int:
+    """Print the totals of plain vs ``other`` (the layout in the rows' ``moved`` fields) and the recommendation;
+    0."""
     n = len(rows)
     plain_ok = sum(r["plain_ok"] for r in rows)
     moved_ok = sum(r["moved_ok"] for r in rows)
@@ -231,23 +243,22 @@ def summarize(rows: list[dict]) -> int:
     worse = sum(r["plain_ok"] and not r["moved_ok"] for r in rows)
     space_only = sum(not r["same"] and r["plain"].split("\n", 1)[0].strip() == r["moved"].split("\n", 1)[0].strip()
                      for r in rows)
-    print(f"\ncases                                   {n}")
-    print(f"exact first-line matches, plain         {plain_ok}/{n}")
-    print(f"exact first-line matches, moved-line    {moved_ok}/{n}")
-    print(f"identical first lines                   {same}/{n} ({space_only} more differ only in white space)")
+    print(f"\ncases{'':<35}{n}")
+    print(f"{'exact first-line matches, plain':<40}{plain_ok}/{n}")
+    print(f"{'exact first-line matches, ' + other:<40}{moved_ok}/{n}")
+    print(f"{'identical first lines':<40}{same}/{n} ({space_only} more differ only in white space)")
     by_name = {c.name: c for c in CASES}
     healed = sum(not r["moved_ok"] and by_name[r["case"]].passes(r["moved"].lstrip(" ")) for r in rows)
-    print(f"moved-line right but for a leading space {healed} (the typed text tokenized alone ends at a token "
-          "boundary the model rarely saw)")
-    print(f"moved-line better (plain wrong)         {better}")
-    print(f"moved-line worse (plain right)          {worse}")
+    print(f"{other + ' right but for a leading space':<40}{healed}")
+    print(f"{other + ' better (plain wrong)':<40}{better}")
+    print(f"{other + ' worse (plain right)':<40}{worse}")
     if moved_ok >= plain_ok:
-        rec = ("moved-line: at least as many right answers as plain, and a keystroke prefills only the typed "
+        rec = (f"{other}: at least as many right answers as plain, and a keystroke prefills only the typed "
                "text instead of the line and the whole suffix")
     else:
-        rec = (f"plain: {plain_ok - moved_ok} more right answers than moved-line; the moved line's reuse does not "
+        rec = (f"plain: {plain_ok - moved_ok} more right answers than {other}; its cheaper keystrokes do not "
                "buy back wrong completions")
-    print(f"recommendation                          {rec}")
+    print(f"{'recommendation':<40}{rec}")
     return 0
 
 
