@@ -15,11 +15,13 @@ line when the input is not a GGUF model.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_out import gguf_file  # noqa: E402
 
 F16_FILE_TYPE = 1  # llama.cpp's LLAMA_FTYPE_MOSTLY_F16
 
@@ -51,29 +53,23 @@ def make_f16_gguf(src: Path, dst: Path) -> Path:
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None:
         raise ValueError(f"{src}: no general.architecture (not a GGUF model)")
-    tmp = dst.with_name(dst.name + ".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch_field.contents(), endianess=reader.endianess)
-    skip = {"general.architecture", "general.file_type", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
-    alignment = reader.fields.get("general.alignment")
-    if alignment is not None:
-        writer.data_alignment = int(alignment.contents())
-    for name, field in reader.fields.items():
-        if name in skip or name.startswith("GGUF."):
-            continue
-        _copy_field(writer, field)
-    writer.add_file_type(F16_FILE_TYPE)
-    for t in reader.tensors:
-        shape = tuple(int(x) for x in reversed(t.shape))  # NumPy order
-        if t.tensor_type in (Q.F32, Q.F16):
-            data = np.asarray(t.data).reshape(shape)
-        else:
-            data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float16)
-        writer.add_tensor(t.name, data, raw_dtype=Q.F16 if data.dtype == np.float16 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, dst)
+    with gguf_file(dst, arch_field.contents(), endianess=reader.endianess) as writer:
+        skip = {"general.architecture", "general.file_type", "GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}
+        alignment = reader.fields.get("general.alignment")
+        if alignment is not None:
+            writer.data_alignment = int(alignment.contents())
+        for name, field in reader.fields.items():
+            if name in skip or name.startswith("GGUF."):
+                continue
+            _copy_field(writer, field)
+        writer.add_file_type(F16_FILE_TYPE)
+        for t in reader.tensors:
+            shape = tuple(int(x) for x in reversed(t.shape))  # NumPy order
+            if t.tensor_type in (Q.F32, Q.F16):
+                data = np.asarray(t.data).reshape(shape)
+            else:
+                data = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float16)
+            writer.add_tensor(t.name, data, raw_dtype=Q.F16 if data.dtype == np.float16 else None)
     return dst
 
 

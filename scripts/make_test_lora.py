@@ -23,11 +23,13 @@ official ``gguf`` writer; writes ``OUT.tmp`` and renames it into place. Exit 1 w
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_out import gguf_file  # noqa: E402
 
 TARGETS = ("attn_q.weight", "attn_v.weight")
 
@@ -70,23 +72,15 @@ def make_test_lora(out: Path, base: Path, seed: int = 0, rank: int = 8, alpha: f
                    strength: float = 0.3) -> Path:
     """Write the adapter for ``base`` to ``out`` (atomically) and return ``out``. ``alpha`` defaults to ``rank``
     (an effective scale of 1). Raises ValueError for a base llama.cpp could not pair it with."""
-    import gguf
-
     arch, shapes = base_shapes(base)
     tensors = build_tensors(shapes, seed, rank, strength)
-    tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch)
-    w.add_type("adapter")
-    w.add_string("adapter.type", "lora")
-    w.add_float32("adapter.lora.alpha", float(rank if alpha is None else alpha))
-    w.add_name(f"ollapy test LoRA for {base.name} (seed {seed}, rank {rank})")
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, out)
+    with gguf_file(out, arch) as w:
+        w.add_type("adapter")
+        w.add_string("adapter.type", "lora")
+        w.add_float32("adapter.lora.alpha", float(rank if alpha is None else alpha))
+        w.add_name(f"ollapy test LoRA for {base.name} (seed {seed}, rank {rank})")
+        for name, arr in tensors.items():
+            w.add_tensor(name, arr)
     return out
 
 

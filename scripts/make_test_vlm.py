@@ -23,11 +23,13 @@ weights scaled to keep activations finite). Uses the official ``gguf`` writer; w
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_out import gguf_file  # noqa: E402
 
 #: output width (the text model's n_embd) per projector type
 TEXT_WIDTH = {"idefics3": 576, "gemma3": 640}
@@ -85,38 +87,30 @@ def write_projector(out: Path, kind: str, seed: int, width: int | None = None) -
 
     Raises ValueError for an unknown ``kind``.
     """
-    import gguf
-
     if kind not in TEXT_WIDTH:
         raise ValueError(f"unknown projector type {kind!r}: use one of {', '.join(TEXT_WIDTH)}")
-    tmp = out.with_name(out.name + ".tmp")
-    w = gguf.GGUFWriter(str(tmp), "clip")
-    w.add_name(f"ollapy test projector ({kind}, seed {seed})")
-    w.add_description("random weights for tests: pipeline checks only, not a real vision model")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.has_text_encoder", False)
-    w.add_string("clip.projector_type", kind)
-    w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
-    w.add_uint32("clip.vision.patch_size", PATCH_SIZE)
-    w.add_uint32("clip.vision.embedding_length", N_EMBD)
-    w.add_uint32("clip.vision.feed_forward_length", N_FF)
-    w.add_uint32("clip.vision.block_count", N_LAYER)
-    w.add_uint32("clip.vision.projection_dim", width or TEXT_WIDTH[kind])
-    w.add_uint32("clip.vision.attention.head_count", N_HEAD)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
-    w.add_uint32("clip.vision.projector.scale_factor", MERGE)
-    if kind == "idefics3":
-        w.add_uint32("clip.vision.preproc_image_size", IMAGE_SIZE)
-    for name, arr in build_tensors(kind, seed, width).items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, out)
+    with gguf_file(out, "clip") as w:
+        w.add_name(f"ollapy test projector ({kind}, seed {seed})")
+        w.add_description("random weights for tests: pipeline checks only, not a real vision model")
+        w.add_bool("clip.has_vision_encoder", True)
+        w.add_bool("clip.has_text_encoder", False)
+        w.add_string("clip.projector_type", kind)
+        w.add_bool("clip.use_gelu", True)
+        w.add_uint32("clip.vision.image_size", IMAGE_SIZE)
+        w.add_uint32("clip.vision.patch_size", PATCH_SIZE)
+        w.add_uint32("clip.vision.embedding_length", N_EMBD)
+        w.add_uint32("clip.vision.feed_forward_length", N_FF)
+        w.add_uint32("clip.vision.block_count", N_LAYER)
+        w.add_uint32("clip.vision.projection_dim", width or TEXT_WIDTH[kind])
+        w.add_uint32("clip.vision.attention.head_count", N_HEAD)
+        w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+        w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+        w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+        w.add_uint32("clip.vision.projector.scale_factor", MERGE)
+        if kind == "idefics3":
+            w.add_uint32("clip.vision.preproc_image_size", IMAGE_SIZE)
+        for name, arr in build_tensors(kind, seed, width).items():
+            w.add_tensor(name, arr)
     return out
 
 
