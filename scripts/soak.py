@@ -8,11 +8,16 @@ runs ``--clients`` clients for ``--minutes``. Each client loops over a mix of re
 streams cancelled after their first chunk, Anthropic's ``/v1/messages`` (half of them streamed) and
 ``/v1/responses`` (stored, each client chaining up to four turns with ``previous_response_id``).
 
-A second-model phase (from 40% of the run until ``soak-b`` has served for a tenth of it, 80% at the latest;
-server started here only): every client asks for ``soak-b`` instead. With one model allowed, its load waits
-(503 "busy" answers, counted apart, retried after ``Retry-After``) until ``soak``'s requests in flight and
-queued end, then ``soak`` is unloaded and ``soak-b`` loaded while traffic goes on; then the clients switch
-back. The loads seen in ``/api/ps`` are reported and judged (at least the two switches).
+A second-model phase (server started here only): at 40% of the run the clients switch to ``soak-b``, and once
+it has served a tenth of the run (55% at the latest) back to ``soak``, so the first and last windows judged
+flat both run on ``soak``. Each switch is done as Ollama's clients do on a one-model server: the clients hold
+their next request, one asks for the old model's unload (an empty prompt with ``keep_alive: 0``: it unloads
+once its requests in flight and queued end) and loads the new one (an empty prompt; while the old one still
+holds the room the answer is a 503 "busy", counted apart as ``switch``, sent again after ``Retry-After``); then
+the clients go on with the new model. Holding the clients bounds the drain by the requests already sent (at
+most one per client), whatever the machine's load: while every client asked for ``soak-b`` and got 503s
+instead (the earlier design), a busy machine never drained ``soak``'s queue in the window. The loads seen in
+``/api/ps`` are reported and judged (at least the two switches), and the time the clients were held.
 
 Also in the mix (issue 53): ``image`` (``/api/chat`` with one of four small pictures, so requests with the same
 picture run in parallel; ``soak`` is SmolLM2 with a synthetic projector from scripts/make_test_vlm.py),
@@ -25,11 +30,12 @@ sampled; judged flat: the mean of the first window (10 minutes, or a third of a 
 within 5% (RSS net of the prompt cache's bounded bytes).
 
 Reported: requests per kind, errors (any answer but 200, an error inside a stream, a client-side exception;
-503 "busy" answers are counted apart, being documented), the server process's RSS, open file descriptors and
-threads at the start (after a warm-up) and at the end (after the load stops), and p50/p99 time to first token
-of the streamed requests (it includes the wait for a slot: 64 clients share 4 slots). A memory timeline
-samples, every 1/40 of the run, RSS (anonymous and file-backed), the loaded models and the prompt cache's bytes
-from ``/metrics`` (RAM tier, restore buffer, disk writer's queue). Judged: 0 errors, fds and threads flat (at
+503 "busy" answers are counted apart, being documented, with the share of answers served and the 503s'
+reasons), the server process's RSS, open file descriptors and threads at the start (after a warm-up) and at
+the end (after the load stops), and p50/p99 time to first token of the streamed requests (it includes the wait
+for a slot: 64 clients share 4 slots). A timeline samples, every 10 s, open fds, threads, memory mappings, RSS
+(anonymous and file-backed), the loaded models and the prompt cache's bytes from ``/metrics`` (RAM tier,
+restore buffer, disk writer's queue); its per-minute means are printed as the curves. Judged: 0 errors, fds and threads flat (at
 most +8 each: worker pools come and go), RSS net of the prompt cache bounded (at most +10% + 64 MiB; the cache
 bytes, read from ``/metrics`` at the same moment as RSS, are subtracted from both ends), the RAM tier within its
 ``OLLAPY_CACHE_RAM``, every kind exercised. Each target prints one ``ok`` or ``MISSED`` line; the exit status
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -73,6 +80,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                                                            "required": ["city"]}}}]
 VISION_MODEL = "soak"  # the model with a projector: image requests go to it only
+# An idle connection is dropped by the client after 2 s, before the server's keep-alive of 5 s (uvicorn's) closes
+# it: with both at 5 s (httpx's default) a request sent on a connection idle just under 5 s meets the server's
+# close (a ReadError; seen when the clients resume after a model switch). HTTP/1.1 leaves that race to the
+# client (RFC 9112 9.3.1: retry, or drop idle connections first); the soak drops them first.
+CLIENT_LIMITS = httpx.Limits(keepalive_expiry=2.0)
 
 
 def _png(img) -> bytes:
@@ -165,19 +177,30 @@ class Tally:
         self.errors: list[str] = []
         self.n_errors = 0
         self.busy = 0
+        self.t0 = time.monotonic()  # the clients' start (errors are reported with their time)
+        self.busy_why: collections.Counter = collections.Counter()  # (kind, the 503's message) -> count
         self.ttft: list[float] = []
         self.switches: list[str] = []  # the loaded model each time /api/ps showed another one
         self.timeline: list[dict] = []  # samples of the server's memory and cache gauges (see sample_server)
+        self.phase_log: list[str] = []  # the model switches (ModelPhase.log)
 
     def error(self, kind: str, what: str) -> None:
         self.n_errors += 1
         if len(self.errors) < 5:
-            self.errors.append(f"{kind}: {what[:200]}")
+            self.errors.append(f"{kind} at {time.monotonic() - self.t0:.0f} s: {what[:200]}")
 
 
-async def busy_wait(tally: Tally, r: httpx.Response) -> None:
-    """A 503 "busy" answer (documented): counted apart, then the client waits ``Retry-After`` as SDKs do."""
+async def busy_wait(tally: Tally, r: httpx.Response, kind: str) -> None:
+    """A 503 "busy" answer (documented): counted apart with its reason (the error's message, numbers left out),
+    then the client waits ``Retry-After`` as SDKs do."""
     tally.busy += 1
+    text = (await r.aread()).decode(errors="replace")
+    try:
+        err = json.loads(text).get("error", text)
+        text = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+    except (ValueError, AttributeError):
+        pass
+    tally.busy_why[(kind, "".join("#" if c.isdigit() else c for c in text)[:90])] += 1
     await asyncio.sleep(float(r.headers.get("retry-after", "1") or 1))
 
 
@@ -195,7 +218,7 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
         r = await http.post("/api/chat", json={"model": model, "stream": False, "options": opts, "messages": [
             {"role": "user", "content": q, "images": OVERSIZE}]})
         if r.status_code in (503, 529):
-            await busy_wait(tally, r)
+            await busy_wait(tally, r, kind)
         elif r.status_code == 400 and "OLLAPY_REQUEST_IMAGE_PIXELS" in r.text:
             tally.done[kind] += 1
         else:
@@ -222,7 +245,7 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
         }[kind]
         r = await http.post(path, json=body)
         if r.status_code in (503, 529):  # 529: Anthropic's "overloaded", ollapy's 503 busy
-            await busy_wait(tally, r)
+            await busy_wait(tally, r, kind)
             if kind == "responses":
                 chain.clear()  # the previous turn may belong to the other model's phase
         elif r.status_code != 200:
@@ -237,7 +260,7 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
                                       "messages": msgs[1:], "temperature": 0, "stream": True}
         async with http.stream("POST", path, json=body) as r:
             if r.status_code in (503, 529):
-                await busy_wait(tally, r)
+                await busy_wait(tally, r, kind)
                 return
             if r.status_code != 200:
                 tally.error(kind, f"HTTP {r.status_code} {(await r.aread()).decode(errors='replace')}")
@@ -266,7 +289,7 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
         path, body = "/api/chat", {"model": model, "stream": True, "messages": msgs, "options": opts}
     async with http.stream("POST", path, json=body) as r:
         if r.status_code == 503:
-            await busy_wait(tally, r)
+            await busy_wait(tally, r, kind)
             return
         if r.status_code != 200:
             tally.error(kind, f"HTTP {r.status_code} {(await r.aread()).decode(errors='replace')}")
@@ -288,16 +311,96 @@ async def one_request(http: httpx.AsyncClient, model: str, kind: str, tally: Tal
     tally.done[kind] += 1
 
 
-async def client_loop(url: str, model_at, seed: int, stop_at: float, tally: Tally) -> None:
-    """One client: requests of random kinds until ``stop_at`` (time.monotonic()); ``model_at()`` names the
-    model to ask for now."""
+class ModelPhase:
+    """The model the clients ask for now, and whether they may send (cleared while :func:`switch_model` swaps
+    the loaded model: the clients hold their next request, as users of a one-model server wait for a swap)."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.ready = asyncio.Event()
+        self.ready.set()
+        self.log: list[str] = []  # one line per switch: when, to what, how long the clients were held
+
+    async def wait_ready(self, stop_at: float) -> bool:
+        """Wait until the clients may send again; False when ``stop_at`` (time.monotonic()) comes first."""
+        if self.ready.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.ready.wait(), max(0.0, stop_at - time.monotonic()))
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+async def switch_model(url: str, phase: ModelPhase, new: str, tally: Tally, start: float, stop_at: float) -> bool:
+    """Swap the loaded model for ``new`` as Ollama's clients do with one model allowed: hold the clients' next
+    requests, ask for the old model's unload (``keep_alive: 0`` with an empty prompt: it unloads once its requests
+    in flight and queued end), then load ``new`` (an empty prompt), sent again after ``Retry-After`` while the old
+    one still holds the room (503, counted as "switch"); then the clients go on with ``new``. Returns whether
+    ``new`` was loaded before ``stop_at``."""
+    old = phase.model
+    phase.ready.clear()
+    t0 = time.monotonic()
+    tries = 0
+    loaded = False
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=10), limits=CLIENT_LIMITS,
+                                 trust_env=False) as http:
+        while time.monotonic() < stop_at:
+            try:
+                r = await http.post("/api/generate", json={"model": old, "keep_alive": 0})  # Ollama's unload
+                if r.status_code != 200 or r.json().get("done_reason") != "unload":
+                    tally.error("switch", f"unload of {old}: HTTP {r.status_code} {r.text}")
+                tries += 1
+                r = await http.post("/api/generate", json={"model": new})  # Ollama's load
+            except (httpx.HTTPError, ValueError) as exc:
+                tally.error("switch", f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(1)
+                continue
+            if r.status_code == 200:
+                loaded = True
+                break
+            if r.status_code == 503:
+                await busy_wait(tally, r, "switch")
+            else:
+                tally.error("switch", f"load of {new}: HTTP {r.status_code} {r.text}")
+                await asyncio.sleep(1)
+    phase.model = new
+    phase.ready.set()
+    phase.log.append(f"{old} -> {new} at {t0 - start:.0f} s: clients held {time.monotonic() - t0:.1f} s "
+                     f"({tries} load tries){'' if loaded else ' (NOT loaded before the end)'}")
+    return loaded
+
+
+async def run_switches(url: str, phase: ModelPhase, first: str, second: str, tally: Tally, start: float,
+                       seconds: float, stop_at: float) -> None:
+    """The second-model phase: at 40% of the run switch to ``second``; once it has served a tenth of the run (55%
+    of the run at the latest), back to ``first``, so that the first and last windows judged flat both run on
+    ``first``."""
+    await asyncio.sleep(max(0.0, start + 0.4 * seconds - time.monotonic()))
+    if not await switch_model(url, phase, second, tally, start, stop_at):
+        return
+    back_at = min(time.monotonic() + seconds / 10, start + 0.55 * seconds)
+    await asyncio.sleep(max(0.0, back_at - time.monotonic()))
+    await switch_model(url, phase, first, tally, start, stop_at)
+
+
+async def client_loop(url: str, phase: ModelPhase, seed: int, stop_at: float, tally: Tally) -> None:
+    """One client: requests of random kinds until ``stop_at`` (time.monotonic()), to the model ``phase`` names
+    (held while it switches models)."""
     rng = random.Random(seed)
     chain: list[str] = []
-    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=10), trust_env=False) as http:
+    chain_model = phase.model
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600, connect=10), limits=CLIENT_LIMITS,
+                                 trust_env=False) as http:
         while time.monotonic() < stop_at:
+            if not await phase.wait_ready(stop_at):
+                break
             kind = rng.choice(KINDS)
+            if phase.model != chain_model:  # a Responses chain stays on one model
+                chain.clear()
+                chain_model = phase.model
             try:
-                await one_request(http, model_at(), kind, tally, rng, chain)
+                await one_request(http, phase.model, kind, tally, rng, chain)
             except (httpx.HTTPError, ValueError) as exc:
                 tally.error(kind, f"{type(exc).__name__}: {exc}")
 
@@ -305,7 +408,7 @@ async def client_loop(url: str, model_at, seed: int, stop_at: float, tally: Tall
 async def watch_loaded(url: str, stop_at: float, tally: Tally) -> None:
     """Record each change of the loaded model(s) that ``/api/ps`` shows, once a second."""
     last = None
-    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=CLIENT_LIMITS, trust_env=False) as http:
         while time.monotonic() < stop_at:
             try:
                 names = ",".join(sorted(m["name"] for m in (await http.get("/api/ps")).json()["models"]))
@@ -387,6 +490,15 @@ def start_server(slots: int, gguf: Path, base: Path, nofile: int = 0, port: int 
     return proc, url
 
 
+def server_log_problems(path: Path) -> list[str]:
+    """The lines of the server's log (its stderr) that report a warning, an error or a traceback."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln for ln in lines if any(w in ln for w in ("WARNING", "ERROR", "Traceback", "Error", "CRITICAL"))]
+
+
 def disk_hits(url: str) -> int:
     """Prompt-cache hits from the disk tier that ``/metrics`` counts (all models)."""
     n = 0
@@ -453,24 +565,15 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
     """Run the clients (asking for ``second`` in the second-model phase, when given); sample the server after the
     warm-up and after the load."""
     tally = Tally()
-    start = time.monotonic()
+    start = tally.t0 = time.monotonic()
     stop_at = start + seconds
     warmup = warmup_s(seconds)
 
-    loaded_at: list[float] = []  # when /api/ps first showed the second model
+    phase = ModelPhase(model)
 
     def model_at() -> str:
-        """``second`` from 40% of the run until it has served for a tenth of the run (or 80% at the latest):
-        its load waits for every queued request of the first model to end, which takes minutes on a loaded
-        machine."""
-        now = time.monotonic()
-        frac = (now - start) / seconds
-        if not second or frac < 0.4:
-            return model
-        if not loaded_at and any(second in names for names in tally.switches):
-            loaded_at.append(now)
-        done = bool(loaded_at) and now - loaded_at[0] >= seconds / 10
-        return model if done or frac >= 0.8 else second
+        """The model the clients ask for now (``(switch)`` while they are held for a swap)."""
+        return phase.model if phase.ready.is_set() else "(switch)"
 
     async def timeline_row(http: httpx.AsyncClient, asked: str) -> dict:
         """A sample of the server (:func:`sample_server`) with the time, the model asked for and those loaded."""
@@ -488,8 +591,10 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
             await asyncio.sleep(every)
 
     every = SAMPLE_EVERY_S
-    async with httpx.AsyncClient(base_url=url, timeout=30, trust_env=False) as http:
-        tasks = [asyncio.create_task(client_loop(url, model_at, i, stop_at, tally)) for i in range(clients)]
+    async with httpx.AsyncClient(base_url=url, timeout=30, limits=CLIENT_LIMITS, trust_env=False) as http:
+        tasks = [asyncio.create_task(client_loop(url, phase, i, stop_at, tally)) for i in range(clients)]
+        if second:
+            tasks.append(asyncio.create_task(run_switches(url, phase, model, second, tally, start, seconds, stop_at)))
         tasks.append(asyncio.create_task(watch_loaded(url, stop_at, tally)))
         tasks.append(asyncio.create_task(watch_memory(http)))
         await asyncio.sleep(warmup)
@@ -499,6 +604,7 @@ async def soak(url: str, model: str, clients: int, seconds: float, pid: int,
         await asyncio.sleep(12)  # cancelled requests' slots freed, the cache writer drained, idle pool workers gone
         last = await sample_server(pid, http)
         tally.timeline.append(await timeline_row(http, "(end)"))
+    tally.phase_log = phase.log
     return tally, first, last
 
 
@@ -515,6 +621,7 @@ def main() -> int:
     args = ap.parse_args()
     proc = None
     restored = -1
+    log_problems: list[str] = []
     PICTURES[:], OVERSIZE[:] = make_pictures()
     tmp = tempfile.TemporaryDirectory(prefix="ollapy-soak-")
     try:
@@ -539,11 +646,15 @@ def main() -> int:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=120)
+            log_problems = server_log_problems(Path(tmp.name) / "serve.log")
         tmp.cleanup()
     mib = 1024 * 1024
     total = sum(tally.done.values())
     print("requests: " + ", ".join(f"{k} {v}" for k, v in tally.done.items()) + f" (total {total}, "
-          f"{total / (args.minutes * 60):.1f}/s); 503 busy: {tally.busy}")
+          f"{total / (args.minutes * 60):.1f}/s); 503 busy: {tally.busy} ({total / max(1, total + tally.busy):.0%} "
+          f"of the answers were served)")
+    for (kind, why), n in tally.busy_why.most_common(6):
+        print(f"  503 {n:5d} x {kind}: {why}")
     print(f"server at start (after warm-up): RSS {first['rss'] / mib:.0f} MiB (prompt cache "
           f"{cache_held(first) / mib:.0f} MiB of it), fds {first['fds']}, "
           f"threads {first['threads']}")
@@ -552,13 +663,28 @@ def main() -> int:
           f"threads {last['threads']}")
     print(f"TTFT of {len(tally.ttft)} streams (slot wait included): p50 {percentile(tally.ttft, 0.5):.2f} s, "
           f"p99 {percentile(tally.ttft, 0.99):.2f} s")
+    print(f"server log: {len(log_problems)} warning/error/traceback lines" + "".join(
+        f"\n  {line[:160]}" for line in log_problems[:12]))
     print("loaded models seen in /api/ps, in order: " + " -> ".join(tally.switches))
+    for line in tally.phase_log:
+        print("  switch " + line)
     print("memory timeline (MiB; cache = prompt-cache RAM tier + restore buffer + writer queue, from /metrics):")
     print("     t  asked    loaded      RSS   anon   file  cache  RSS-cache   fds  thr   maps")
     for row in tally.timeline:
         print(f"{row['t']:6.0f}  {row['asked'][:7]:7}  {row['loaded'][:8]:8}  {row['rss'] / mib:6.0f} "
               f"{row['anon'] / mib:6.0f} {row['file'] / mib:6.0f} {cache_held(row) / mib:6.0f}  "
               f"{(row['rss'] - cache_held(row)) / mib:8.0f}  {row['fds']:4d} {row['threads']:4d} {row['maps']:6d}")
+    print("curves, per-minute means of the samples (MiB for RSS net of the prompt cache):")
+    print("   min  samples  asked      fds   threads     maps  RSS-cache")
+    minutes: dict[int, list[dict]] = {}
+    for row in tally.timeline:
+        if row["asked"] not in ("(idle)", "(end)"):
+            minutes.setdefault(int(row["t"] // 60), []).append(row)
+    for m, group in sorted(minutes.items()):
+        asked = "/".join(sorted({r["asked"] for r in group}))
+        print(f"{m:6d}  {len(group):7d}  {asked[:9]:9} " + "".join(
+            f"{statistics.fmean(r[k] for r in group):8.1f}  " for k in ("fds", "threads", "maps"))
+            + f"{statistics.fmean(r['rss'] - cache_held(r) for r in group) / mib:8.1f}")
     rows = tally.timeline + [first, last]
     ram_peak = max(r["cache_ram"] for r in rows)
 

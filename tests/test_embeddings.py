@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -91,6 +92,47 @@ def test_engine_errors_and_dimensions(model):
     assert d8.shape == (8,) and np.allclose(d8, full[:8] / np.linalg.norm(full[:8]), atol=1e-6)
     raw = model.embed([CAT], normalized=False).vectors[0]
     assert abs(np.linalg.norm(raw) - 1) > 1e-3 and _cos(raw, full) > 1 - 1e-6
+
+
+def test_engine_embeds_on_one_owned_thread(smollm2_path):
+    """Embeddings asked from six long-lived threads (a server's worker pool) decode on the embedder's one thread:
+    the process gains at most that thread and its OpenMP team (n_threads - 1), not a team per caller, and
+    close() takes them away again (measured in the soak before: 8 more threads per model)."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ollapy.engine.model import LoadedModel
+    from ollapy.options import Options
+
+    def os_threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    n_threads = 2  # fixed (no adaptive lowering): with OpenMP, each thread that decodes gets a team of 1 more
+    with LoadedModel(smollm2_path, Options(num_ctx=256, num_batch=64, num_thread=n_threads)) as m:
+        from ollapy.engine.backend.embedding import Embedder
+
+        emb = Embedder(m.backend, num_ctx=256, num_batch=64)
+        callers, ready = ThreadPoolExecutor(6), threading.Barrier(6)
+
+        def call(i: int):
+            ready.wait(timeout=60)  # six distinct caller threads, all alive until the pool shuts down
+            return emb.embed([f"{CAT} ({i})"]).vectors[0]
+
+        try:
+            base = os_threads()
+            vectors = list(callers.map(call, range(6)))
+            grown = os_threads() - base
+            assert all(v.shape == (576,) for v in vectors)
+            assert grown <= 6 + 1 + (n_threads - 1), f"{grown} more OS threads for 6 callers"
+            emb.close()
+            for _ in range(100):  # the team's threads end just after the thread that owned them
+                if os_threads() - base <= 6:
+                    break
+                time.sleep(0.05)
+            assert os_threads() - base <= 6, "the embedder's threads outlived close()"
+        finally:
+            emb.close()
+            callers.shutdown()
 
 
 # ---- Ollama API -----------------------------------------------------------------------------------------

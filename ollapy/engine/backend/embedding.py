@@ -29,9 +29,15 @@ sequence id per input, until the next input would pass ``n_batch`` tokens or
 ``n_seq_max`` sequences (the rule of llama.cpp's ``llama-embedding``); the KV
 is cleared before every decode (embeddings need no history).
 
-Scheduling. ``embed`` runs on the caller's thread (the server: a worker
-thread) under the embedder's own lock, so embedding calls on one model run one
-at a time, while the engine loop keeps generating on its own context: the two
+Scheduling. Every ``llama_decode`` of the embedding context runs on one thread
+the embedder owns (``ollapy-embed``, started on the first call, joined by
+:meth:`Embedder.close`); a caller (the server: any of a model's worker threads)
+waits for it. With llama.cpp built with OpenMP, each thread that runs a graph
+gets its own OpenMP team (``n_threads - 1`` threads that live as long as it), so
+decoding on the callers' threads held one team per worker thread (measured in a
+30-minute soak: 8 more threads per model, up to 8 x (n_threads - 1)); one owned
+thread bounds them to one team. Calls run one at a time, under the embedder's
+own lock, while the engine loop keeps generating on its own context: the two
 share only the read-only weights and the CPU, so a generation's tokens do not
 change (greedy output is the same with or without embeddings running), only
 both slow down while they overlap. :meth:`Embedder.close` takes the lock, so it
@@ -40,6 +46,7 @@ is freed.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import ctypes
 import logging
 import threading
@@ -165,6 +172,8 @@ class Embedder:
         self.dim = C.llama_model_n_embd_out(backend.model) if hasattr(C, "llama_model_n_embd_out") \
             else C.llama_model_n_embd(backend.model)
         self._lock = threading.Lock()
+        # the one thread every decode of this context runs on (its OpenMP team's owner; see the module docstring)
+        self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ollapy-embed")
         self._ctx = None
         self._batch = None
         self._closed = False
@@ -229,7 +238,16 @@ class Embedder:
 
     def embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """Raw pooled vectors, float32 of shape ``(len(seqs), dim)``, for token lists already checked by
-        :meth:`prepare` (each at most the limit). Raises DecodeError."""
+        :meth:`prepare` (each at most the limit), computed on the embedder's own thread. Raises DecodeError
+        (also when the embedder is closed)."""
+        try:
+            future = self._worker.submit(self._embed_tokens, seqs)
+        except RuntimeError:  # the worker was shut down: closed
+            raise DecodeError("the model is being unloaded", hint="retry the request") from None
+        return future.result()
+
+    def _embed_tokens(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        """:meth:`embed_tokens` on the embedder's thread."""
         np = bindings.np
         out = np.empty((len(seqs), self.dim), dtype=np.float32)
         with self._lock:
@@ -328,7 +346,8 @@ class Embedder:
         return bindings.np.ctypeslib.as_array(ptr, shape=(self.dim,))
 
     def close(self) -> None:
-        """Free the embedding context (waits for a decode in flight); idempotent. Call before the model is freed."""
+        """Free the embedding context (waits for a decode in flight) and join the embedder's thread (its OpenMP
+        team goes with it); idempotent. Call before the model is freed, never from the embedder's thread."""
         with self._lock:
             self._closed = True
             if self._batch is not None:
@@ -337,3 +356,4 @@ class Embedder:
             if self._ctx:
                 C.llama_free(self._ctx)
                 self._ctx = None
+        self._worker.shutdown(wait=True)  # calls still queued find it closed (DecodeError) before it stops
