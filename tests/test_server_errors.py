@@ -86,3 +86,17 @@ def test_request_validation_is_400(buggy):
     assert r.status_code in (200, 400)
     r = buggy.post("/api/chat", content=b"{not json")
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]
+
+
+def test_a_chosen_503_is_a_warning_and_a_bug_an_error_with_its_traceback(caplog):
+    from ollapy.server.errors import log_error
+    from ollapy.server.scheduler import busy
+
+    full = busy("no room to load m: 1 models are loaded and busy", hint="retry shortly")
+    with caplog.at_level(logging.DEBUG, logger="ollapy.server"):
+        log_error(full, status_for(full))
+        log_error(RuntimeError("boom"), 500)
+    (chosen, bug) = caplog.records
+    assert status_for(full) == 503
+    assert chosen.levelno == logging.WARNING and not chosen.exc_info
+    assert bug.levelno == logging.ERROR and bug.exc_info

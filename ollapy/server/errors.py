@@ -88,9 +88,12 @@ def message_for(exc: BaseException) -> str:
 
 def log_error(exc: BaseException, status: int) -> None:
     """Log 5xx errors: an unexpected exception (not an OllapyError) always with its traceback, the others with
-    it under OLLAPY_DEBUG."""
+    it under OLLAPY_DEBUG. A 503 the server chose (busy, overloaded: the client is told to retry) is a warning,
+    not an error."""
     if status >= 500 and not isinstance(exc, Cancelled):
-        log.error("%s", message_for(exc), exc_info=exc if config.debug() or not isinstance(exc, OllapyError) else None)
+        chosen = isinstance(exc, OllapyError)
+        log.log(logging.WARNING if status == 503 and chosen else logging.ERROR, "%s", message_for(exc),
+                exc_info=exc if config.debug() or not chosen else None)
     else:
         log.debug("request failed (%d): %s", status, message_for(exc))
 
