@@ -19,6 +19,8 @@ import pytest
 from conftest import live_api, live_server
 from test_speculation import _generate, _open
 
+from ollapy.chat.toolcalls import parse_tool_calls
+
 QWEN_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
 
@@ -105,6 +107,64 @@ def _anthropic(api, stream: bool):
                          ids=["api-chat", "v1-chat-completions", "v1-responses", "v1-messages"])
 def test_the_real_template_s_tool_call_through_each_api(api, ask, stream):
     assert ask(api, stream) == CALL
+
+
+# ---- an agent's follow-up prefills only the tool result -------------------------------------------
+RESULT = "22 C and sunny"
+
+
+def _token_counts(api) -> dict[str, float]:
+    """The server's ``ollapy_tokens_total`` counters of model qc by kind (``prompt``: prefilled, ``cached``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(api.url + "/metrics", timeout=30).text
+    return {s.labels["kind"]: s.value for f in text_string_to_metric_families(text) if f.name == "ollapy_tokens"
+            for s in f.samples if s.name.endswith("_total") and s.labels.get("model", "").startswith("qc")}
+
+
+def _prefilled(api, ask) -> tuple[int, int, object]:
+    """(tokens prefilled, tokens reused, answer) of one request ``ask()``, read off the server's counters."""
+    before = _token_counts(api)
+    answer = ask()
+    after = _token_counts(api)
+    return (int(after["prompt"] - before.get("prompt", 0)), int(after["cached"] - before.get("cached", 0)), answer)
+
+
+def test_an_agent_s_follow_up_prefills_only_the_tool_result(api):
+    """The model writes its call as a fenced ``json`` block, the template would render it back as ``<tool_call>``
+    tags: the follow-up's prompt must hold the model's own text (ollapy/chat/answer_memory.py), so the KV of the
+    prompt and of the whole call is reused and only the tool-result turn is prefilled, through each client's
+    own way of sending the call back. The follow-up answers as a cold request of the same tokens answers."""
+    opts, short = {"temperature": 0, "num_predict": 48}, {"temperature": 0, "num_predict": 8}  # the call; a start
+    tools = [{"type": "function", "function": WEATHER}]
+    # Ollama's client: the call comes back as a Message (name and arguments, no id)
+    n1, _, first = _prefilled(api, lambda: api.oc.chat(model="qc", messages=ASK, tools=tools, options=opts))
+    assert [c.function.name for c in first.message.tool_calls] == ["get_weather"]
+    written = first.prompt_eval_count + first.eval_count - 1  # the prompt and the call (its end-of-turn token not)
+    turn = [first.message, {"role": "tool", "tool_name": "get_weather", "content": RESULT}]
+    n2, reused, second = _prefilled(api, lambda: api.oc.chat(model="qc", messages=ASK + turn, tools=tools, options=short))
+    assert reused >= written and reused + n2 == second.prompt_eval_count
+    assert n2 <= 24  # <|im_end|>, the user turn with its <tool_response> and the result, the generation prompt
+    # OpenAI's client: the assistant message (content None, the call with its id), then the tool message
+    kw = dict(model="qc", tools=tools, temperature=0, max_tokens=48)
+    _, _, r1 = _prefilled(api, lambda: api.oai.chat.completions.create(messages=ASK, **kw))
+    msg = r1.choices[0].message
+    assert r1.choices[0].finish_reason == "tool_calls"
+    back = [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": RESULT}]
+    n3, reused3, r2 = _prefilled(api, lambda: api.oai.chat.completions.create(messages=ASK + back, **{**kw, "max_tokens": 8}))
+    assert reused3 >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1 and n3 == n2
+    assert r2.usage.prompt_tokens_details.cached_tokens == reused3
+    # exact: a cold request of the follow-up's own tokens (a reloaded model, no prompt cache) answers the same
+    text = httpx.post(api.url + "/apply-template", json={"model": "qc", "messages": ASK + back, "tools": tools},
+                      timeout=60).json()["prompt"]
+    assert "```json" in text and "<tool_call>" not in text.split("<|im_start|>assistant")[-2]
+    api.oc.generate(model="qc", keep_alive=0)  # unload: the next request starts on an empty context
+    cold = httpx.post(api.url + "/api/generate", json={"model": "qc", "prompt": text, "raw": True, "stream": False,
+                                                       "cache": False, "options": short}, timeout=120).json()
+    assert cold["prompt_eval_count"] == r2.usage.prompt_tokens and cold.get("prompt_cache_tokens", 0) == 0
+    assert cold["eval_count"] == r2.usage.completion_tokens == second.eval_count
+    got = parse_tool_calls(cold["response"], "hermes", tool_names=["get_weather"])
+    assert (got.content, got.calls) == (second.message.content, []) and got.content == r2.choices[0].message.content
 
 
 # ---- drafting identical ---------------------------------------------------------------------------
