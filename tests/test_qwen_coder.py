@@ -3,6 +3,8 @@
 * a tool call through each API's official client (``ollama``, ``openai`` chat and Responses, ``anthropic``),
   whole and streamed: the model writes its call as a fenced ``json`` block (see tests/test_hermes_calls.py for
   its recorded answers), which every API returns as a call, never as text;
+* an agent's follow-up (the call sent back with its result) prefills only the tool-result turn, through each
+  client, and answers as a cold request of its tokens (ollapy/chat/answer_memory.py);
 * drafting (n-gram, and the model as its own draft) gives the tokens plain greedy decoding gives;
 * a conversation restored from the disk cache by a new server process answers as a cold server does.
 
@@ -114,7 +116,8 @@ RESULT = "22 C and sunny"
 
 
 def _token_counts(api) -> dict[str, float]:
-    """The server's ``ollapy_tokens_total`` counters of model qc by kind (``prompt``: prefilled, ``cached``)."""
+    """The server's ``ollapy_tokens_total`` counters of model qc by kind (``prompt``: prefilled, ``cached``,
+    ``generated``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(api.url + "/metrics", timeout=30).text
@@ -122,49 +125,82 @@ def _token_counts(api) -> dict[str, float]:
             for s in f.samples if s.name.endswith("_total") and s.labels.get("model", "").startswith("qc")}
 
 
-def _prefilled(api, ask) -> tuple[int, int, object]:
-    """(tokens prefilled, tokens reused, answer) of one request ``ask()``, read off the server's counters."""
-    before = _token_counts(api)
-    answer = ask()
-    after = _token_counts(api)
-    return (int(after["prompt"] - before.get("prompt", 0)), int(after["cached"] - before.get("cached", 0)), answer)
+def _ollama_step(api, messages: list, n: int):
+    """One agent step through Ollama's client: (answer, the assistant turn and tool result to send back)."""
+    r = api.oc.chat(model="qc", messages=messages, tools=[{"type": "function", "function": WEATHER}],
+                    options={"temperature": 0, "num_predict": n})
+    return r, [r.message, *({"role": "tool", "tool_name": c.function.name, "content": RESULT}
+                            for c in r.message.tool_calls or ())]
 
 
-def test_an_agent_s_follow_up_prefills_only_the_tool_result(api):
+def _openai_step(api, messages: list, n: int):
+    r = api.oai.chat.completions.create(model="qc", messages=messages, tools=[{"type": "function", "function": WEATHER}],
+                                        temperature=0, max_tokens=n)
+    msg = r.choices[0].message
+    return r, [msg.model_dump(exclude_none=True),
+               *({"role": "tool", "tool_call_id": c.id, "content": RESULT} for c in msg.tool_calls or ())]
+
+
+def _responses_step(api, items: list, n: int):
+    r = api.oai.responses.create(model="qc", input=items, tools=[{"type": "function", **WEATHER}], temperature=0,
+                                 max_output_tokens=n)
+    out = [o.model_dump(exclude_none=True) for o in r.output]
+    return r, out + [{"type": "function_call_output", "call_id": o.call_id, "output": RESULT}
+                     for o in r.output if o.type == "function_call"]
+
+
+def _anthropic_step(api, messages: list, n: int):
+    m = api.ac.messages.create(model="qc", max_tokens=n, messages=messages, extra_body={"temperature": 0},
+                               tools=[{"name": WEATHER["name"], "description": WEATHER["description"],
+                                       "input_schema": PARAMS}])
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": RESULT} for b in m.content if b.type == "tool_use"]
+    return m, [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+               *([{"role": "user", "content": results}] if results else [])]
+
+
+STEPS = {"api-chat": (_ollama_step, "Paris"), "v1-chat-completions": (_openai_step, "Rome"),
+         "v1-responses": (_responses_step, "Oslo"), "v1-messages": (_anthropic_step, "Lima")}
+
+
+@pytest.mark.parametrize("route", list(STEPS))
+def test_an_agent_s_follow_up_prefills_only_the_tool_result(api, route):
     """The model writes its call as a fenced ``json`` block, the template would render it back as ``<tool_call>``
     tags: the follow-up's prompt must hold the model's own text (ollapy/chat/answer_memory.py), so the KV of the
-    prompt and of the whole call is reused and only the tool-result turn is prefilled, through each client's
-    own way of sending the call back. The follow-up answers as a cold request of the same tokens answers."""
-    opts, short = {"temperature": 0, "num_predict": 48}, {"temperature": 0, "num_predict": 8}  # the call; a start
-    tools = [{"type": "function", "function": WEATHER}]
-    # Ollama's client: the call comes back as a Message (name and arguments, no id)
-    n1, _, first = _prefilled(api, lambda: api.oc.chat(model="qc", messages=ASK, tools=tools, options=opts))
-    assert [c.function.name for c in first.message.tool_calls] == ["get_weather"]
-    written = first.prompt_eval_count + first.eval_count - 1  # the prompt and the call (its end-of-turn token not)
-    turn = [first.message, {"role": "tool", "tool_name": "get_weather", "content": RESULT}]
-    n2, reused, second = _prefilled(api, lambda: api.oc.chat(model="qc", messages=ASK + turn, tools=tools, options=short))
-    assert reused >= written and reused + n2 == second.prompt_eval_count
-    assert n2 <= 24  # <|im_end|>, the user turn with its <tool_response> and the result, the generation prompt
-    # OpenAI's client: the assistant message (content None, the call with its id), then the tool message
-    kw = dict(model="qc", tools=tools, temperature=0, max_tokens=48)
-    _, _, r1 = _prefilled(api, lambda: api.oai.chat.completions.create(messages=ASK, **kw))
-    msg = r1.choices[0].message
-    assert r1.choices[0].finish_reason == "tool_calls"
-    back = [msg.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": RESULT}]
-    n3, reused3, r2 = _prefilled(api, lambda: api.oai.chat.completions.create(messages=ASK + back, **{**kw, "max_tokens": 8}))
-    assert reused3 >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 1 and n3 == n2
-    assert r2.usage.prompt_tokens_details.cached_tokens == reused3
-    # exact: a cold request of the follow-up's own tokens (a reloaded model, no prompt cache) answers the same
-    text = httpx.post(api.url + "/apply-template", json={"model": "qc", "messages": ASK + back, "tools": tools},
+    prompt and of the whole call is reused and only the tool-result turn is prefilled, whatever shape each
+    client sends the call back in (a city of its own: no earlier request's KV holds this call)."""
+    step, city = STEPS[route]
+    ask = [{"role": "user", "content": f"What is the weather in {city}? Use the tool."}]
+    before = _token_counts(api)
+    _, back = step(api, ask, 48)
+    assert len(back) == 2, back  # the answer was a call, and its result goes back
+    mid = _token_counts(api)
+    step(api, ask + back, 4)
+    after = _token_counts(api)
+    first = {k: mid[k] - before.get(k, 0) for k in mid}
+    follow = {k: after[k] - mid[k] for k in after}
+    written = first["prompt"] + first["cached"] + first["generated"] - 1  # the prompt and the call, not its end token
+    assert follow["cached"] >= written, (first, follow)
+    assert follow["prompt"] <= 24  # <|im_end|>, the user turn with its <tool_response> and result, the next header
+
+
+def test_a_follow_up_answers_as_a_cold_request_of_its_tokens(api):
+    """The remembered text changes the prompt, never the meaning of a prompt: the follow-up answers as a cold
+    request of its own tokens (a reloaded model, no prompt cache) answers."""
+    ask = [{"role": "user", "content": "What is the weather in Bern? Use the tool."}]
+    _, back = _openai_step(api, ask, 48)
+    warm, _ = _openai_step(api, ask + back, 8)
+    assert warm.usage.prompt_tokens_details.cached_tokens >= warm.usage.prompt_tokens - 24
+    text = httpx.post(api.url + "/apply-template", json={"model": "qc", "messages": ask + back,
+                                                          "tools": [{"type": "function", "function": WEATHER}]},
                       timeout=60).json()["prompt"]
-    assert "```json" in text and "<tool_call>" not in text.split("<|im_start|>assistant")[-2]
+    assert "```json" in text and "<tool_call>" not in text.split("<|im_start|>assistant")[-2]  # the model's own text
     api.oc.generate(model="qc", keep_alive=0)  # unload: the next request starts on an empty context
     cold = httpx.post(api.url + "/api/generate", json={"model": "qc", "prompt": text, "raw": True, "stream": False,
-                                                       "cache": False, "options": short}, timeout=120).json()
-    assert cold["prompt_eval_count"] == r2.usage.prompt_tokens and cold.get("prompt_cache_tokens", 0) == 0
-    assert cold["eval_count"] == r2.usage.completion_tokens == second.eval_count
+                                                       "cache": False, "options": {"temperature": 0, "num_predict": 8}},
+                      timeout=120).json()
+    assert cold["prompt_eval_count"] == warm.usage.prompt_tokens and cold.get("prompt_cache_tokens", 0) == 0
     got = parse_tool_calls(cold["response"], "hermes", tool_names=["get_weather"])
-    assert (got.content, got.calls) == (second.message.content, []) and got.content == r2.choices[0].message.content
+    assert cold["eval_count"] == warm.usage.completion_tokens and got.content == warm.choices[0].message.content
 
 
 # ---- drafting identical ---------------------------------------------------------------------------
