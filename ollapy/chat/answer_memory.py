@@ -9,8 +9,8 @@ call as a ```` ```json ```` fence, the 1.5B its parallel calls as two fences; ll
 model choose its own spacing). So the prompt would depart from the KV cache at the first token of the call, and
 the call and everything after it would be prefilled again on every step of the turn.
 
-So this module remembers each answer whose text differs from what its parsed meaning says (a tool call, a forced
-call's JSON, a generic-format ``{"response": ...}``): the text exactly as generated (``raw``), under the model's
+So this module remembers each answer whose text differs from what its parsed meaning says (a tool call, a
+generic-format ``{"response": ...}``): the text exactly as generated (``raw``), under the model's
 name and the answer as the client received it (its content and its calls' names and arguments). When a request's
 history holds an assistant message equal to a remembered answer, :func:`written_history` puts the raw text in its
 place as the message's content, with no ``tool_calls``: the template then renders the assistant header, the
@@ -33,7 +33,12 @@ Decisions, and why:
   (clients trim them); the raw text keeps the model's own.
 * Not remembered: answers whose reasoning was split off (a template renders earlier reasoning its own way, often
   dropping it), answers whose calls were cut to the first (``parallel_tool_calls: false``: the client never ran
-  the rest), and answers whose raw text is their content (the template renders those as written anyway).
+  the rest), answers whose raw text is their content (the template renders those as written anyway), and a
+  forced call (``tool_choice`` required or a named function): its bare JSON is the grammar's shape, not the
+  model's own, and shown in the history it teaches the model to answer the next step in that shape (SmolLM2 then
+  called again instead of answering, tests/test_tools_api.py); the template shows the model its own format, at the
+  cost of prefilling that call again. The generic format's answers are remembered: their template has no format
+  for calls, and the history writes JSON either way.
 * A bounded LRU (:data:`ANSWER_MEMO` answers, :data:`MEMO_CHARS` characters in all), per process: after a restart,
   or once evicted, a history is rendered by the template again (a slower step, never a wrong one).
 

@@ -63,7 +63,8 @@ class ReplyParser:
     of a family's (the generic format's, whose answer is grammar-constrained JSON: no reasoning is split off).
     ``model``: at :meth:`finish`, remember the answer as the model wrote it under this model's name
     (:mod:`ollapy.chat.answer_memory`: the next request's history holds the model's own text where the client
-    sends the answer back), unless reasoning was split off or calls were dropped; None: not remembered.
+    sends the answer back), unless reasoning was split off, calls were dropped or the call was forced; None: not
+    remembered.
     Never raises on model text: what is not a call stays content.
     """
 
@@ -80,7 +81,7 @@ class ReplyParser:
             self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names)
         self.calls = 0  # tool calls so far (kept ones)
         self.max_calls = max_calls
-        self._model = model if self._thinking is None else None  # whose answer to remember (None: none)
+        self._model = model if self._thinking is None and not forced else None  # whose answer to remember
         self._raw: list[str] = []  # the text fed, as generated
         self._answer = ReplyDelta()  # what the client gets: content and the calls kept
         self._dropped = False  # calls dropped by max_calls
