@@ -22,10 +22,12 @@ Decisions, and why:
 
 * llama.cpp's server and Ollama keep no such memory: both render the history with the template and reuse the
   longest common token prefix with a slot's cache (llama.cpp's ``tools/server``, Ollama's ``runner`` cache), so
-  an agent step there prefills from the call onwards whenever the model's writing is not the template's. A prompt
-  here stays a pure function of the request and of what this process generated; it is exact in the design's
-  sense: a follow-up is answered as a cold request of the same token sequence answers it (tested in
-  tests/test_qwen_coder.py).
+  an agent step there prefills from the call onwards whenever the model's writing is not the template's.
+  llama.cpp's ``--cache-reuse`` (``n_cache_reuse``, its PR 9866) then moves chunks of the old KV that match again
+  after the divergence to their new positions: KV computed after another prefix, not what a cold prefill computes,
+  which the design's exactness rules out. Writing the model's own text into the prompt changes the prompt instead,
+  never how a prompt is evaluated: a follow-up is answered as a cold request of the same token sequence answers it
+  (tested in tests/test_qwen_coder.py).
 * The key is the answer's meaning, not its calls' ids: ids do not survive every client (Anthropic's API sends
   ``toolu_`` ids back, older Ollama clients none), and text around the call is part of what was answered. An
   assistant message the client edited (other arguments, other text) or that this process did not generate is
