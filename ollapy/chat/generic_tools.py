@@ -51,9 +51,9 @@ def history_messages(messages: list[dict], model: str = "") -> list[dict]:
     """The chat messages with their tool parts written as text, for a template that has no place for them.
 
     An assistant message that this process generated for ``model`` becomes the answer as the model wrote it
-    (:func:`ollapy.chat.answer_memory.written_history`); another one's ``tool_calls`` become its content: the JSON the generic format makes the model write
-    (``{"tool_call": {"name", "arguments"}}`` for one call, ``{"tool_calls": [...]}`` for several), after any
-    text it had; a ``tool`` message becomes a ``user`` message whose content is
+    (:func:`ollapy.chat.answer_memory.written_history`); another one's ``tool_calls`` become its content: the
+    JSON the generic format makes the model write (``{"tool_call": {"name", "arguments"}}`` for one call,
+    ``{"tool_calls": [...]}`` for several), after any text it had; a ``tool`` message becomes a ``user`` message whose content is
     ``{"tool_response": {"tool": NAME, "content": RESULT}}`` (NAME when known). Other messages pass unchanged.
     """
     out = []
