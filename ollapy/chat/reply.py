@@ -83,7 +83,8 @@ class ReplyParser:
         self.max_calls = max_calls
         self._model = model if self._thinking is None and not forced else None  # whose answer to remember
         self._raw: list[str] = []  # the text fed, as generated
-        self._answer = ReplyDelta()  # what the client gets: content and the calls kept
+        self._content: list[str] = []  # what the client gets: content pieces ...
+        self._kept: list[ToolCall] = []  # ... and the calls kept
         self._dropped = False  # calls dropped by max_calls
         self._finished = False
 
@@ -101,10 +102,10 @@ class ReplyParser:
             self._dropped |= len(kept) < len(calls)
             calls = kept
         self.calls += len(calls)
-        out = ReplyDelta(thinking, content, calls)
         if self._model is not None:
-            self._answer = self._answer + out
-        return out
+            self._content.append(content)
+            self._kept.extend(calls)
+        return ReplyDelta(thinking, content, calls)
 
     def feed(self, text: str) -> ReplyDelta:
         """Add generated text; returns what is decided so far (text that may start a tag is held back)."""
@@ -121,8 +122,8 @@ class ReplyParser:
         thinking, content = self._thinking.finish() if self._thinking is not None else ("", "")
         out = self._after_thinking(thinking, content, final=True)
         if self._model is not None and not self._dropped:
-            answer_memory.MEMORY.remember(self._model, "".join(self._raw), self._answer.content,
-                                          [(c.name, c.arguments) for c in self._answer.calls])
+            answer_memory.MEMORY.remember(self._model, "".join(self._raw), "".join(self._content),
+                                          [(c.name, c.arguments) for c in self._kept])
         return out
 
     def parse(self, text: str) -> ReplyDelta:
