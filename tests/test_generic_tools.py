@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ollapy.chat.generic_tools import INSTRUCTION, GenericCallParser, answer_schema, generic_messages, history_messages
+from ollapy.chat.reply import ReplyDelta, ReplyParser
 from ollapy.errors import OptionError
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -116,26 +117,36 @@ def test_prompt_describes_the_tools_and_writes_the_history_as_text():
     assert generic_messages(history[1:2], TOOLS)[0]["role"] == "system"  # a system message of its own
 
 
+def _answer(pieces: list[str]) -> tuple[str, list]:
+    """A generic-format answer parsed as the server parses it (remembered as written for model "m")."""
+    p = ReplyParser(calls=GenericCallParser(ids=True), model="m")
+    d = sum((p.feed(x) for x in pieces), ReplyDelta()) + p.finish()
+    return d.content, d.calls
+
+
 def test_an_answer_comes_back_into_the_history_as_the_model_wrote_it():
     # the grammar lets the model put a space or none at each point; new JSON would differ from its tokens
     raw = ('{ "tool_calls": [ { "name": "get_weather", "arguments": { "city": "Oslo" } }, '
            '{ "name": "get_time", "arguments": {} } ] }')
-    content, calls = _parse([raw[:9], raw[9:]], ids=True)
+    content, calls = _answer([raw[:9], raw[9:]])
     assert content == "" and [c.name for c in calls] == ["get_weather", "get_time"]
     sent = [{"id": "toolu_" + c.id.removeprefix("call_"), "type": "function",  # as Anthropic's API sends them back
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
     history = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": sent}]
-    assert history_messages(history)[1]["content"] == raw
+    assert history_messages(history, "m")[1]["content"] == raw
+    assert history_messages(history, "other model")[1]["content"] != raw  # another model's history: written anew
     other = [{**sent[0], "id": "call_elsewhere"}]  # a call this process did not generate: written anew
-    assert json.loads(history_messages([{"role": "assistant", "content": "", "tool_calls": other}])[0]["content"]) == \
+    assert json.loads(history_messages([{"role": "assistant", "content": "", "tool_calls": other}], "m")[0]["content"]) == \
         {"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo"}}}
     # a response's text, sent back as the assistant's text, is written as the JSON the model wrote
     raw = '{ "response": "It is \\"cold\\" there" }'
-    assert _parse([raw], ids=True) == ('It is "cold" there', [])
+    assert _answer([raw]) == ('It is "cold" there', [])
     msgs = generic_messages([{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": 'It is "cold" there'}],
-                            TOOLS)
+                            TOOLS, "m")
     assert msgs[-1] == {"role": "assistant", "content": raw}
-    assert history_messages([{"role": "assistant", "content": 'It is "cold" there'}])[0]["content"] == 'It is "cold" there'
+    assert history_messages([{"role": "assistant", "content": 'It is "cold" there'}], "m")[0]["content"] == raw
+    assert history_messages([{"role": "assistant", "content": 'It is "hot" there'}], "m")[0]["content"] == \
+        'It is "hot" there'  # an answer the client edited: as the client sent it
 
 
 def test_response_store_evicts_least_recently_used_by_bytes():

@@ -1,5 +1,6 @@
-"""The Hermes / Qwen2.5 family's tool calls as the models really write them (ollapy.chat.hermes), and the
-cut-short test of streamed JSON (ollapy.chat.calljson.json_value). Fast: no model is loaded.
+"""The Hermes / Qwen2.5 family's tool calls as the models really write them (ollapy.chat.hermes), the
+cut-short test of streamed JSON (ollapy.chat.calljson.json_value), and those answers coming back into a history
+as written (ollapy.chat.answer_memory). Fast: no model is loaded.
 
 ``RECORDED`` holds answers of Qwen2.5-Coder-0.5B-Instruct Q4_K_M (one of the 1.5B; the real template, greedy,
 tools on), recorded once through ``/api/chat`` of a model made with ``PARAMETER tool_parser mistral`` (whose
@@ -189,3 +190,52 @@ def test_json_nested_too_deep_is_text_in_every_family_never_an_error(family, tex
 
     p = GenericCallParser(tool_names=NAMES)
     assert p.feed('{"tool_calls": [' + text[text.index("{"):]) == ("", []) and p.finish()[1] == []
+
+
+# ---- the answer as written, for the history that sends it back (ollapy.chat.answer_memory) ----------------
+def _sent_back(calls, content=None, **extra) -> dict:
+    """An assistant message as a client sends a call back: OpenAI's shape (arguments as JSON text, an id)."""
+    return {"role": "assistant", "content": content, **extra,
+            "tool_calls": [{"id": "call_x", "type": "function",
+                            "function": {"name": n, "arguments": json.dumps(a)}} for n, a in calls]}
+
+
+def test_an_answer_comes_back_as_written_only_where_the_client_sent_it_unchanged():
+    from ollapy.chat.answer_memory import AnswerMemory, written_history
+
+    mem = AnswerMemory(entries=4, chars=400)
+    raw = RECORDED["parallel"]
+    calls = [("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Berlin"})]
+    assert mem.remember("qc", raw, "", calls)
+    assert mem.recall("qc", _sent_back(calls)) == raw
+    assert mem.recall("qc", _sent_back(calls, content="\n")) == raw  # blanks a client trims do not count
+    assert mem.recall("qc:other", _sent_back(calls)) is None  # another model's history
+    assert mem.recall("qc", _sent_back(calls[:1])) is None  # the client changed the answer: one call, ...
+    assert mem.recall("qc", _sent_back([("get_weather", {"city": "Rome"}), ("get_weather", {"city": "Oslo"})])) is None
+    assert mem.recall("qc", _sent_back(calls, content="Here:")) is None  # ... text added
+    assert mem.recall("qc", _sent_back(calls, thinking="hm")) is None  # reasoning the template renders its own way
+    assert not mem.remember("qc", "Paris.", "Paris.", [])  # the template writes a plain answer as written anyway
+    history = [{"role": "user", "content": "Weather?"}, _sent_back(calls), {"role": "tool", "content": "9 C"}]
+    out = written_history(history, "qc", mem)
+    assert out[1] == {"role": "assistant", "content": raw} and out[0] is history[0] and out[2] is history[2]
+    # bounded: the least recently used go first, by count and by characters; an answer over the bound is not kept
+    for i in range(4):
+        assert mem.remember("qc", f"{{ \"response\": \"{i}\" }}", str(i), [])
+    assert len(mem) == 4 and mem.recall("qc", _sent_back(calls)) is None
+    assert mem.remember("qc", "x" * 350, "long", []) and len(mem) == 2  # 358 characters with its key, 24 each other
+    assert not mem.remember("qc", "y" * 400, "too long", [])
+
+
+@pytest.mark.parametrize("kw, kept", [({}, True), ({"think": True}, False), ({"forced": True}, False),
+                                      ({"max_calls": 1}, False)])
+def test_a_reply_is_remembered_unless_reasoning_forced_or_dropped_calls_change_it(kw, kept):
+    from ollapy.chat.answer_memory import MEMORY
+    from ollapy.chat.reply import ReplyParser
+
+    model = f"test-reply-{sorted(kw)}"
+    text = RECORDED["parallel"] if not kw.get("forced") else '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    p = ReplyParser(family="hermes", tool_names=NAMES, ids=True, model=model, **kw)
+    d = p.feed(text[:20]) + p.feed(text[20:]) + p.finish()
+    assert d.calls and p.finish().calls == []  # finished once
+    sent = _sent_back([(c.name, c.arguments) for c in d.calls], content=d.content or None)
+    assert (MEMORY.recall(model, sent) == text) is kept

@@ -3,6 +3,8 @@
 * a tool call through each API's official client (``ollama``, ``openai`` chat and Responses, ``anthropic``),
   whole and streamed: the model writes its call as a fenced ``json`` block (see tests/test_hermes_calls.py for
   its recorded answers), which every API returns as a call, never as text;
+* an agent's follow-up (the call sent back with its result) prefills only the tool-result turn, through each
+  client, and answers as a cold request of its tokens (ollapy/chat/answer_memory.py);
 * drafting (n-gram, and the model as its own draft) gives the tokens plain greedy decoding gives;
 * a conversation restored from the disk cache by a new server process answers as a cold server does.
 
@@ -18,6 +20,8 @@ import httpx
 import pytest
 from conftest import live_api, live_server
 from test_speculation import _generate, _open
+
+from ollapy.chat.toolcalls import parse_tool_calls
 
 QWEN_FILE = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 
@@ -105,6 +109,98 @@ def _anthropic(api, stream: bool):
                          ids=["api-chat", "v1-chat-completions", "v1-responses", "v1-messages"])
 def test_the_real_template_s_tool_call_through_each_api(api, ask, stream):
     assert ask(api, stream) == CALL
+
+
+# ---- an agent's follow-up prefills only the tool result -------------------------------------------
+RESULT = "22 C and sunny"
+
+
+def _token_counts(api) -> dict[str, float]:
+    """The server's ``ollapy_tokens_total`` counters of model qc by kind (``prompt``: prefilled, ``cached``,
+    ``generated``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(api.url + "/metrics", timeout=30).text
+    return {s.labels["kind"]: s.value for f in text_string_to_metric_families(text) if f.name == "ollapy_tokens"
+            for s in f.samples if s.name.endswith("_total") and s.labels.get("model", "").startswith("qc")}
+
+
+def _ollama_step(api, messages: list, n: int):
+    """One agent step through Ollama's client: (answer, the assistant turn and tool result to send back)."""
+    r = api.oc.chat(model="qc", messages=messages, tools=[{"type": "function", "function": WEATHER}],
+                    options={"temperature": 0, "num_predict": n})
+    return r, [r.message, *({"role": "tool", "tool_name": c.function.name, "content": RESULT}
+                            for c in r.message.tool_calls or ())]
+
+
+def _openai_step(api, messages: list, n: int):
+    r = api.oai.chat.completions.create(model="qc", messages=messages, tools=[{"type": "function", "function": WEATHER}],
+                                        temperature=0, max_tokens=n)
+    msg = r.choices[0].message
+    return r, [msg.model_dump(exclude_none=True),
+               *({"role": "tool", "tool_call_id": c.id, "content": RESULT} for c in msg.tool_calls or ())]
+
+
+def _responses_step(api, items: list, n: int):
+    r = api.oai.responses.create(model="qc", input=items, tools=[{"type": "function", **WEATHER}], temperature=0,
+                                 max_output_tokens=n)
+    out = [o.model_dump(exclude_none=True) for o in r.output]
+    return r, out + [{"type": "function_call_output", "call_id": o.call_id, "output": RESULT}
+                     for o in r.output if o.type == "function_call"]
+
+
+def _anthropic_step(api, messages: list, n: int):
+    m = api.ac.messages.create(model="qc", max_tokens=n, messages=messages, extra_body={"temperature": 0},
+                               tools=[{"name": WEATHER["name"], "description": WEATHER["description"],
+                                       "input_schema": PARAMS}])
+    results = [{"type": "tool_result", "tool_use_id": b.id, "content": RESULT} for b in m.content if b.type == "tool_use"]
+    return m, [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+               *([{"role": "user", "content": results}] if results else [])]
+
+
+STEPS = {"api-chat": (_ollama_step, "Paris"), "v1-chat-completions": (_openai_step, "Rome"),
+         "v1-responses": (_responses_step, "Oslo"), "v1-messages": (_anthropic_step, "Lima")}
+
+
+@pytest.mark.parametrize("route", list(STEPS))
+def test_an_agent_s_follow_up_prefills_only_the_tool_result(api, route):
+    """The model writes its call as a fenced ``json`` block, the template would render it back as ``<tool_call>``
+    tags: the follow-up's prompt must hold the model's own text (ollapy/chat/answer_memory.py), so the KV of the
+    prompt and of the whole call is reused and only the tool-result turn is prefilled, whatever shape each
+    client sends the call back in (a city of its own: no earlier request's KV holds this call)."""
+    step, city = STEPS[route]
+    ask = [{"role": "user", "content": f"What is the weather in {city}? Use the tool."}]
+    before = _token_counts(api)
+    _, back = step(api, ask, 48)
+    assert len(back) == 2, back  # the answer was a call, and its result goes back
+    mid = _token_counts(api)
+    step(api, ask + back, 4)
+    after = _token_counts(api)
+    first = {k: mid[k] - before.get(k, 0) for k in mid}
+    follow = {k: after[k] - mid[k] for k in after}
+    written = first["prompt"] + first["cached"] + first["generated"] - 1  # the prompt and the call, not its end token
+    assert follow["cached"] >= written, (first, follow)
+    assert follow["prompt"] <= 24  # <|im_end|>, the user turn with its <tool_response> and result, the next header
+
+
+def test_a_follow_up_answers_as_a_cold_request_of_its_tokens(api):
+    """The remembered text changes the prompt, never the meaning of a prompt: the follow-up answers as a cold
+    request of its own tokens (a reloaded model, no prompt cache) answers."""
+    ask = [{"role": "user", "content": "What is the weather in Bern? Use the tool."}]
+    _, back = _openai_step(api, ask, 48)
+    warm, _ = _openai_step(api, ask + back, 8)
+    assert warm.usage.prompt_tokens_details.cached_tokens >= warm.usage.prompt_tokens - 24
+    text = httpx.post(api.url + "/apply-template", json={"model": "qc", "messages": ask + back,
+                                                          "tools": [{"type": "function", "function": WEATHER}]},
+                      timeout=60).json()["prompt"]
+    assert "```json" in text and "<tool_call>" not in text.split("<|im_start|>assistant")[-2]  # the model's own text
+    api.oc.generate(model="qc", keep_alive=0)  # unload: the next request starts on an empty context
+    cold = httpx.post(api.url + "/api/generate", json={"model": "qc", "prompt": text, "raw": True, "stream": False,
+                                                       "cache": False, "options": {"temperature": 0, "num_predict": 8}},
+                      timeout=120).json()
+    assert cold["prompt_eval_count"] == warm.usage.prompt_tokens and cold.get("prompt_cache_tokens", 0) == 0
+    got = parse_tool_calls(cold["response"], "hermes", tool_names=["get_weather"])
+    assert cold["eval_count"] == warm.usage.completion_tokens and got.content == warm.choices[0].message.content
 
 
 # ---- drafting identical ---------------------------------------------------------------------------

@@ -15,4 +15,6 @@ The meaning of a reply (model text in, structured answer out; whole or streamed)
 - :mod:`.hermes`: the Hermes / Qwen2.5 family's calls as the models write them (tags, fences, bare JSON).
 - :mod:`.calljson`: call objects read out of JSON, and whether a streamed JSON value is cut short.
 - :mod:`.generic_tools`: llama.cpp's generic tool-call format for templates without tool support.
+- :mod:`.answer_memory`: the answers this process generated, as the model wrote them, for the histories that
+  send them back (so a follow-up prompt holds the model's own tokens).
 """

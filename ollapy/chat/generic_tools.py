@@ -16,9 +16,9 @@ with minja's polyfills for the history), and so does ollapy:
   parse (``is_partial = stop != STOP_TYPE_EOS``), which keeps the calls already read. Other text that is not one
   of these forms (a single ``tool_call`` or an array cut before its first call ends) is returned as content,
   unchanged.
-* the answer as the model wrote it is remembered (:func:`remember_answer`, by its calls' ids, or by the
+* the answer as the model wrote it is remembered (:mod:`ollapy.chat.answer_memory`, by the calls or the
   ``response`` text it gave), and the next request's history writes that text again where the client sends
-  the answer back (:func:`recalled_answer`): the grammar leaves the model its own spacing (``{ "tool_call": ...``),
+  the answer back (:func:`history_messages`): the grammar leaves the model its own spacing (``{ "tool_call": ...``),
   so JSON written anew would differ from the tokens the previous turn left in the KV cache, and the prompt cache
   could not reuse the previous answer.
 
@@ -31,11 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
-from collections import OrderedDict
 from typing import Any, Iterable
 
 from ollapy.chat import calljson
+from ollapy.chat.answer_memory import written_history
 from ollapy.chat.toolcalls import ToolCall, call_id_factory, selected_functions
 
 log = logging.getLogger(__name__)
@@ -48,64 +47,22 @@ TOOLS_INTRO = "You can call any of the following tools to satisfy the user's req
 """The sentence in front of the tools' JSON (minja's tools polyfill, its words)."""
 
 
-ANSWER_MEMO = 512
-"""How many generic-format answers the process remembers as the model wrote them (the least recently used go)."""
-
-_answers: OrderedDict[str, str] = OrderedDict()
-_answers_lock = threading.Lock()
-
-
-def _calls_key(ids: Iterable[str]) -> str:
-    # an answer's calls get ids ``call_X``; Anthropic's API sends them back as ``toolu_X`` (the same X)
-    return "calls:" + ",".join(i.removeprefix("toolu_").removeprefix("call_") for i in ids)
-
-
-def remember_answer(key: str, raw: str) -> None:
-    """Remember ``raw``, a generic-format answer exactly as the model wrote it, under ``key`` (``calls:ID,...``
-    or ``text:RESPONSE``), for :func:`recalled_answer`; the last :data:`ANSWER_MEMO` are kept."""
-    with _answers_lock:
-        _answers[key] = raw
-        _answers.move_to_end(key)
-        while len(_answers) > ANSWER_MEMO:
-            _answers.popitem(last=False)
-
-
-def recalled_answer(message: dict) -> str | None:
-    """The text the model wrote for an assistant ``message`` sent back in a history: the raw answer whose calls
-    had the message's ``tool_calls`` ids, or (no calls) whose ``response`` was the message's content; None when
-    this process did not generate it (then the history writes it anew)."""
-    calls = message.get("tool_calls")
-    if calls:
-        ids = [c.get("id") for c in calls]
-        if not all(isinstance(i, str) and i for i in ids) or message.get("content"):
-            return None
-        key = _calls_key(ids)
-    elif isinstance(message.get("content"), str) and message["content"]:
-        key = "text:" + message["content"]
-    else:
-        return None
-    with _answers_lock:
-        return _answers.get(key)
-
-
-def history_messages(messages: list[dict]) -> list[dict]:
+def history_messages(messages: list[dict], model: str = "") -> list[dict]:
     """The chat messages with their tool parts written as text, for a template that has no place for them.
 
-    An assistant message's ``tool_calls`` become its content: the answer as the model wrote it when this process
-    generated it (:func:`recalled_answer`), else the JSON the generic format makes the model write
-    (``{"tool_call": {"name", "arguments"}}`` for one call, ``{"tool_calls": [...]}`` for several), after any
-    text it had; a ``tool`` message becomes a ``user`` message whose content is
+    An assistant message that this process generated for ``model`` becomes the answer as the model wrote it
+    (:func:`ollapy.chat.answer_memory.written_history`); another one's ``tool_calls`` become its content: the
+    JSON the generic format makes the model write (``{"tool_call": {"name", "arguments"}}`` for one call,
+    ``{"tool_calls": [...]}`` for several), after any text it had; a ``tool`` message becomes a ``user`` message whose content is
     ``{"tool_response": {"tool": NAME, "content": RESULT}}`` (NAME when known). Other messages pass unchanged.
     """
     out = []
-    for m in messages:
+    for m in written_history(messages, model):
         if m.get("role") == "assistant" and m.get("tool_calls"):
-            text = recalled_answer(m)
-            if text is None:
-                calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments") or {}}
-                         for c in m["tool_calls"]]
-                obj = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
-                text = json.dumps(obj, ensure_ascii=False)
+            calls = [{"name": c["function"]["name"], "arguments": c["function"].get("arguments") or {}}
+                     for c in m["tool_calls"]]
+            obj = {"tool_call": calls[0]} if len(calls) == 1 else {"tool_calls": calls}
+            text = json.dumps(obj, ensure_ascii=False)
             content = m.get("content") or ""
             m = {k: v for k, v in m.items() if k != "tool_calls"}
             m["content"] = f"{content}\n{text}" if content else text
@@ -119,18 +76,14 @@ def history_messages(messages: list[dict]) -> list[dict]:
     return out
 
 
-def generic_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
-    """The chat to render for a generic-format request: :func:`history_messages`, with the tools' JSON and
-    :data:`INSTRUCTION` appended to the first system message (or in a new one in front). An assistant's text
-    that this process generated as a ``{"response": ...}`` answer is written as the model wrote it
-    (:func:`recalled_answer`).
+def generic_messages(messages: list[dict], tools: list[dict], model: str = "") -> list[dict]:
+    """The chat to render for a generic-format request: :func:`history_messages` (an answer this process
+    generated for ``model``, calls or a ``{"response": ...}``, is written as the model wrote it), with the tools'
+    JSON and :data:`INSTRUCTION` appended to the first system message (or in a new one in front).
 
     ``tools``: OpenAI/Ollama function tools (``{"type": "function", "function": {...}}``)."""
     text = TOOLS_INTRO + json.dumps(tools, ensure_ascii=False, indent=2) + "\n\n" + INSTRUCTION
-    msgs = history_messages(messages)
-    for i, m in enumerate(msgs):
-        if m.get("role") == "assistant" and not m.get("tool_calls") and (raw := recalled_answer(m)) is not None:
-            msgs[i] = {**m, "content": raw}
+    msgs = history_messages(messages, model)
     if msgs and msgs[0].get("role") == "system":
         head = dict(msgs[0])
         head["content"] = f"{head.get('content') or ''}\n\n{text}" if head.get("content") else text
@@ -191,30 +144,21 @@ class GenericCallParser:
         self._new_id = call_id_factory(seed) if ids else None
         self._buf = ""
         self._state = "head"  # head -> string (streaming a response) | json (buffered to the end)
-        self._raw = ""  # everything fed, for a fallback to content
-        self._sent = ""  # content already returned in string state
         self._finished = False
 
     def feed(self, piece: str) -> tuple[str, list[ToolCall]]:
         """Add generated text; return ``(content_delta, completed_calls)``."""
         if self._finished:
             raise RuntimeError("GenericCallParser.feed after finish")
-        self._raw += piece
         self._buf += piece
         return self._step(final=False)
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        """End of output: flush held-back text and decide calls; ``(content_delta, calls)``. An answer that
-        made calls with ids, or a ``response``, is remembered as written (:func:`remember_answer`)."""
+        """End of output: flush held-back text and decide calls; ``(content_delta, calls)``."""
         if self._finished:
             return "", []
         self._finished = True
-        content, calls = self._step(final=True)
-        if calls and all(c.id for c in calls):
-            remember_answer(_calls_key(c.id for c in calls), self._raw)
-        elif self._state == "done" or (self._state == "json" and content and content != self._raw):
-            remember_answer("text:" + self._sent + content, self._raw)
-        return content, calls
+        return self._step(final=True)
 
     # -- internals
     def _step(self, final: bool) -> tuple[str, list[ToolCall]]:
@@ -264,7 +208,6 @@ class GenericCallParser:
         elif final:
             text += self._buf  # cut short inside the string: what was written is the answer
             self._buf = ""
-        self._sent += text
         return text
 
     def _whole(self) -> tuple[str, list[ToolCall]]:

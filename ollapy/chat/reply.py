@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Protocol
 
+from ollapy.chat import answer_memory
 from ollapy.chat.thinking import ThinkingParser, supports_thinking, think_enabled
 from ollapy.chat.toolcalls import ToolCall, ToolCallParser, selected_functions, tool_function
 from ollapy.errors import OptionError
@@ -60,12 +61,17 @@ class ReplyParser:
     ``max_calls`` (OpenAI's ``parallel_tool_calls: false`` is 1) keeps only the first calls parsed,
     later ones are dropped (neither calls nor content). ``calls``: a ready :class:`CallParser` to use instead
     of a family's (the generic format's, whose answer is grammar-constrained JSON: no reasoning is split off).
+    ``model``: at :meth:`finish`, remember the answer as the model wrote it under this model's name
+    (:mod:`ollapy.chat.answer_memory`: the next request's history holds the model's own text where the client
+    sends the answer back), unless reasoning was split off, calls were dropped or the call was forced; None: not
+    remembered.
     Never raises on model text: what is not a call stays content.
     """
 
     def __init__(self, *, think: bool = False, opened: bool = False, family: str | None = None,
                  forced: bool = False, tool_names: Iterable[str] | None = None, ids: bool = False,
-                 seed: int | None = None, max_calls: int | None = None, calls: CallParser | None = None) -> None:
+                 seed: int | None = None, max_calls: int | None = None, calls: CallParser | None = None,
+                 model: str | None = None) -> None:
         self.keep_thinking = think
         constrained = forced or calls is not None
         self._thinking = ThinkingParser(opened=opened) if (think or opened) and not constrained else None
@@ -75,6 +81,12 @@ class ReplyParser:
             self._tools = ToolCallParser(family, ids=ids, seed=seed, tool_names=tool_names)
         self.calls = 0  # tool calls so far (kept ones)
         self.max_calls = max_calls
+        self._model = model if self._thinking is None and not forced else None  # whose answer to remember
+        self._raw: list[str] = []  # the text fed, as generated
+        self._content: list[str] = []  # what the client gets: content pieces ...
+        self._kept: list[ToolCall] = []  # ... and the calls kept
+        self._dropped = False  # calls dropped by max_calls
+        self._finished = False
 
     def _after_thinking(self, thinking: str, content: str, final: bool) -> ReplyDelta:
         if not self.keep_thinking:
@@ -86,19 +98,33 @@ class ReplyParser:
                 tail, more = self._tools.finish()
                 content, calls = content + tail, calls + more
         if self.max_calls is not None:
-            calls = calls[: max(0, self.max_calls - self.calls)]
+            kept = calls[: max(0, self.max_calls - self.calls)]
+            self._dropped |= len(kept) < len(calls)
+            calls = kept
         self.calls += len(calls)
+        if self._model is not None:
+            self._content.append(content)
+            self._kept.extend(calls)
         return ReplyDelta(thinking, content, calls)
 
     def feed(self, text: str) -> ReplyDelta:
         """Add generated text; returns what is decided so far (text that may start a tag is held back)."""
+        if self._model is not None:
+            self._raw.append(text)
         thinking, content = self._thinking.feed(text) if self._thinking is not None else ("", text)
         return self._after_thinking(thinking, content, final=False)
 
     def finish(self) -> ReplyDelta:
         """End of output: everything held back, and calls left open decided (complete ones count)."""
+        if self._finished:
+            return ReplyDelta()
+        self._finished = True
         thinking, content = self._thinking.finish() if self._thinking is not None else ("", "")
-        return self._after_thinking(thinking, content, final=True)
+        out = self._after_thinking(thinking, content, final=True)
+        if self._model is not None and not self._dropped:
+            answer_memory.MEMORY.remember(self._model, "".join(self._raw), "".join(self._content),
+                                          [(c.name, c.arguments) for c in self._kept])
+        return out
 
     def parse(self, text: str) -> ReplyDelta:
         """A whole output at once: :meth:`feed` then :meth:`finish`."""

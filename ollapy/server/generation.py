@@ -21,6 +21,7 @@ import weakref
 from typing import Any, AsyncIterator
 
 from ollapy.chat import generic_tools
+from ollapy.chat.answer_memory import written_history
 from ollapy.chat.reply import ReplyDelta, ReplyParser, check_capabilities, forced_call_schema, tool_names
 from ollapy.chat.thinking import prompt_opens_thinking, think_enabled
 from ollapy.chat.toolcalls import detect_family
@@ -311,14 +312,18 @@ def reply_plan(model, name: str, opts, tools: list[dict] | None, choice: tuple[s
     return plan
 
 
-def chat_messages(ref, messages: list[dict], plan: ReplyPlan) -> list[dict]:
+def chat_messages(ref, messages: list[dict], plan: ReplyPlan, model: str = "") -> list[dict]:
     """The messages to render for a chat: the model's SYSTEM and MESSAGE lines applied (:func:`model_messages`),
-    then, on a template without tool support, tool calls and results written as text and the tools described
-    in llama.cpp's generic format (:func:`ollapy.chat.generic_tools.generic_messages`)."""
+    each assistant answer this process generated for ``model`` written as the model wrote it
+    (:func:`ollapy.chat.answer_memory.written_history`), then, on a template without tool support, tool calls and
+    results written as text and the tools described in llama.cpp's generic format
+    (:func:`ollapy.chat.generic_tools.generic_messages`)."""
     msgs = model_messages(ref, messages)
     if plan.generic:
-        return generic_tools.generic_messages(msgs, plan.generic)
-    return generic_tools.history_messages(msgs) if plan.plain_history else msgs
+        return generic_tools.generic_messages(msgs, plan.generic, model)
+    if plan.plain_history:
+        return generic_tools.history_messages(msgs, model)
+    return written_history(msgs, model)
 
 
 async def start(state, name: str, *, route: str, messages: list[dict] | None = None, prompt: str | None = None,
@@ -372,7 +377,8 @@ async def start(state, name: str, *, route: str, messages: list[dict] | None = N
         calls = generic_tools.GenericCallParser(ids=True, seed=seed, tool_names=plan.names) if plan.generic else None
         reply = ReplyParser(think=think_enabled(plan.think), opened=opened,
                             family=plan.family, forced=plan.forced, tool_names=plan.names, ids=True,
-                            seed=seed, max_calls=None if parallel_tool_calls else 1, calls=calls)
+                            seed=seed, max_calls=None if parallel_tool_calls else 1, calls=calls,
+                            model=entry.key if messages is not None else None)
         # off the loop: a JSON-schema grammar compiles here, a runner child answers here
         req = await rt.call(entry, model.submit, p, opts, fmt=plan.fmt if constrained else fmt, cache=cache,
                             loop=asyncio.get_running_loop(), logprobs=logprobs,
@@ -412,7 +418,7 @@ async def build_prompt(rt, entry, ref, opts, plan: ReplyPlan, *, messages: list[
     model = entry.model
     extra = {"tools": plan.tools, "think": plan.think}
     if messages is not None:
-        msgs = chat_messages(ref, messages, plan)
+        msgs = chat_messages(ref, messages, plan, entry.key)
         return await rt.call(entry, model.chat_prompt, msgs, opts, **extra)
     if raw and images:
         raise ImageError("images with raw: true are not supported", hint="send the prompt without raw")
