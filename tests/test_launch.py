@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -258,7 +259,10 @@ def test_cline_config_is_its_openai_compatible_provider(api, tmp_path):
     [(path, patch)] = edits
     assert path == str(tmp_path / "home" / ".cline" / "data" / "settings" / "providers.json")
     assert patch["lastUsedProvider"] == "openai-compatible"
-    assert patch["providers"]["openai-compatible"]["settings"] == {
+    # Cline's schema requires updatedAt (an ISO time in UTC): without it Cline replaces the file with its own default
+    entry = patch["providers"]["openai-compatible"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["updatedAt"]), entry
+    assert entry["settings"] == {
         "provider": "openai-compatible", "apiKey": "ollapy", "model": "big:latest", "baseUrl": api.url + "/v1",
         "contextWindow": 32768, "maxTokens": 8192}
 
