@@ -238,7 +238,9 @@ def test_qwen_config_is_its_openai_mode_with_the_context_in_its_defaults(api, tm
     defaults = str(tmp_path / "state" / "ollapy" / "qwen" / "system-defaults.json")
     assert exports == {"OPENAI_BASE_URL": api.url + "/v1", "OPENAI_API_KEY": "k3", "OPENAI_MODEL": "big:latest",
                        "QWEN_CODE_MAX_OUTPUT_TOKENS": "8192", "QWEN_CODE_SYSTEM_DEFAULTS_PATH": defaults}
-    assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}}})]
+    # the context, and no background memory extraction (a second 7k-token request after every prompt)
+    assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}},
+                                 "memory": {"enableManagedAutoMemory": False}})]
 
 
 def test_droid_config_is_a_custom_model_in_its_runtime_settings(api, tmp_path):

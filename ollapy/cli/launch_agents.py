@@ -11,7 +11,8 @@ taken from its own docs and code (npm packages, checked at the versions named):
 * Qwen Code (``qwen``, npm ``@qwen-code/qwen-code``): its OpenAI mode, ``--auth-type openai -m M`` with
   ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL``; the output bound in ``QWEN_CODE_MAX_OUTPUT_TOKENS``;
   the context (``model.generationConfig.contextWindowSize``, a setting only) in a settings file of ollapy's own,
-  named by ``QWEN_CODE_SYSTEM_DEFAULTS_PATH`` (the lowest-priority settings layer: the user's own win).
+  named by ``QWEN_CODE_SYSTEM_DEFAULTS_PATH`` (the lowest-priority settings layer: the user's own win), with its
+  managed auto-memory off (``memory.enableManagedAutoMemory``: a second, memory-extracting request after each prompt).
 * Droid (``droid``, npm ``@factory/cli`` 0.225): a custom model (``customModels``, provider
   ``generic-chat-completion-api`` on ``/v1``, ``maxOutputTokens``) made the session default, in a settings file of
   ollapy's own given as ``--settings`` (Droid merges it over the user's ``~/.factory/settings.json`` for that run
@@ -133,7 +134,10 @@ def _qwen(exe: str, url: str, model: str, context: int, args: list[str], env: di
     s = {"OPENAI_BASE_URL": url + "/v1", "OPENAI_API_KEY": _key(key), "OPENAI_MODEL": model,
          "QWEN_CODE_MAX_OUTPUT_TOKENS": _bounded(env, "QWEN_CODE_MAX_OUTPUT_TOKENS", output_bound(context)),
          "QWEN_CODE_SYSTEM_DEFAULTS_PATH": path}
-    edit = ConfigEdit(path, {"model": {"generationConfig": {"contextWindowSize": context}}})
+    # managed auto-memory off: after every prompt Qwen Code 0.15 sends a second request of its own (a 7k-token
+    # memory extraction, a cold prefill on a local model) and `-p` waits for it before it prints the answer
+    edit = ConfigEdit(path, {"model": {"generationConfig": {"contextWindowSize": context}},
+                             "memory": {"enableManagedAutoMemory": False}})
     return LaunchPlan([exe, "--auth-type", "openai", "-m", model, *args], s, edits=[edit])
 
 
