@@ -449,11 +449,15 @@ more_agents() {
   more qwen qwen --model $M -- --max-session-turns 1 -p "Reply with one word: ready"
   more kilo kilo --model $M -- run "Reply with one word: ready"
   more cline cline --model $M -- "Reply with one word: ready"
-  # Droid is installed but not run: with a custom model it still signs in to api.factory.ai first ("No
-  # authentication credentials available", then "Exec failed"), which no machine here can reach
-  note "droid: not run (needs a Factory account and api.factory.ai even for a custom model); ollapy launch droid --config prints its --settings file"
+  # Cline leaves its hub daemon running after the prompt: stop it (its pid is in the hub's discovery record)
+  local hub=$WORK/more-home/.cline/data/locks/hub/production.json
+  [ -f "$hub" ] && kill "$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pid"])' "$hub")" 2>/dev/null
+  # Droid is not run yet: 0.225.2 without a Factory account fails to reach api.factory.ai ("No authentication
+  # credentials available", "Failed to load organization settings"), then goes on ("First turn proceeding with
+  # degraded org policy") and sends its first request (9,068 prompt tokens) to ollapy; not yet run to its answer
+  note "droid: not run (0.225.2 reaches ollapy without a Factory account, but was not yet run to an answer); ollapy launch droid --config prints its --settings file"
   note "crush: not run (its npm package downloads its binary from GitHub at install time); ollapy launch crush --config prints its crush.json entries"
-  note "what each needed (docs/anthropic-and-agents.md): pi a provider in models.json; qwen OPENAI_* variables, --auth-type openai and its context in a defaults settings file; kilo KILO_CONFIG_CONTENT; cline its openai-compatible provider in providers.json; droid a custom model in a --settings file"
+  note "what each needed (docs/anthropic-and-agents.md): pi a provider in models.json; qwen OPENAI_* variables, --auth-type openai, and its context and auto-memory off in a defaults settings file; kilo KILO_CONFIG_CONTENT; cline its openai-compatible provider in providers.json, with updatedAt; droid a custom model in a --settings file; Kilo and Cline (Bun) the server's SSE keepalive through a cold prefill over 300 s"
 }
 want more && more_agents
 
