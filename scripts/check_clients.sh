@@ -411,7 +411,7 @@ fi
 # downloads the binary from GitHub at install time (unreachable here). Kilo's npm package did not pull in its
 # platform binary (an optional dependency) here: it is named apart, at the version npm gave then.
 MORE_PKGS="@mariozechner/pi-coding-agent@0.73.1 @qwen-code/qwen-code@0.15.10 @kilocode/cli@7.8.1 @kilocode/cli-linux-x64@7.7.9 cline@3.0.65"
-MORE_TIMEOUT=${MORE_TIMEOUT:-1800}  # seconds per agent (a cold 16k-token prefill on two busy cores)
+MORE_TIMEOUT=${MORE_TIMEOUT:-3600}  # seconds per agent (Kilo's cold 14k-token prompt took 1,903 s on two busy cores)
 more_agents() {
   local bin=$DIR/npm-more/node_modules/.bin
   if [ ! -x "$bin/pi" ] || [ ! -x "$bin/qwen" ] || [ ! -x "$bin/kilo" ] || [ ! -x "$bin/cline" ]; then
