@@ -1,6 +1,6 @@
 """A streamed SSE answer sends comment lines through a silence (a long prefill), so Bun-based agents (Cline, Kilo,
 Claude Code: Bun's fetch drops a response silent for 300 s) keep the connection; the official clients skip them
-and read the same answer. SmolLM2 in process, the silence bound (KEEPALIVE_S) lowered to 10 ms."""
+and read the same answer. SmolLM2 in process, the silence bound (KEEPALIVE_S) lowered to 1 ms."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,7 @@ def client(smollm2_path, tmp_path, monkeypatch):
     from ollapy.store import create_model
 
     monkeypatch.setenv("OLLAPY_CONTEXT_LENGTH", "512")
-    monkeypatch.setattr(http, "KEEPALIVE_S", 0.01)  # every wait for the engine longer than 10 ms sends one
+    monkeypatch.setattr(http, "KEEPALIVE_S", 0.001)  # every wait for the engine over 1 ms sends one
     create_model("smol", f"FROM {smollm2_path}\nPARAMETER num_predict 12\nPARAMETER temperature 0\n", tmp_path)
     with TestClient(create_app(), base_url="http://127.0.0.1") as c:
         yield c
