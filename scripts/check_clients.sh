@@ -6,12 +6,12 @@
 # `ollapy serve` on a free loopback port with a scratch store holding the test models, and prints one line per
 # check: `ok NAME` or `FAIL NAME: why`, then a summary. Heavy (about 5 GB of installs, most of it Open WebUI) and
 # not part of CI: run it by hand, e.g. `nice -n 10 scripts/check_clients.sh`. ONLY="sdk llm" runs some groups
-# (sdk, js, llm, aider, continue, fim, opencode, agents, openwebui); SKIP="openwebui" leaves some out.
+# (sdk, js, llm, aider, continue, fim, opencode, agents, more, openwebui); SKIP="openwebui" leaves some out.
 #
 # Models: `smol` (SmolLM2 135M, num_ctx 4096) for the SDKs, llm, aider, Open WebUI; `gemma3-agents` (Gemma 3 270M
 # base at num_ctx 32768, greedy, ending its answer at a line end, num_predict MAX_OUT) for the agents, Continue
-# and opencode, whose system prompts and tools run to thousands of tokens; `qwen2.5-coder:0.5b` (Qwen2.5-Coder 0.5B,
-# the third test model) for code completion (group fim: the requests of Continue's Ollama provider, llama.vscode
+# and opencode, whose system prompts and tools run to thousands of tokens; `qwen2.5-coder:0.5b` (Qwen2.5-Coder 0.5B
+# Instruct, the third test model) for code completion (group fim: the requests of Continue's Ollama provider, llama.vscode
 # and llama.vim, replayed by scripts/fim_replays.py, which reads each answer as its client does). What a 135M/270M
 # model cannot do (use tools sensibly, stop by itself, follow a JSON schema it was not trained on) is reported as a
 # note, not a FAIL, where the server answered correctly. MODEL=NAME (a store name such as qwen2.5-coder:0.5b, or
@@ -20,8 +20,9 @@
 #
 # Agents (AGENT_TURNS=3): Claude Code `claude -p` then `claude -p --continue` twice, Codex `codex exec` then
 # `codex exec resume --last` twice, with their default tools on, through `ollapy launch`; per turn the prompt
-# tokens, how many the prompt cache served and how many were prefilled (from the server's /metrics). Then pi, Qwen
-# Code, Kilo and Cline through `ollapy launch`, one first prompt each (the section at the end).
+# tokens, how many the prompt cache served and how many were prefilled (from the server's /metrics). Group more:
+# pi, Qwen Code, Kilo and Cline through `ollapy launch` with Qwen2.5-Coder 0.5B Instruct at num_ctx 32768
+# (`qwen2.5-coder:0.5b-32k`; a base model cannot answer them), one first prompt each (the section at the end).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,7 +31,7 @@ DIR=${OLLAPY_CLIENTS_DIR:-$HOME/.cache/ollapy/clients}
 MAX_OUT=${MAX_OUT:-256}  # the agents' output cap: a tools-on answer is a JSON call, longer than a word
 AGENT_TURNS=${AGENT_TURNS:-3}
 INSTALL_TIMEOUT=${INSTALL_TIMEOUT:-2400}  # seconds an install may take (Open WebUI pulls torch & co.)
-ONLY=${ONLY:-"sdk js llm aider continue fim opencode agents openwebui"}
+ONLY=${ONLY:-"sdk js llm aider continue fim opencode agents more openwebui"}
 SKIP=${SKIP:-}
 # pinned versions (the ones tried for docs/clients.md)
 NPM_PKGS="@continuedev/cli@1.5.47 opencode-ai@1.18.33 @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0 ollama@0.6.4"
@@ -39,6 +40,7 @@ AIDER_PKG="aider-chat==0.86.2"
 OWUI_PKG="open-webui==0.12.4"
 
 want() { [[ " $ONLY " == *" $1 "* && " $SKIP " != *" $1 "* ]]; }
+want_any() { local g; for g in "$@"; do want "$g" && return 0; done; return 1; }
 OK=0 FAILED=0 NOTES=()
 ok() { echo "ok   $1"; OK=$((OK + 1)); }
 fail() { echo "FAIL $1: $2"; FAILED=$((FAILED + 1)); }
@@ -68,8 +70,8 @@ install_venv() {  # name, packages...
     && touch "$DIR/$name/.installed"
 }
 T0=$(date +%s)
-install_npm || echo "npm install failed" >&2
-install_venv llm $LLM_PKGS || echo "llm venv install failed" >&2
+want_any js continue opencode agents && { install_npm || echo "npm install failed" >&2; }
+want_any sdk llm continue opencode openwebui && { install_venv llm $LLM_PKGS || echo "llm venv install failed" >&2; }
 want aider && { install_venv aider $AIDER_PKG || echo "aider install failed" >&2; }
 OWUI_OK=0
 if want openwebui; then
@@ -117,8 +119,9 @@ printf 'FROM %s\n' "$WORK/smol-embed.gguf" > "$WORK/Modelfile.embed"
 "$PY" -m ollapy.cli.main create smol-embed -f "$WORK/Modelfile.embed" > /dev/null 2>&1
 echo "ollapy serve at $URL; clients in $DIR; models: smol and gemma3-agents from ${MODEL:-SmolLM2 and Gemma 3}"
 
-metrics() {  # requests, prompt tokens (evaluated), cached tokens, from /metrics
-  "$CPY" - "$URL" <<'EOF'
+metrics() {  # requests, prompt tokens (evaluated), cached tokens, from /metrics (ollapy's own interpreter: it has
+  # httpx and prometheus_client)
+  "$PY" - "$URL" <<'EOF'
 import sys, httpx
 from prometheus_client.parser import text_string_to_metric_families
 v = {"n": 0.0, "prompt": 0.0, "cached": 0.0}
@@ -413,43 +416,63 @@ fi
 
 # ---- more agents through `ollapy launch` (issue 56): a first prompt answered ---------------------------------
 # pi, Qwen Code, Kilo and Cline from npm, unmodified, in their own folder (npm-more/), each with its home and
-# configuration under the scratch folder. Tools are off where the agent has a switch for it (pi --no-tools): a
-# 270M base model cannot drive tools, and this checks the wiring (base URL, model, key, context, output bound).
-# Crush is not run: its npm package downloads the binary from GitHub at install time (unreachable here). Kilo's
-# npm package did not pull in its platform binary (an optional dependency) here: it is named apart, at the version
-# npm gave then.
+# configuration under the scratch folder, tools on (their defaults), on Qwen2.5-Coder 0.5B Instruct at num_ctx
+# 32768 (`qwen2.5-coder:0.5b-32k`, greedy): the 270M base model cannot answer them (it never ends its turn). Per
+# agent: requests, prompt tokens (from the cache / prefilled), seconds and the answer's last line. A cold agent
+# prompt (Kilo's and Cline's run to 10-16k tokens) takes minutes to prefill on a CPU: the server's SSE keepalive
+# keeps Bun-based agents (Kilo, Cline) from dropping the silent stream at 300 s. Crush is not run: its npm package
+# downloads the binary from GitHub at install time (unreachable here). Kilo's npm package did not pull in its
+# platform binary (an optional dependency) here: it is named apart, at the version npm gave then.
 MORE_PKGS="@mariozechner/pi-coding-agent@0.73.1 @qwen-code/qwen-code@0.15.10 @kilocode/cli@7.8.1 @kilocode/cli-linux-x64@7.7.9 cline@3.0.65"
+MORE_TIMEOUT=${MORE_TIMEOUT:-3600}  # seconds per agent (Kilo's cold 14k-token prompt took 1,903 s on two busy cores)
 more_agents() {
   local bin=$DIR/npm-more/node_modules/.bin
   if [ ! -x "$bin/pi" ] || [ ! -x "$bin/qwen" ] || [ ! -x "$bin/kilo" ] || [ ! -x "$bin/cline" ]; then
     timeout "$INSTALL_TIMEOUT" npm install --prefix "$DIR/npm-more" --no-audit --no-fund --loglevel=error $MORE_PKGS >&2 \
       || echo "npm install of the more agents failed" >&2
   fi
+  if [ -z "$QWEN" ] || [ ! -f "$QWEN" ]; then
+    note "more: skipped (no Qwen2.5-Coder 0.5B Instruct GGUF from scripts/fetch_test_models.py; the 270M base model cannot answer an agent)"
+    return
+  fi
+  printf 'FROM %s\nPARAMETER num_ctx 32768\nPARAMETER temperature 0\n' "$QWEN" > "$WORK/Modelfile.qwen-agents"
+  "$PY" -m ollapy.cli.main create qwen2.5-coder:0.5b-32k -f "$WORK/Modelfile.qwen-agents" > /dev/null 2>&1
   mkdir -p "$WORK/more-project" "$WORK/more-home"
   more() {  # label, then launch arguments (run in the project folder with the scratch HOME)
     local label=$1; shift
-    local out rc
-    out=$(cd "$WORK/more-project" && PATH="$bin:$PATH" HOME="$WORK/more-home" XDG_CONFIG_HOME="$WORK/more-home/.config" \
-      XDG_DATA_HOME="$WORK/more-home/.local/share" timeout 900 "$PY" -m ollapy.cli.main launch "$@" < /dev/null 2>&1)
+    local log=$WORK/more-$label b a rc t0 answer
+    b=$(metrics); t0=$(date +%s)
+    (cd "$WORK/more-project" && PATH="$bin:$PATH" HOME="$WORK/more-home" XDG_CONFIG_HOME="$WORK/more-home/.config" \
+      XDG_DATA_HOME="$WORK/more-home/.local/share" timeout "$MORE_TIMEOUT" "$PY" -m ollapy.cli.main launch "$@" \
+      < /dev/null > "$log.out" 2> "$log.err")
     rc=$?
-    echo "$out" > "$WORK/more-$label.log"
-    if [ $rc = 0 ] && [ -n "$(printf '%s' "$out" | grep -v '^launching')" ]; then ok "$label-via-launch"
-    elif [ $rc = 53 ] && printf '%s' "$out" | grep -q "Reached max session turns"; then
-      ok "$label-via-launch (one turn answered; the model's tool calls cut by --max-session-turns 1)"
-    else fail "$label-via-launch" "exit $rc: $(printf '%s' "$out" | tail -c 300 | tr '\n' ' ')"; fi
+    a=$(metrics)
+    read -r n0 p0 c0 <<< "$b"; read -r n1 p1 c1 <<< "$a"
+    answer=$(grep -v '^[[:space:]]*$' "$log.out" | tail -n 1 | cut -c1-80)
+    local line="$label: $((n1 - n0)) requests, prompt tokens $((p1 - p0 + c1 - c0)) (from the cache $((c1 - c0)), prefilled $((p1 - p0))), $(( $(date +%s) - t0 )) s, answer \"$answer\""
+    if [ $rc = 0 ] && [ -n "$answer" ]; then ok "$line"
+    elif [ $rc = 53 ] && grep -q "Reached max session turns" "$log.out" "$log.err"; then
+      ok "$line (one turn answered; the model's tool calls cut by --max-session-turns 1)"
+    else fail "$line" "exit $rc: $(cat "$log.out" "$log.err" | grep -v '^launching' | tail -c 300 | tr '\n' ' ')"; fi
+    grep '^launching' "$log.err" | sed 's/^/     /'  # what launch set: the context and output bound
   }
-  more pi pi --model gemma3-agents -- --no-tools -p "Reply with one word: ready"
+  local M=qwen2.5-coder:0.5b-32k
+  more pi pi --model $M -- -p "Reply with one word: ready"
   # Qwen Code has no switch for its tools: one turn (--max-session-turns 1, exit 53 when the turn was a tool call)
-  more qwen qwen --model gemma3-agents -- --max-session-turns 1 -p "Reply with one word: ready"
-  more kilo kilo --model gemma3-agents -- run "Reply with one word: ready"
-  more cline cline --model gemma3-agents -- "Reply with one word: ready"
-  # Droid is installed but not run: with a custom model it still signs in to api.factory.ai first ("No
-  # authentication credentials available", then "Exec failed"), which no machine here can reach
-  note "droid: not run (needs a Factory account and api.factory.ai even for a custom model); ollapy launch droid --config prints its --settings file"
+  more qwen qwen --model $M -- --max-session-turns 1 -p "Reply with one word: ready"
+  more kilo kilo --model $M -- run "Reply with one word: ready"
+  more cline cline --model $M -- "Reply with one word: ready"
+  # Cline leaves its hub daemon running after the prompt: stop it (its pid is in the hub's discovery record)
+  local hub=$WORK/more-home/.cline/data/locks/hub/production.json
+  [ -f "$hub" ] && kill "$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["pid"])' "$hub")" 2>/dev/null
+  # Droid is not run yet: 0.225.2 without a Factory account fails to reach api.factory.ai ("No authentication
+  # credentials available", "Failed to load organization settings"), then goes on ("First turn proceeding with
+  # degraded org policy") and sends its first request (9,068 prompt tokens) to ollapy; not yet run to its answer
+  note "droid: not run (0.225.2 reaches ollapy without a Factory account, but was not yet run to an answer); ollapy launch droid --config prints its --settings file"
   note "crush: not run (its npm package downloads its binary from GitHub at install time); ollapy launch crush --config prints its crush.json entries"
-  note "what each needed (docs/anthropic-and-agents.md): pi a provider in models.json; qwen OPENAI_* variables, --auth-type openai and its context in a defaults settings file; kilo KILO_CONFIG_CONTENT; cline its openai-compatible provider in providers.json; droid a custom model in a --settings file"
+  note "what each needed (docs/anthropic-and-agents.md): pi a provider in models.json; qwen OPENAI_* variables, --auth-type openai, and its context and auto-memory off in a defaults settings file; kilo KILO_CONFIG_CONTENT; cline its openai-compatible provider in providers.json, with updatedAt; droid a custom model in a --settings file; Kilo and Cline (Bun) the server's SSE keepalive through a cold prefill over 300 s"
 }
-want agents && more_agents
+want more && more_agents
 
 if ! kill -0 "$SERVER" 2>/dev/null; then fail "ollapy-serve" "the server stopped: $(tail -n 5 "$WORK/serve.log" | tr '\n' ' ')"; fi
 echo "--- $OK ok, $FAILED FAIL, ${#NOTES[@]} notes; server reloads: $(reloads)"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -237,7 +238,9 @@ def test_qwen_config_is_its_openai_mode_with_the_context_in_its_defaults(api, tm
     defaults = str(tmp_path / "state" / "ollapy" / "qwen" / "system-defaults.json")
     assert exports == {"OPENAI_BASE_URL": api.url + "/v1", "OPENAI_API_KEY": "k3", "OPENAI_MODEL": "big:latest",
                        "QWEN_CODE_MAX_OUTPUT_TOKENS": "8192", "QWEN_CODE_SYSTEM_DEFAULTS_PATH": defaults}
-    assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}}})]
+    # the context, and no background memory extraction (a second 7k-token request after every prompt)
+    assert edits == [(defaults, {"model": {"generationConfig": {"contextWindowSize": 32768}},
+                                 "memory": {"enableManagedAutoMemory": False}})]
 
 
 def test_droid_config_is_a_custom_model_in_its_runtime_settings(api, tmp_path):
@@ -258,7 +261,10 @@ def test_cline_config_is_its_openai_compatible_provider(api, tmp_path):
     [(path, patch)] = edits
     assert path == str(tmp_path / "home" / ".cline" / "data" / "settings" / "providers.json")
     assert patch["lastUsedProvider"] == "openai-compatible"
-    assert patch["providers"]["openai-compatible"]["settings"] == {
+    # Cline's schema requires updatedAt (an ISO time in UTC): without it Cline replaces the file with its own default
+    entry = patch["providers"]["openai-compatible"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", entry["updatedAt"]), entry
+    assert entry["settings"] == {
         "provider": "openai-compatible", "apiKey": "ollapy", "model": "big:latest", "baseUrl": api.url + "/v1",
         "contextWindow": 32768, "maxTokens": 8192}
 

@@ -11,15 +11,16 @@ taken from its own docs and code (npm packages, checked at the versions named):
 * Qwen Code (``qwen``, npm ``@qwen-code/qwen-code``): its OpenAI mode, ``--auth-type openai -m M`` with
   ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL``; the output bound in ``QWEN_CODE_MAX_OUTPUT_TOKENS``;
   the context (``model.generationConfig.contextWindowSize``, a setting only) in a settings file of ollapy's own,
-  named by ``QWEN_CODE_SYSTEM_DEFAULTS_PATH`` (the lowest-priority settings layer: the user's own win).
+  named by ``QWEN_CODE_SYSTEM_DEFAULTS_PATH`` (the lowest-priority settings layer: the user's own win), with its
+  managed auto-memory off (``memory.enableManagedAutoMemory``: a second, memory-extracting request after each prompt).
 * Droid (``droid``, npm ``@factory/cli`` 0.225): a custom model (``customModels``, provider
   ``generic-chat-completion-api`` on ``/v1``, ``maxOutputTokens``) made the session default, in a settings file of
   ollapy's own given as ``--settings`` (Droid merges it over the user's ``~/.factory/settings.json`` for that run
   only); ``exec -m ID``.
 * Cline (``cline``, npm ``cline`` 3.0): its ``openai-compatible`` provider in
   ``~/.cline/data/settings/providers.json`` (what ``cline auth -p openai -b URL`` writes, plus the ``contextWindow``
-  and ``maxTokens`` its schema takes), made the last used one; no ``-P``/``-m`` (with them Cline rewrites the
-  provider's settings without its base URL and key).
+  and ``maxTokens`` its schema takes, and the ``updatedAt`` it requires), made the last used one; no ``-P``/``-m``
+  (with them Cline rewrites the provider's settings without its base URL and key).
 * Kilo (``kilo``, npm ``@kilocode/cli`` 7, an opencode fork): opencode's provider configuration in
   ``KILO_CONFIG_CONTENT``; ``run --model ollapy/M``.
 * Crush (``crush``, npm ``@charmland/crush``): an ``openai-compat`` provider ``ollapy`` in
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -132,7 +134,10 @@ def _qwen(exe: str, url: str, model: str, context: int, args: list[str], env: di
     s = {"OPENAI_BASE_URL": url + "/v1", "OPENAI_API_KEY": _key(key), "OPENAI_MODEL": model,
          "QWEN_CODE_MAX_OUTPUT_TOKENS": _bounded(env, "QWEN_CODE_MAX_OUTPUT_TOKENS", output_bound(context)),
          "QWEN_CODE_SYSTEM_DEFAULTS_PATH": path}
-    edit = ConfigEdit(path, {"model": {"generationConfig": {"contextWindowSize": context}}})
+    # managed auto-memory off: after every prompt Qwen Code 0.15 sends a second request of its own (a 7k-token
+    # memory extraction, a cold prefill on a local model) and `-p` waits for it before it prints the answer
+    edit = ConfigEdit(path, {"model": {"generationConfig": {"contextWindowSize": context}},
+                             "memory": {"enableManagedAutoMemory": False}})
     return LaunchPlan([exe, "--auth-type", "openai", "-m", model, *args], s, edits=[edit])
 
 
@@ -160,14 +165,22 @@ def _droid(exe: str, url: str, model: str, context: int, args: list[str], env: d
     return LaunchPlan([exe, "--settings", path, *args], edits=[edit])
 
 
+def js_timestamp() -> str:
+    """Now as JavaScript's ``Date.toISOString()`` writes it (UTC, milliseconds, ``Z``): the form zod's
+    ``datetime()`` accepts."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
 def _cline(exe: str, url: str, model: str, context: int, args: list[str], env: dict, key: str | None):
     from ollapy.cli.launch_cmd import LaunchPlan, output_bound
 
     settings = {"provider": "openai-compatible", "apiKey": _key(key), "model": model, "baseUrl": url + "/v1",
                 "contextWindow": context, "maxTokens": output_bound(context)}
+    # updatedAt is required: Cline 3.0 reads a file with an entry lacking it as no file, and writes its own
+    # default (its `cline` provider) over it
+    entry = {"settings": settings, "updatedAt": js_timestamp(), "tokenSource": "manual"}
     edit = ConfigEdit(str(_home(env) / ".cline" / "data" / "settings" / "providers.json"),
-                      {"version": 1, "lastUsedProvider": "openai-compatible",
-                       "providers": {"openai-compatible": {"settings": settings, "tokenSource": "manual"}}})
+                      {"version": 1, "lastUsedProvider": "openai-compatible", "providers": {"openai-compatible": entry}})
     # no -P/-m: Cline 3.0 then saves the provider as {provider, model} alone, dropping the base URL and key it has
     return LaunchPlan([exe, *args], edits=[edit])
 

@@ -108,11 +108,45 @@ def sse_event(obj: dict) -> bytes:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n".encode()
 
 
-class GenStream(StreamingResponse):
-    """A streaming response that watches for the client going away and always closes its generation."""
+KEEPALIVE_S = 15.0
+"""Seconds a Server-Sent Events answer may stay silent (a long prefill) before it sends :data:`KEEPALIVE`: Bun's
+``fetch`` (Claude Code, Cline, Kilo and opencode are Bun executables) drops a response that sends no byte for
+300 s whatever the agent's own timeout says (oven-sh/bun#16682), and a 16k-token agent prompt prefilled on a
+CPU takes longer than that."""
+KEEPALIVE = b": keepalive\n\n"
+"""An SSE comment line (the spec's ``:`` line, which every event parser skips; OpenRouter sends the same kind)."""
 
-    def __init__(self, content, on_close: Callable[[], None], media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
+
+async def with_keepalive(body: AsyncIterator[bytes], interval: float = KEEPALIVE_S,
+                         ping: bytes = KEEPALIVE) -> AsyncIterator[bytes]:
+    """``body``'s chunks, with ``ping`` sent after each ``interval`` seconds (> 0) that passed without one. The
+    next chunk is awaited in a task of its own, so a ping never cancels ``body``; leaving early (the client gone)
+    cancels that task, which ends ``body``."""
+    assert interval > 0
+    it = body.__aiter__()
+    nxt = asyncio.ensure_future(it.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({nxt}, timeout=interval)
+            if not done:
+                yield ping
+                continue
+            try:
+                chunk = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+            nxt = asyncio.ensure_future(it.__anext__())
+    finally:
+        nxt.cancel()
+
+
+class GenStream(StreamingResponse):
+    """A streaming response that watches for the client going away and always closes its generation;
+    ``keepalive`` (SSE answers) sends :data:`KEEPALIVE` through silences of :data:`KEEPALIVE_S` seconds."""
+
+    def __init__(self, content, on_close: Callable[[], None], media_type: str, keepalive: bool = False) -> None:
+        super().__init__(with_keepalive(content, KEEPALIVE_S) if keepalive else content, media_type=media_type)
         self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
@@ -160,7 +194,7 @@ def sse_response(objects: AsyncIterator[dict], on_close: Callable[[], None]) -> 
         except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
             yield sse_error_event(exc)
 
-    return GenStream(events(), on_close, SSE)
+    return GenStream(events(), on_close, SSE, keepalive=True)
 
 
 async def chunk_objects(gen: generation.Generation, objects_of: Callable[[Any], Iterable[dict]]) -> AsyncIterator[dict]:

@@ -202,4 +202,4 @@ def message_stream(gen: generation.Generation, model: str, msg_id: str,
         except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
             yield anthropic_error_event(exc)
 
-    return GenStream(events(), gen.close, SSE)
+    return GenStream(events(), gen.close, SSE, keepalive=True)

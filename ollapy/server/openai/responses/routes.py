@@ -79,7 +79,7 @@ async def create_response(request: Request):
         except Exception as exc:  # noqa: BLE001 - the status is sent already: the error is the last event
             yield _sse(builder.error(openai_error(exc)[1]))
 
-    return GenStream(events(), gen.close, SSE)
+    return GenStream(events(), gen.close, SSE, keepalive=True)
 
 
 def _sse(event: dict) -> bytes:
