@@ -43,7 +43,7 @@ BREAKER_OPEN_S = 5.0  # seconds the store is skipped before a probe
 PROBE_TIMEOUT_S = 0.04  # socket timeout of a round trip on a request's path (EXISTS, a small GET)
 READ_TIMEOUT_S = 0.5  # socket timeout of one read of a bulk transfer (each recv, not the whole transfer)
 CONNECT_TIMEOUT_S = 0.2
-ENTRY_DELAY_S = 1.0  # an entry's values wait this long for a newer state of its key (the answer after the prompt)
+ENTRY_DELAY_S = 1.0  # an entry's values wait this long for a newer state of its key (a turn's later save point)
 PENDING_ENTRIES = 256  # entries waiting out that delay, at most
 QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
 GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
@@ -152,9 +152,9 @@ class RemoteStore:
         self._read_s = 0.0
         self._probe_ms = 0.0
         self.queue_cap = queue_bytes
-        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int, str | None, tuple]] = deque()
+        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int, str | None]] = deque()
         self._queued = 0
-        self._pending: dict[str, tuple[list, float, tuple]] = {}  # entry key -> (values, when sent, its tokens)
+        self._pending: dict[str, tuple[list, float]] = {}  # entry key -> (its values, when they are sent)
         self._urgent = False  # a flush asked for the delayed entries now
         self._sending = False  # the writer holds a write it took off the queue
         self._cv = threading.Condition(self._lock)
@@ -306,8 +306,7 @@ class RemoteStore:
         return n / s if n >= (1 << 20) and s > 0 else None
 
     # ---- writes ----------------------------------------------------------------------------
-    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int, key: str | None = None,
-                  tokens: tuple = ()) -> bool:
+    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int, key: str | None = None) -> bool:
         """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET``:
         ``(key, pieces, check)``, the pieces of a value joined at send time; ``check`` True (a block, immutable)
         sends it only when an ``EXISTS`` finds the key missing, as ``SET NX`` (no bytes resent, the first copy
@@ -317,10 +316,9 @@ class RemoteStore:
         ``key`` (an entry's key): a newer write of the same key supersedes this one. Still queued, the older
         write is dropped unsent (its blocks are the newer one's: the same anchor is the same block chain); made
         already, its entry values wait :data:`ENTRY_DELAY_S` before they are sent, and a newer entry of the key
-        replaces them there, as does a newer entry whose ``tokens`` extend theirs (the same conversation's
-        next state: its entry serves every prompt that reaches the older one's last block, and a prompt that
-        leaves it earlier finds an earlier entry); ``superseded`` counts both. The oldest queued items are dropped to stay under
-        the queue's bytes. False when refused (closing, breaker open, or larger than the whole queue)."""
+        replaces them there; ``superseded`` counts both. (An entry of another key is never superseded, even by a
+        state extending it: a shared system prompt's entry is what other conversations find.) The oldest queued
+        items are dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger than the whole queue)."""
         with self._cv:
             if self._closing or nbytes > self.queue_cap or self._open_until:
                 self._c["dropped"] += 1
@@ -331,10 +329,10 @@ class RemoteStore:
                     self._queued -= item[1]
                     self._c["superseded"] += 1
             while self._queue and self._queued + nbytes > self.queue_cap:
-                _, n, _, _ = self._queue.popleft()
+                _, n, _ = self._queue.popleft()
                 self._queued -= n
                 self._c["dropped"] += 1
-            self._queue.append((make, nbytes, key, tokens))
+            self._queue.append((make, nbytes, key))
             self._queued += nbytes
             self._cv.notify()
         return True
@@ -344,15 +342,17 @@ class RemoteStore:
         when closing with nothing left. Waits on the condition (held) until one of those holds."""
         while True:
             now = time.monotonic()
-            due = [k for k, (_, t, _) in self._pending.items() if t <= now or self._urgent or self._closing]
+            due = [k for k, (_, t) in self._pending.items() if t <= now]
             if due:
                 return None, [self._pending.pop(k)[0] for k in due]
             if self._queue:
                 return self._queue.popleft()
+            if self._pending and (self._urgent or self._closing):  # a flush: the queue first (it may supersede)
+                return None, [self._pending.pop(k)[0] for k in list(self._pending)]
             if self._closing:
                 return None
             self._urgent = False
-            wait = min((t for _, t, _ in self._pending.values()), default=now + 3600) - now
+            wait = min((t for _, t in self._pending.values()), default=now + 3600) - now
             self._cv.wait(max(wait, 0.001))
 
     def _run(self) -> None:
@@ -380,7 +380,7 @@ class RemoteStore:
                     self._sending = False
                     self._cv.notify_all()
 
-    def _make_and_send(self, make, nbytes: int, key: str | None, tokens: tuple) -> None:
+    def _make_and_send(self, make, nbytes: int, key: str | None) -> None:
         try:
             values = make()
         except Exception:  # noqa: BLE001 - a state that does not encode is dropped, never the writer
@@ -398,13 +398,9 @@ class RemoteStore:
             self._send(entries)
             return
         with self._cv:  # the entry waits a moment: a newer state of the same key replaces it unsent
-            n = len(tokens)
-            older = [k for k, (_, _, t) in self._pending.items()
-                     if k == key or (n and len(t) < n and tokens[:len(t)] == t)]
-            for k in older:
-                del self._pending[k]
-            self._c["superseded"] += len(older)
-            self._pending[key] = (entries, time.monotonic() + ENTRY_DELAY_S, tokens)
+            if self._pending.pop(key, None) is not None:
+                self._c["superseded"] += 1
+            self._pending[key] = (entries, time.monotonic() + ENTRY_DELAY_S)
             if len(self._pending) > PENDING_ENTRIES:  # bounded: what waits goes out now
                 self._urgent = True
 

@@ -354,7 +354,7 @@ class RemoteTier:
             self._note_entry(key, tokens)
             return values + [(k, v, False) for k, v in encode_parts("entry", key, sha, salt, cut.tail, meta)]
 
-        return self.store.put_async(make, nbytes, key=entry_key(ns, anchor), tokens=tuple(tokens))
+        return self.store.put_async(make, nbytes, key=entry_key(ns, anchor))
 
     def snapshot(self) -> dict[str, int]:
         """Gauges of the store client for :class:`~ollapy.cache.stats.CacheStats`."""
