@@ -318,7 +318,8 @@ class RemoteStore:
         already, its entry values wait :data:`ENTRY_DELAY_S` before they are sent, and a newer entry of the key
         replaces them there; ``superseded`` counts both. (An entry of another key is never superseded, even by a
         state extending it: a shared system prompt's entry is what other conversations find.) The oldest queued
-        items are dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger than the whole queue)."""
+        items are dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger
+        than the whole queue)."""
         with self._cv:
             if self._closing or nbytes > self.queue_cap or self._open_until:
                 self._c["dropped"] += 1
