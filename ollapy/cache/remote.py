@@ -26,10 +26,11 @@ URL this module shows.
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ollapy.config import redact_url
@@ -42,8 +43,11 @@ BREAKER_OPEN_S = 5.0  # seconds the store is skipped before a probe
 PROBE_TIMEOUT_S = 0.04  # socket timeout of a round trip on a request's path (EXISTS, a small GET)
 READ_TIMEOUT_S = 0.5  # socket timeout of one read of a bulk transfer (each recv, not the whole transfer)
 CONNECT_TIMEOUT_S = 0.2
+ENTRY_DELAY_S = 1.0  # an entry's values wait this long for a newer state of its key (a turn's later save point)
+PENDING_ENTRIES = 256  # entries waiting out that delay, at most
 QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
 GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
+READ_AHEAD = 2  # chunks a bulk read receives ahead of its caller (bounds its memory: READ_AHEAD * GET_CHUNK values)
 SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 INSTALL_HINT = "pip install 'ollapy[remote]'"
 
@@ -92,7 +96,9 @@ class StoreStats:
     ``errors`` (operations that failed: timeouts, refused connections), ``bytes_read``/``bytes_written``,
     ``bytes_sent`` (every ``SET`` sent, stored or not),
     ``values_written`` (``SET NX`` that stored), ``values_existing`` (``SET NX`` that found the key there),
-    ``dropped`` (queued writes dropped: the queue was full, or the breaker was open), ``read_s`` (seconds spent
+    ``dropped`` (queued writes dropped: the queue was full, or the breaker was open), ``superseded`` (entry
+    writes a newer state of the same key replaced before they were sent), ``entry_bytes_sent`` (of
+    ``bytes_sent``, the entries'), ``read_s`` (seconds spent
     in bulk reads: ``bytes_read / read_s`` is the measured bandwidth), ``probe_ms`` (the last lookup round
     trip), ``queue_depth``/``queue_bytes`` (writes waiting), ``breaker`` ("closed", "open" or "half-open").
     """
@@ -104,6 +110,8 @@ class StoreStats:
     values_written: int = 0
     values_existing: int = 0
     dropped: int = 0
+    superseded: int = 0
+    entry_bytes_sent: int = 0
     read_s: float = 0.0
     probe_ms: float = 0.0
     queue_depth: int = 0
@@ -140,12 +148,15 @@ class RemoteStore:
         self._open_until = 0.0
         self._half_open = False
         self._c = {"errors": 0, "bytes_read": 0, "bytes_written": 0, "bytes_sent": 0, "values_written": 0,
-                   "values_existing": 0, "dropped": 0}
+                   "values_existing": 0, "dropped": 0, "superseded": 0, "entry_bytes_sent": 0}
         self._read_s = 0.0
         self._probe_ms = 0.0
         self.queue_cap = queue_bytes
-        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int]] = deque()
+        self._queue: deque[tuple[Callable[[], list[tuple[str, list, bool]]], int, str | None]] = deque()
         self._queued = 0
+        self._pending: dict[str, tuple[list, float]] = {}  # entry key -> (its values, when they are sent)
+        self._urgent = False  # a flush asked for the delayed entries now
+        self._sending = False  # the writer holds a write it took off the queue
         self._cv = threading.Condition(self._lock)
         self._closing = False
         self._writer = threading.Thread(target=self._run, name="ollapy-remote-writer", daemon=True)
@@ -229,27 +240,64 @@ class RemoteStore:
             self._c["bytes_read"] += len(raw or b"")
         return raw
 
-    def get_many(self, keys: list[str], deadline: float) -> Iterable[bytes | None]:
+    def get_many(self, keys: list[str], deadline: float) -> Iterator[bytes | None]:
         """Yield the values of ``keys`` in order (None for a missing one), read by pipelined ``GET`` s of
         :data:`GET_CHUNK` keys; stops early (yields nothing more) when ``time.monotonic()`` passes ``deadline``
-        or the store fails. The caller consumes values as they arrive."""
-        for i in range(0, len(keys), GET_CHUNK):
-            if time.monotonic() > deadline or not self.available():
-                return
-            t0 = time.perf_counter()
+        or the store fails.
+
+        A reader thread of this call receives up to :data:`READ_AHEAD` chunks ahead while the caller checks and
+        hands on the values already yielded (the socket's receive and the caller's checksums overlap); closing
+        the generator (or finishing it) stops and joins that thread, so it never outlives the call."""
+        if not keys:
+            return
+        ahead: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
+        stop = threading.Event()
+
+        def put(item) -> bool:
+            while not stop.is_set():
+                try:
+                    ahead.put(item, timeout=0.05)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def read() -> None:
             try:
-                pipe = self._bulk.pipeline(transaction=False)
-                for k in keys[i:i + GET_CHUNK]:
-                    pipe.get(k)
-                values = pipe.execute()
-            except self._errors_cls as exc:
-                self._failed("GET", exc)
-                return
-            n = sum(len(v) for v in values if v is not None)
-            with self._lock:
-                self._c["bytes_read"] += n
-                self._read_s += time.perf_counter() - t0
-            yield from values
+                for i in range(0, len(keys), GET_CHUNK):
+                    if stop.is_set() or time.monotonic() > deadline or not self.available():
+                        return
+                    values = self._get_chunk(keys[i:i + GET_CHUNK])
+                    if values is None or not put(values):
+                        return
+            finally:
+                put(None)
+
+        reader = threading.Thread(target=read, name="ollapy-remote-reader", daemon=True)
+        reader.start()
+        try:
+            while (values := ahead.get()) is not None:
+                yield from values
+        finally:
+            stop.set()
+            reader.join()
+
+    def _get_chunk(self, keys: list[str]) -> list | None:
+        """One pipelined round trip of ``GET`` s (bulk timeout); None (an error counted) when the store failed."""
+        t0 = time.perf_counter()
+        try:
+            pipe = self._bulk.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(k)
+            values = pipe.execute()
+        except self._errors_cls as exc:
+            self._failed("GET", exc)
+            return None
+        n = sum(len(v) for v in values if v is not None)
+        with self._lock:
+            self._c["bytes_read"] += n
+            self._read_s += time.perf_counter() - t0
+        return values
 
     def bandwidth(self) -> float | None:
         """Bytes per second the bulk reads measured so far (None before the first MiB)."""
@@ -258,26 +306,55 @@ class RemoteStore:
         return n / s if n >= (1 << 20) and s > 0 else None
 
     # ---- writes ----------------------------------------------------------------------------
-    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int) -> bool:
+    def put_async(self, make: Callable[[], list[tuple[str, list, bool]]], nbytes: int, key: str | None = None) -> bool:
         """Queue a write of about ``nbytes``; the writer thread calls ``make()`` for the values to ``SET``:
         ``(key, pieces, check)``, the pieces of a value joined at send time; ``check`` True (a block, immutable)
         sends it only when an ``EXISTS`` finds the key missing, as ``SET NX`` (no bytes resent, the first copy
         kept); False (an entry) as a plain ``SET``: the newest state anchored in a block replaces an older
-        one. Encoding (checksums) runs on the writer thread, never the caller's. The oldest queued items are
-        dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger than the
-        whole queue)."""
+        one. Encoding (checksums) runs on the writer thread, never the caller's.
+
+        ``key`` (an entry's key): a newer write of the same key supersedes this one. Still queued, the older
+        write is dropped unsent (its blocks are the newer one's: the same anchor is the same block chain); made
+        already, its entry values wait :data:`ENTRY_DELAY_S` before they are sent, and a newer entry of the key
+        replaces them there; ``superseded`` counts both. (An entry of another key is never superseded, even by a
+        state extending it: a shared system prompt's entry is what other conversations find.) The oldest queued
+        items are dropped to stay under the queue's bytes. False when refused (closing, breaker open, or larger
+        than the whole queue)."""
         with self._cv:
             if self._closing or nbytes > self.queue_cap or self._open_until:
                 self._c["dropped"] += 1
                 return False
+            if key is not None:
+                for item in [x for x in self._queue if x[2] == key]:
+                    self._queue.remove(item)
+                    self._queued -= item[1]
+                    self._c["superseded"] += 1
             while self._queue and self._queued + nbytes > self.queue_cap:
-                _, n = self._queue.popleft()
+                _, n, _ = self._queue.popleft()
                 self._queued -= n
                 self._c["dropped"] += 1
-            self._queue.append((make, nbytes))
+            self._queue.append((make, nbytes, key))
             self._queued += nbytes
             self._cv.notify()
         return True
+
+    def _next_work(self):
+        """(make, nbytes, key) of the next queued write, or (None, due entries) when only entries are due; None
+        when closing with nothing left. Waits on the condition (held) until one of those holds."""
+        while True:
+            now = time.monotonic()
+            due = [k for k, (_, t) in self._pending.items() if t <= now]
+            if due:
+                return None, [self._pending.pop(k)[0] for k in due]
+            if self._queue:
+                return self._queue.popleft()
+            if self._pending and (self._urgent or self._closing):  # a flush: the queue first (it may supersede)
+                return None, [self._pending.pop(k)[0] for k in list(self._pending)]
+            if self._closing:
+                return None
+            self._urgent = False
+            wait = min((t for _, t in self._pending.values()), default=now + 3600) - now
+            self._cv.wait(max(wait, 0.001))
 
     def _run(self) -> None:
         from ollapy.cache.writer import set_thread_priority
@@ -285,25 +362,48 @@ class RemoteStore:
         set_thread_priority(threading.get_native_id(), idle=True)
         while True:
             with self._cv:
-                while not self._queue and not self._closing:
-                    self._cv.wait()
-                if not self._queue:
-                    return
-                make, nbytes = self._queue.popleft()
+                work = self._next_work()
+                self._sending = True
+            if work is None:
+                with self._cv:
+                    self._sending = False
+                    self._cv.notify_all()
+                return
             try:
-                try:
-                    values = make()
-                except Exception:  # noqa: BLE001 - a state that does not encode is dropped, never the writer
-                    log.debug("prompt cache: a remote write could not be encoded", exc_info=True)
-                    values = []
-                    with self._lock:
-                        self._c["dropped"] += 1
-                if values:
-                    self._send(values)
+                if work[0] is None:  # entries whose delay passed (or a flush): sent now
+                    self._send([v for values in work[1] for v in values])
+                else:
+                    self._make_and_send(*work)
             finally:
                 with self._cv:
-                    self._queued -= nbytes
+                    if work[0] is not None:
+                        self._queued -= work[1]
+                    self._sending = False
                     self._cv.notify_all()
+
+    def _make_and_send(self, make, nbytes: int, key: str | None) -> None:
+        try:
+            values = make()
+        except Exception:  # noqa: BLE001 - a state that does not encode is dropped, never the writer
+            log.debug("prompt cache: a remote write could not be encoded", exc_info=True)
+            with self._lock:
+                self._c["dropped"] += 1
+            return
+        blocks = [v for v in values if v[2]]
+        if blocks:
+            self._send(blocks)
+        entries = [v for v in values if not v[2]]
+        if not entries:
+            return
+        if key is None:
+            self._send(entries)
+            return
+        with self._cv:  # the entry waits a moment: a newer state of the same key replaces it unsent
+            if self._pending.pop(key, None) is not None:
+                self._c["superseded"] += 1
+            self._pending[key] = (entries, time.monotonic() + ENTRY_DELAY_S)
+            if len(self._pending) > PENDING_ENTRIES:  # bounded: what waits goes out now
+                self._urgent = True
 
     def _send(self, values: list[tuple[str, list, bool]]) -> None:
         if not self.available():
@@ -328,23 +428,29 @@ class RemoteStore:
             return
         with self._lock:
             self._c["values_existing"] += len(present)
-            self._c["bytes_sent"] += sum(len(memoryview(p).cast("B")) for _, pieces, _ in todo for p in pieces)
-            for (_key, pieces, _), stored in zip(todo, done):
+            for (_key, pieces, check), stored in zip(todo, done):
+                n = sum(len(memoryview(p).cast("B")) for p in pieces)
+                self._c["bytes_sent"] += n
+                if not check:
+                    self._c["entry_bytes_sent"] += n
                 if stored:
                     self._c["values_written"] += 1
-                    self._c["bytes_written"] += sum(len(memoryview(p).cast("B")) for p in pieces)
+                    self._c["bytes_written"] += n
                 else:
                     self._c["values_existing"] += 1
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait (at most ``timeout`` s) until the queue is empty; True when it is."""
+        """Send what is queued, delayed entries included, now; wait (at most ``timeout`` s) until it went out.
+        True when nothing is left."""
         end = time.monotonic() + timeout
         with self._cv:
-            while self._queue or self._queued:
+            while self._queue or self._queued or self._pending or self._sending:
+                self._urgent = True
+                self._cv.notify_all()
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                self._cv.wait(left)
+                self._cv.wait(min(left, 0.05))
         return True
 
     def close(self, timeout: float = 5.0) -> None:
@@ -352,8 +458,9 @@ class RemoteStore:
         self.flush(timeout)
         with self._cv:
             self._closing = True
-            self._c["dropped"] += len(self._queue)
+            self._c["dropped"] += len(self._queue) + len(self._pending)
             self._queue.clear()
+            self._pending.clear()
             self._cv.notify_all()
         self._writer.join(timeout)
         for client in (self._fast, self._bulk):
@@ -366,7 +473,8 @@ class RemoteStore:
         """The counters and gauges now."""
         state = self.breaker_state()
         with self._lock:
-            return StoreStats(**self._c, read_s=self._read_s, probe_ms=self._probe_ms, queue_depth=len(self._queue),
+            return StoreStats(**self._c, read_s=self._read_s, probe_ms=self._probe_ms,
+                              queue_depth=len(self._queue) + len(self._pending),
                               queue_bytes=self._queued, breaker=state)
 
 

@@ -32,13 +32,14 @@ class RemoteLink:
     _lock: threading.RLock
     _closed: bool
     _offered: OrderedDict
+    _restore_buffer: object
 
     def _open_remote(self) -> None:
         """The remote tier over the parent's store (once the sha256 and the index exist)."""
         store = self.parent.store
         if store is not None and self.block_tokens and self.index is not None:
             self.remote = RemoteTier(store, self.parent.namespace, self._sha, self.salt, self.block,
-                                     self.trimmable, self.stats, self.kv)
+                                     self.trimmable, self.stats, self.kv, self.index.salt, self.index.hash_fn)
 
     def note_prefill(self, n_tokens: int, seconds: float) -> None:
         """The engine prefilled ``n_tokens`` in ``seconds`` (the remote tier's cost gate learns the rate)."""
@@ -72,16 +73,18 @@ class RemoteLink:
         return Candidate(found[0], found[1], "remote")
 
     def _load_remote(self, cand: Candidate) -> Hit | None:
-        """Fetch a remote candidate. A whole chain is joined and restored; a verified prefix of it (a trimmable
+        """Fetch a remote candidate. A whole chain is assembled into the restore buffer as its blocks arrive
+        (or joined, where the splitter cannot assemble) and restored; a verified prefix of it (a trimmable
         model) is taken into the RAM tier and None returned: the engine plans again and finds it there (its plan
         counted on the longer state)."""
         e = cand.entry
-        got = self.remote.fetch(e, [h.hex() for h in self.index.chain(e.tokens, limit=len(e.blocks))])
+        got = self.remote.fetch(e, self._restore_buffer)
         if got is None:
             return None
-        blocks, tail, k = got
+        blocks, tail, k, state = got
         if k == len(e.blocks):
-            state = self._join(e, blocks, tail)
+            if state is None:
+                state = self._join(e, blocks, tail)
             return None if state is None else Hit(cand.n_tokens, list(e.tokens), "remote", e, state, n_blocks=k)
         try:
             state = self.kv.prefix_state(blocks, tail, k)

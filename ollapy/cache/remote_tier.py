@@ -27,8 +27,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ollapy.cache.index import BlockIndex, HashFn, blake2_chain
 from ollapy.cache.remote import RemoteStore
 from ollapy.cache.remote_format import (
     RemoteValueError,
@@ -44,12 +46,14 @@ from ollapy.tokens import common_prefix
 
 log = logging.getLogger("ollapy.cache")
 
+BLOCK_TOKENS = 16  # tokens per remote block: an entry's tail (under one block) is all a turn sends twice
 DEFAULT_BANDWIDTH = 300e6  # bytes/s assumed until a MiB was read (loopback GETs from Python: about 1 GB/s)
 MIN_DEADLINE_S = 0.05
 SKIP_S = 30.0  # an entry whose chain broke (a block evicted or bad) is not offered again for this long
 KNOWN_BLOCKS = 65536  # block names remembered as held by the store (an LRU: a forgotten one is sent again)
+KNOWN_ENTRIES = 1024  # entry keys remembered with the tokens the store holds there (an LRU)
 
-__all__ = ["RemoteEntry", "RemoteTier"]
+__all__ = ["BLOCK_TOKENS", "RemoteEntry", "RemoteTier"]
 
 
 @dataclass
@@ -77,8 +81,10 @@ class RemoteTier:
     """
 
     def __init__(self, store: RemoteStore, namespace: str, model_sha256: str, salt: dict, index_block: int,
-                 trimmable: bool, stats, kv=None) -> None:
+                 trimmable: bool, stats, kv=None, seed: bytes = b"", hash_fn: HashFn = blake2_chain) -> None:
+        assert index_block % BLOCK_TOKENS == 0, (index_block, BLOCK_TOKENS)
         self.store = store
+        self._blocks = BlockIndex(seed, BLOCK_TOKENS, hash_fn)  # names the remote blocks (its chain only)
         self.namespace = namespace
         self.model_sha256 = model_sha256
         self.salt = salt
@@ -90,6 +96,12 @@ class RemoteTier:
         self._names = threading.Lock()  # guards _held and _skip (the engine's thread and the cache's writers)
         self._held: OrderedDict[str, None] = OrderedDict()  # block names the store is known to hold
         self._skip: OrderedDict[str, float] = OrderedDict()  # entry key -> until when its broken chain is skipped
+        self._entries: OrderedDict[str, tuple] = OrderedDict()  # entry key -> the tokens the store held there
+
+    def block_names(self, tokens, limit: int | None = None) -> list[str]:
+        """The names of the remote blocks of ``tokens`` (:data:`BLOCK_TOKENS` each, at most ``limit``): their chain
+        hashes, hex, seeded as the index's are (the model's sha256 and the KV salt, tenant included)."""
+        return [h.hex() for h in self._blocks.chain(tokens, limit)]
 
     # ---- cost model --------------------------------------------------------------------------
     def note_prefill(self, n_tokens: int, seconds: float) -> None:
@@ -157,6 +169,7 @@ class RemoteTier:
             log.debug("prompt cache: remote entry %s: %s", key, exc)
             self.stats.add(remote_corrupt=1, remote_misses=1)
             return None
+        self._note_entry(key, r.tokens)
         n = common_prefix(r.tokens, tokens)
         if n < self.index_block or not (self.trimmable or n == len(r.tokens) < len(tokens)):
             return None
@@ -165,10 +178,12 @@ class RemoteTier:
 
     def _check_chain(self, r: RemoteEntry) -> None:
         """The entry's block names must be the chain hashes of its own tokens (trust nothing the value says)."""
-        if not r.blocks or r.block_tokens != self.index_block or len(r.blocks) * r.block_tokens > len(r.tokens):
+        if not r.blocks or r.block_tokens != BLOCK_TOKENS or len(r.blocks) * r.block_tokens > len(r.tokens):
             raise RemoteValueError("bad block chain")
         if r.block_parts != n_parts(r.block_len):
             raise RemoteValueError("bad block parts")
+        if list(r.blocks) != self.block_names(r.tokens, len(r.blocks)):
+            raise RemoteValueError("block names are not the chain of the entry's tokens")
 
     def _pays(self, e: Entry, n: int, better_than: int) -> bool:
         """Fetching ``e`` beats prefilling the ``n - better_than`` tokens it adds plus restoring the local
@@ -180,16 +195,18 @@ class RemoteTier:
         return fetch < prefill + fetch * better_than / max(n, 1)
 
     # ---- restore -----------------------------------------------------------------------------
-    def fetch(self, e: Entry, chain_names: list[str]):
-        """Read ``e``'s blocks and tail (``e`` from :meth:`peek`): ``(blocks, tail, n_blocks)`` where
+    def fetch(self, e: Entry, buffer: Callable[[int], object] | None = None):
+        """Read ``e``'s blocks and tail (``e`` from :meth:`peek`): ``(blocks, tail, n_blocks, state)`` where
         ``n_blocks == len(e.blocks)`` for the whole state, fewer for a verified prefix (a trimmable model only:
-        the caller cuts the state to ``n_blocks`` blocks), or None (a counted miss).
+        the caller cuts the state to ``n_blocks`` blocks), or None (a counted miss). :meth:`peek` checked that
+        the entry's block names are the chain of its own tokens; each block read is checked against them.
 
-        ``chain_names``: the block names recomputed from ``e.tokens`` (:meth:`peek` checked them too)."""
+        ``buffer(size)``: a writable buffer of at least ``size`` bytes; given (and the splitter assembles
+        states: :class:`ollapy.cache.kvstate.StateAssembler`), each block is written into its place in it as
+        soon as it arrived and passed its checks, while the store's reader thread receives the next ones
+        (:meth:`RemoteStore.get_many`), and ``state`` is the whole state (a view of it) when every block
+        came; otherwise ``state`` is None and the caller joins ``blocks`` and ``tail``."""
         r: RemoteEntry = e.header
-        if list(r.blocks) != chain_names:
-            self.stats.add(remote_corrupt=1, remote_misses=1)
-            return None
         keys = [part_key(r.key, i) for i in range(1, r.tail_parts)]
         for name in r.blocks:
             bkey = block_key(self.namespace, name)
@@ -200,17 +217,26 @@ class RemoteTier:
         tail = [r.tail0]
         blocks: list = []
         pieces: list = []
+        asm = None
         bad = False
         t0 = time.perf_counter()
         nread = 0
         values = self.store.get_many(keys, deadline)
-        for i, key in enumerate(keys):
-            raw = next(values, None)
-            if raw is None:  # missing (evicted, the store restarted), the store failed, or past the deadline
-                self._forget(r.blocks[max(0, (i - r.tail_parts + 1) // r.block_parts):])
-                break
-            nread += len(raw)
-            try:
+        try:
+            for i, key in enumerate([None, *keys]):
+                if len(tail) == r.tail_parts and asm is None and buffer is not None \
+                        and hasattr(self.kv, "StateAssembler"):
+                    whole = _joined(tail)
+                    asm = self.kv.StateAssembler(whole, buffer(self.kv.joined_size(whole)))
+                    tail = [whole]
+                if key is None:
+                    continue
+                i -= 1
+                raw = next(values, None)
+                if raw is None:  # missing (evicted, the store restarted), the store failed, or past the deadline
+                    self._forget(r.blocks[max(0, (i - r.tail_parts + 1) // r.block_parts):])
+                    break
+                nread += len(raw)
                 if i < r.tail_parts - 1:
                     _, p = decode(raw, "entry", r.key, i + 1, self.model_sha256, self.salt)
                     tail.append(p)
@@ -222,19 +248,20 @@ class RemoteTier:
                 if hdr.n_parts != r.block_parts or [int(t) for t in hdr.meta["tokens"]] != r.tokens[j * b:(j + 1) * b] \
                         or hdr.meta.get("parent", "") != (r.blocks[j - 1] if j else ""):
                     raise RemoteValueError("block tokens or parent do not match the entry")
-            except (RemoteValueError, KeyError, TypeError, ValueError) as exc:
-                log.debug("prompt cache: remote value %s: %s", key, exc)
-                bad = True
-                break
-            pieces.append(p)
-            if part == r.block_parts - 1:
-                block = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
-                if len(block) != r.block_len:
-                    bad = True
-                    break
-                blocks.append(block)
-                pieces = []
-        values.close()
+                pieces.append(p)
+                if part == r.block_parts - 1:
+                    block = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
+                    if len(block) != r.block_len:
+                        raise RemoteValueError(f"block {j} holds {len(block)} bytes, the entry says {r.block_len}")
+                    if asm is not None:
+                        asm.put(j, block)
+                    blocks.append(block)
+                    pieces = []
+        except (RemoteValueError, KeyError, TypeError, ValueError) as exc:  # ValueError: KVStateError too
+            log.debug("prompt cache: remote value of %s: %s", r.key, exc)
+            bad = True
+        finally:
+            values.close()
         self.stats.add(remote_bytes_read=nread)
         if bad:
             self.stats.add(remote_corrupt=1)
@@ -244,16 +271,17 @@ class RemoteTier:
                 self._skip.move_to_end(r.key)
                 while len(self._skip) > KNOWN_BLOCKS:
                     self._skip.popitem(last=False)
-        whole_tail = len(tail) == r.tail_parts
+        whole_tail = len(tail) == r.tail_parts or asm is not None
         if whole_tail and len(blocks) == len(r.blocks):
             self._remember(r.blocks)
             log.debug("prompt cache: remote restore of %d blocks (%d bytes) in %.1f ms", len(blocks), nread,
                       (time.perf_counter() - t0) * 1e3)
-            return blocks, _joined(tail), len(blocks)
+            state = asm.out[:asm.size] if asm is not None else None
+            return blocks, _joined(tail), len(blocks), state
         if whole_tail and blocks and self.trimmable:
             self._remember(r.blocks[:len(blocks)])
             self.stats.add(remote_partial=1)
-            return blocks, _joined(tail), len(blocks)
+            return blocks, _joined(tail), len(blocks), None
         self.stats.add(remote_misses=1)
         return None
 
@@ -262,6 +290,20 @@ class RemoteTier:
         with self._names:
             for n in names:
                 self._held.pop(n, None)
+
+    def _note_entry(self, key: str, tokens) -> None:
+        """The store holds (wrote or read) the entry of ``tokens`` under ``key``: a state that is a prefix of it
+        is not sent (the stored one serves every prompt the shorter one would)."""
+        with self._names:
+            self._entries[key] = tuple(tokens)
+            self._entries.move_to_end(key)
+            while len(self._entries) > KNOWN_ENTRIES:
+                self._entries.popitem(last=False)
+
+    def _holds_longer(self, key: str, tokens: list[int]) -> bool:
+        with self._names:
+            known = self._entries.get(key)
+        return known is not None and len(known) >= len(tokens) and known[:len(tokens)] == tuple(tokens)
 
     def _remember(self, names) -> None:
         with self._names:
@@ -273,19 +315,18 @@ class RemoteTier:
 
     # ---- writes ------------------------------------------------------------------------------
     def offer(self, tokens: list[int], chain: list[bytes], nbytes: int, whole=None, blocks=None, tail=None) -> bool:
-        """Queue the state of ``tokens`` (``nbytes``; ``chain``: the index's chain hashes of ``tokens``) for the
-        store: given ``whole``, or as the local tiers' ``blocks`` and ``tail`` (immutable buffers). The writer
-        thread joins it where needed and cuts it into blocks of one index block (64 tokens, so a turn sends its
-        new 64-token blocks and a tail under 64 cells), names them by ``chain`` and sends the blocks the store
-        lacks, then the entry. Never waits on the store and computes nothing heavy here
-        (:meth:`RemoteStore.put_async`); False when the queue refused it or the state cannot be cut."""
+        """Queue the state of ``tokens`` (``nbytes``; ``chain``: the index's chain hashes of ``tokens``, the last
+        one its entry's anchor) for the store: given ``whole``, or as the local tiers' ``blocks`` and ``tail``
+        (immutable buffers). The writer thread joins it where needed and cuts it into blocks of
+        :data:`BLOCK_TOKENS` (so a turn sends its new blocks and a tail under one block), sends the blocks
+        this process does not know the store holds (written or found there before), then the entry; a newer
+        state of the same anchor supersedes a write still waiting (:meth:`RemoteStore.put_async`). Never
+        waits on the store and computes nothing heavy here; False when the queue refused it."""
         if self.kv is None or not chain:
             return False
-        tokens, names = list(tokens), [h.hex() for h in chain]
-        anchor, rb = names[-1], self.index_block
+        tokens, names = list(tokens), self.block_names(tokens)
+        anchor, rb = chain[-1].hex(), BLOCK_TOKENS
         sha, salt, ns, kv = self.model_sha256, self.salt, self.namespace, self.kv
-        with self._names:
-            held = {n for n in names if n in self._held}
 
         def make() -> list:
             state = whole if whole is not None else kv.join_state(blocks, tail)
@@ -293,8 +334,10 @@ class RemoteTier:
                 cut = kv.split_state(state, rb)
             except ValueError:
                 cut = None
-            if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(names):
+            if cut is None or cut.n_cells != len(tokens) or len(cut.blocks) != len(names) or not names:
                 return []
+            with self._names:  # decided when sent, not when queued: an earlier write of this process went first
+                held = {n for n in names if n in self._held}
             block_len = len(cut.blocks[0])
             meta = {"tokens": tokens, "blocks": names, "block_tokens": rb, "state_len": len(state),
                     "block_len": block_len, "block_parts": n_parts(block_len)}
@@ -304,13 +347,14 @@ class RemoteTier:
                     values += [(k, v, True) for k, v in encode_parts(
                         "block", block_key(ns, names[j]), sha, salt, d,
                         {"tokens": tokens[j * rb:(j + 1) * rb], "parent": names[j - 1] if j else ""})]
-            return values + [(k, v, False) for k, v in encode_parts("entry", entry_key(ns, anchor), sha, salt,
-                                                                    cut.tail, meta)]
-
-        ok = self.store.put_async(make, nbytes)
-        if ok:
             self._remember(names)
-        return ok
+            key = entry_key(ns, anchor)
+            if self._holds_longer(key, tokens):  # its blocks were all sent: the entry adds nothing
+                return values
+            self._note_entry(key, tokens)
+            return values + [(k, v, False) for k, v in encode_parts("entry", key, sha, salt, cut.tail, meta)]
+
+        return self.store.put_async(make, nbytes, key=entry_key(ns, anchor))
 
     def snapshot(self) -> dict[str, int]:
         """Gauges of the store client for :class:`~ollapy.cache.stats.CacheStats`."""

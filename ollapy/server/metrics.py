@@ -13,7 +13,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-REMOTE_GAUGES = {  # the prompt cache's remote tier (ollapy.cache.stats.CacheStats remote_*; 0 without one)
+# the prompt cache's remote tier (ollapy.cache.stats.CacheStats remote_*; 0 without one): events since the store
+# client opened are counters (exposed with their _total), what holds now gauges
+REMOTE_COUNTERS = {
     "misses": "Stored remote entries that could not serve (evicted, failed a check, the store failed).",
     "corrupt": "Remote values that failed a check (counted misses, never loaded).",
     "partial": "Remote restores of a verified prefix of a block chain.",
@@ -22,6 +24,8 @@ REMOTE_GAUGES = {  # the prompt cache's remote tier (ollapy.cache.stats.CacheSta
     "bytes_written": "Bytes the remote store took (SET NX that stored).",
     "errors": "Remote store operations that failed (timeouts, refused connections).",
     "dropped": "Writes for the remote store dropped (queue full, breaker open).",
+}
+REMOTE_GAUGES = {
     "queue_depth": "Writes waiting for the remote store.",
     "breaker_open": "1 while the circuit breaker skips the remote store.",
     "probe_us": "The last remote lookup round trip, in microseconds.",
@@ -122,8 +126,10 @@ class _RuntimeCollector:
                                     "restored; not in ollapy_prompt_cache_bytes).", labels=["model"])
         queued = GaugeMetricFamily("ollapy_prompt_cache_queued_bytes", "Bytes of states waiting in the disk writer's "
                                    "queue (bounded by its budget; not in ollapy_prompt_cache_bytes).", labels=["model"])
-        remote = {name: GaugeMetricFamily(f"ollapy_prompt_cache_remote_{name}", doc, labels=["model"])
-                  for name, doc in REMOTE_GAUGES.items()}
+        remote = {name: CounterMetricFamily(f"ollapy_prompt_cache_remote_{name}", doc, labels=["model"])
+                  for name, doc in REMOTE_COUNTERS.items()}
+        remote.update({name: GaugeMetricFamily(f"ollapy_prompt_cache_remote_{name}", doc, labels=["model"])
+                       for name, doc in REMOTE_GAUGES.items()})
         models = list(rt.models.values()) if rt is not None else []
         loaded.add_metric([], len(models))
         for e in models:
