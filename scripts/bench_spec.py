@@ -379,6 +379,7 @@ def main() -> int:
     ap.add_argument("--speculative-simple", help="llama-speculative-simple executable for row q's native "
                                                  "anchor (default: from PATH)")
     ap.add_argument("--q-predict", type=int, default=128, help="tokens per code prompt in row q (default 128)")
+    ap.add_argument("--q-threads", type=int, default=0, help="num_thread of every side of row q (0: default)")
     args = ap.parse_args()
     fetch = _script("fetch_test_models")
     paths = {m.name: fetch.fetch_model(m, fetch.default_dir()) for m in fetch.MODELS}
@@ -426,7 +427,7 @@ def main() -> int:
         model, prompt, n = TASKS["a"]
         rows.append(paired(Row("dm (a)", 1.3), env, models[model], prompt, n, ["-o", f"draft={draft_gguf}"],
                            args.rounds))
-    q_rows = _script("bench_spec_pair").pair_rows(env, tmp, args.q_predict) if "q" in wanted else []
+    q_rows = _script("bench_spec_pair").pair_rows(env, tmp, args.q_predict, args.q_threads) if "q" in wanted else []
     load = os.getloadavg()
     print(f"load average (1/5/15 min) {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs"
           + (": other processes competed for the CPU, timings are noisy" if load[0] > (os.cpu_count() or 1) else ""))
@@ -446,7 +447,8 @@ def main() -> int:
             print("native: llama-server or llama-speculative-simple not found (scripts/build_native_baselines.sh)")
             missed.append("q vs native")
         else:
-            lines, ok = _script("bench_spec_pair").native_pair(server, spec, tmp, args.q_predict, q_rows[0])
+            lines, ok = _script("bench_spec_pair").native_pair(server, spec, tmp, args.q_predict, q_rows[0],
+                                                                  args.q_threads)
             print("\n".join(lines))
             if not ok:
                 missed.append("q vs native")

@@ -12,6 +12,9 @@ one drafted ``ollapy run`` process per prompt (the order alternating), draft len
   Ollama defaults: temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1) with ``-o seed=1``, the drafted
   side run as a model created from a Modelfile with ``DRAFT`` (so both ways of naming a draft model are
   measured); seeded, so the texts must be identical too; target >= 1.3x.
+- ``--q-threads N`` sets ``num_thread`` (and ``-t``/``-td`` of the native tools) on every side: on a machine
+  shared with more runnable threads than cores, ggml's spinning thread barrier makes 2-thread timings collapse at
+  random, and one thread per process is the steadier comparison.
 - ``q vs native`` (with ``--native``): llama.cpp's ``llama-speculative-simple`` on the same pair, prompts
   (rendered by llama-server's ``/apply-template`` with the GGUF's template, as ollapy renders them) and draft
   length (``--spec-draft-n-max 4``), greedy, against plain decoding of the same text by ``llama-server``
@@ -58,8 +61,11 @@ def combined(row: bs.Row) -> tuple[float, list[float]]:
     return (n_draft / t_draft) / (n_plain / t_plain), per
 
 
-def pair_rows(env: dict, tmp: Path, num_predict: int, target: Path = TARGET, draft: Path = DRAFT) -> list[bs.Row]:
-    """The (q) rows through ``ollapy run``: greedy with ``-o draft=PATH``, default sampling with a Modelfile DRAFT."""
+def pair_rows(env: dict, tmp: Path, num_predict: int, threads: int = 0, target: Path = TARGET,
+              draft: Path = DRAFT) -> list[bs.Row]:
+    """The (q) rows through ``ollapy run``: greedy with ``-o draft=PATH``, default sampling with a Modelfile DRAFT.
+    ``threads``: ``num_thread`` of both sides (0: ollapy's default)."""
+    thread_opts = ["-o", f"num_thread={threads}"] if threads else []
     (tmp / "Modelfile.q").write_text(f"FROM {target}\nDRAFT {draft}\n")
     made = subprocess.run([*bs.CLI, "create", "coder-drafted", "-f", str(tmp / "Modelfile.q")], env=env,
                           capture_output=True, text=True, cwd=str(bs.ROOT))
@@ -68,10 +74,11 @@ def pair_rows(env: dict, tmp: Path, num_predict: int, target: Path = TARGET, dra
     rows = []
     for name, goal, sampling, extra, drafted_model in (
             ("q greedy", 1.5, None, ["-o", f"draft={draft}"], None),
-            ("q default", 1.3, DEFAULT_SAMPLING, [], "coder-drafted")):
+            ("q default", 1.3, DEFAULT_SAMPLING + thread_opts, [], "coder-drafted")):
         row = bs.Row(name, goal)
         for i, prompt in enumerate(CODE_PROMPTS):
-            bs.paired(row, env, str(target), prompt, num_predict, extra, 1, sampling, drafted_model)
+            sampling_opts = (bs.GREEDY_CLI + thread_opts) if sampling is None else sampling
+            bs.paired(row, env, str(target), prompt, num_predict, extra, 1, sampling_opts, drafted_model)
             print(f"  {name} prompt {i + 1}: plain {row.runs[-1][False].eval_rate:.2f} tok/s, drafted "
                   f"{row.runs[-1][True].eval_rate:.2f} tok/s ({row.runs[-1][True].accepted}/"
                   f"{row.runs[-1][True].drafted} accepted), {row.runs[-1][True].eval_count} tokens, same text "
@@ -84,13 +91,14 @@ def pair_rows(env: dict, tmp: Path, num_predict: int, target: Path = TARGET, dra
     return rows
 
 
-def native_pair(server_exe: str, spec_exe: str, tmp: Path, num_predict: int, ours: bs.Row,
+def native_pair(server_exe: str, spec_exe: str, tmp: Path, num_predict: int, ours: bs.Row, threads: int = 0,
                 target: Path = TARGET, draft: Path = DRAFT) -> tuple[list[str], bool]:
     """llama-speculative-simple vs llama-server's plain decoding on the (q) prompts, greedy; the lines to print
     and whether ollapy's greedy speed-up (``ours``, the ``q greedy`` row) is at least native's."""
     from ollapy.engine.backend.bindings import choose_extra_bufts
 
-    threads = str(bs.os.cpu_count() or 2) if (bs.os.cpu_count() or 2) <= 4 else str((bs.os.cpu_count() or 2) // 2)
+    n_cpu = bs.os.cpu_count() or 2
+    threads = str(threads or (n_cpu if n_cpu <= 4 else n_cpu // 2))  # bench_spec's choice for llama-server
     no_repack = [] if choose_extra_bufts("auto")[0] else ["--no-repack"]
     common = ["-c", "4096", "-t", threads, "-fa", "off", *no_repack]
     port = bs.free_port()
@@ -118,7 +126,8 @@ def native_pair(server_exe: str, spec_exe: str, tmp: Path, num_predict: int, our
                               timeout=1800).json()
             t = body["timings"]
             plain.append((t["predicted_n"], t["predicted_n"] / t["predicted_per_second"]))
-            p = subprocess.run([spec_exe, "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple", "-p", text, "-n", str(num_predict),
+            p = subprocess.run([spec_exe, "-m", str(target), "-md", str(draft), "--spec-type", "draft-simple",
+                                "-p", text, "-n", str(num_predict),
                                 "--temp", "0", "--repeat-penalty", "1", "--spec-draft-n-max", str(DRAFT_MAX),
                                 "-td", threads, *common], capture_output=True, text=True, timeout=1800)
             m = SPEC_LINE.search(p.stderr) or SPEC_LINE.search(p.stdout)
