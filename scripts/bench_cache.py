@@ -31,8 +31,8 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
   driven on the backend in alternating pairs; target < 5% slower.
 
 * long prompt (``--long-prompt``, or ``--long-only``; issue 55, meant for Qwen2.5-Coder-1.5B as ``--model``): a
-  ~6,000-token prompt (``--long-tokens``) answered by new ``ollapy run`` processes, one cold (--no-cache) and
-  ``--repeat`` disk hits on a cache filled by an earlier process: target >= 100x faster to the first token
+  ~6,000-token prompt (``--long-tokens``) answered by new ``ollapy run`` processes, the first cold (empty cache
+  directory; it fills the cache) and ``--repeat`` later ones disk hits: target >= 100x faster to the first token
   (total minus load minus eval duration), the same ``--long-predict`` greedy tokens.
 
 * block pool (``--blocks``, or ``--blocks-only``; scripts/bench_cache_blocks.py, both models, through
@@ -450,33 +450,35 @@ def process_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
 
 
 def long_prompt_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
-    """A ~6,000-token prompt (``--long-tokens``) in new ``ollapy run`` processes: one cold (--no-cache) against
-    disk hits (median of ``--repeat``) on a cache one earlier cold process filled; the answers
-    (``--long-predict`` greedy tokens) must be identical. Target >= 100x faster to the first token (issue 55)."""
+    """A ~6,000-token prompt (``--long-tokens``) in new ``ollapy run`` processes: the first one cold (an empty
+    cache directory: nothing to reuse; it fills the cache, as a user's first run does) against disk hits (median of
+    ``--repeat``) by later processes; the answers (``--long-predict`` greedy tokens) must be identical. Target
+    >= 100x faster to the first token (issue 55). The cold run is not repeated: it takes minutes on a 1.5B model
+    on 2 cores."""
     n_rules = max(1, round(args.long_tokens / 22.6))  # ~22.6 Qwen2.5 tokens per rule
     sysp = system_prompt("long", n_rules)
     q = "Which rule number comes right after Rule 41? Answer with the number only, then explain in one sentence."
     cli_dir = str(tmp / "long")
-    kw = dict(threads=args.threads, num_predict=args.long_predict, num_ctx=8192, timeout=3600)
+    kw = dict(threads=args.threads, num_predict=args.long_predict, num_ctx=8192, timeout=7200)
     facts.setdefault("model_name", args.model.stem)
-    cold = cli_run(args.model, sysp, q, cli_dir, ("--no-cache",), **kw)
-    fill = cli_run(args.model, sysp, q, cli_dir, **kw)  # an earlier process fills the cache (cold too)
+    cold = cli_run(args.model, sysp, q, cli_dir, **kw)
     hit = [cli_run(args.model, sysp, q, cli_dir, **kw) for _ in range(args.repeat)]
     med = statistics.median
     t_hit = med(r["ttft"] for r in hit)
-    same = all(r["text"] == cold["text"] for r in [fill, *hit])
+    same = all(r["text"] == cold["text"] for r in hit)
     min_reused = min(r["reused"] for r in hit)
     sources = dict(collections.Counter(r["source"] for r in hit))
-    rows.append(Row(f"long prompt, new process, cold ({cold['n_prompt']} tok, --no-cache)", ms(cold["ttft"]),
-                    f"one run; model load {ms(cold['load'])} (not in TTFT); wall {cold['wall']:.1f} s; "
-                    f"the filling process's TTFT {ms(fill['ttft'])}; answer ({args.long_predict} greedy tokens): "
+    rows.append(Row(f"long prompt, new process, cold ({cold['n_prompt']} tok, {cold['reused']} reused)",
+                    ms(cold["ttft"]), f"one run, empty cache directory (it fills it); model load {ms(cold['load'])} "
+                    f"(not in TTFT); wall {cold['wall']:.1f} s; answer ({args.long_predict} greedy tokens): "
                     f"{cold['text'][:160]!r}"))
     speed = cold["ttft"] / t_hit
     rows.append(Row(f"long prompt, new process, disk hit ({min_reused} tok reused)", ms(t_hit),
                     f"{speed:.1f}x vs the cold process; median of {args.repeat}; model load "
                     f"{ms(med(r['load'] for r in hit))} (not in TTFT); wall {med(r['wall'] for r in hit):.2f} s; "
                     f"sources {sources}; answers identical to the cold one: {same}",
-                    f">= {LONG_SPEEDUP:.0f}x, same answer", min_reused > 0 and same and speed >= LONG_SPEEDUP))
+                    f">= {LONG_SPEEDUP:.0f}x, same answer",
+                    cold["reused"] == 0 and min_reused > 0 and same and speed >= LONG_SPEEDUP))
 
 
 def exact_prompt(rng: random.Random) -> str:
