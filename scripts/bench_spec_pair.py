@@ -142,7 +142,6 @@ def native_pair(server_exe: str, spec_exe: str, tmp: Path, num_predict: int, our
                          f"llama-speculative-simple {n / secs:.2f} tok/s "
                          f"({acc.group(2) + '/' + acc.group(1) + ' accepted' if acc else 'acceptance not printed'})"
                          f", same text as plain {same}")
-            print(lines[-1], file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
