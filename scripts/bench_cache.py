@@ -32,8 +32,9 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
 
 * long prompt (``--long-prompt``, or ``--long-only``; issue 55, meant for Qwen2.5-Coder-1.5B as ``--model``): a
   ~6,000-token prompt (``--long-tokens``) answered by new ``ollapy run`` processes, the first cold (empty cache
-  directory; it fills the cache) and ``--repeat`` later ones disk hits: target >= 100x faster to the first token
-  (total minus load minus eval duration), the same ``--long-predict`` greedy tokens.
+  directory; it fills the cache) and ``--repeat`` later ones disk hits: target >= 100x faster to the answer
+  (process wall time minus model load, which understates the TTFT ratio), the same ``--long-predict`` greedy
+  tokens.
 
 * block pool (``--blocks``, or ``--blocks-only``; scripts/bench_cache_blocks.py, both models, through
   ``ollapy serve`` and ``/metrics``, greedy, num_ctx 8192): one conversation of 10 turns writes <= 1.25x its
@@ -219,7 +220,8 @@ def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), t
     ttft_s = dur("total duration") - load - (dur("eval duration") if num_predict > 1 else 0.0)
     return {"wall": wall, "load": load, "ttft": ttft_s, "reused": int(mm.group(1)),
             "source": mm.group(2) or ("none" if mm.group(1) == "0" else "?"), "text": p.stdout.strip(),
-            "n_prompt": n_prompt}
+            "n_prompt": n_prompt, "prompt_eval": dur("prompt eval duration"), "eval": dur("eval duration"),
+            "total": dur("total duration")}
 
 
 @dataclass
@@ -464,19 +466,25 @@ def long_prompt_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
     cold = cli_run(args.model, sysp, q, cli_dir, **kw)
     hit = [cli_run(args.model, sysp, q, cli_dir, **kw) for _ in range(args.repeat)]
     med = statistics.median
-    t_hit = med(r["ttft"] for r in hit)
+    # judged on the process's wall time to its answer minus the model's load: the answer's few tokens and the
+    # interpreter's start are in both sides (so the ratio understates the TTFT speed-up); the --verbose figures
+    # are shown beside it
+    answer = lambda r: r["wall"] - r["load"]  # noqa: E731
+    t_hit = med(answer(r) for r in hit)
     same = all(r["text"] == cold["text"] for r in hit)
     min_reused = min(r["reused"] for r in hit)
     sources = dict(collections.Counter(r["source"] for r in hit))
+    verbose = lambda r: (f"--verbose: total {r['total']:.2f} s, load {r['load']:.2f} s, prompt eval "  # noqa: E731
+                         f"{r['prompt_eval']:.2f} s, eval {r['eval']:.2f} s")
     rows.append(Row(f"long prompt, new process, cold ({cold['n_prompt']} tok, {cold['reused']} reused)",
-                    ms(cold["ttft"]), f"one run, empty cache directory (it fills it); model load {ms(cold['load'])} "
-                    f"(not in TTFT); wall {cold['wall']:.1f} s; answer ({args.long_predict} greedy tokens): "
+                    f"{answer(cold):.2f} s", f"wall minus model load; one run, empty cache directory (it fills it); "
+                    f"wall {cold['wall']:.1f} s; {verbose(cold)}; answer ({args.long_predict} greedy tokens at most): "
                     f"{cold['text'][:160]!r}"))
-    speed = cold["ttft"] / t_hit
-    rows.append(Row(f"long prompt, new process, disk hit ({min_reused} tok reused)", ms(t_hit),
-                    f"{speed:.1f}x vs the cold process; median of {args.repeat}; model load "
-                    f"{ms(med(r['load'] for r in hit))} (not in TTFT); wall {med(r['wall'] for r in hit):.2f} s; "
-                    f"sources {sources}; answers identical to the cold one: {same}",
+    speed = answer(cold) / t_hit
+    rows.append(Row(f"long prompt, new process, disk hit ({min_reused} tok reused)", f"{t_hit:.2f} s",
+                    f"{speed:.1f}x vs the cold process (wall minus model load, median of {args.repeat}); "
+                    f"wall {med(r['wall'] for r in hit):.2f} s; first hit's {verbose(hit[0])}; sources {sources}; "
+                    f"answers identical to the cold one: {same}",
                     f">= {LONG_SPEEDUP:.0f}x, same answer",
                     cold["reused"] == 0 and min_reused > 0 and same and speed >= LONG_SPEEDUP))
 
