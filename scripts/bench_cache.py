@@ -210,7 +210,7 @@ def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), t
         raise SystemExit(f"ollapy run failed ({p.returncode}): {p.stderr}")
 
     def dur(label: str) -> float:
-        mm = re.search(rf"{label}:\s+([\d.]+)(ms|s|µs)", p.stderr)
+        mm = re.search(rf"^{label}:\s+([\d.]+)(ms|s|µs)", p.stderr, re.M)  # "eval" is not "prompt eval"
         v = float(mm.group(1))
         return v / 1000 if mm.group(2) == "ms" else v / 1e6 if mm.group(2) == "µs" else v
 
