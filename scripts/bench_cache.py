@@ -30,6 +30,12 @@ Rows (time to first token, TTFT, with a ~2,200-token shared system prompt, num_p
   (ollapy/engine/prefix/evalorder.py) against the same prefill with it inside the last chunk (the order before it),
   driven on the backend in alternating pairs; target < 5% slower.
 
+* long prompt (``--long-prompt``, or ``--long-only``; issue 55, meant for Qwen2.5-Coder-1.5B as ``--model``): a
+  ~6,000-token prompt (``--long-tokens``) answered by new ``ollapy run`` processes, the first cold (empty cache
+  directory; it fills the cache) and ``--repeat`` later ones disk hits: target >= 100x faster to the answer
+  (process wall time minus model load, which understates the TTFT ratio), the same ``--long-predict`` greedy
+  tokens.
+
 * block pool (``--blocks``, or ``--blocks-only``; scripts/bench_cache_blocks.py, both models, through
   ``ollapy serve`` and ``/metrics``, greedy, num_ctx 8192): one conversation of 10 turns writes <= 1.25x its
   final state; 10 conversations x 3 turns sharing a system prompt write <= 1.5x and hold (disk, RAM) <= 1.5x
@@ -42,6 +48,7 @@ SIGTERM). The header prints the load average before and after: timings from a bu
 
 Usage: python scripts/bench_cache.py [--model PATH] [--repeat N] [--pairs N] [--requests N] [--num-predict N]
                                      [--system-prompts N] [--threads N] [--skip-admission | --admission-only]
+                                     [--long-prompt | --long-only] [--long-tokens N] [--long-predict N]
                                      [--busy N] [--keep]
 """
 from __future__ import annotations
@@ -76,6 +83,7 @@ OVERHEAD_MAX = 0.02
 RESTORE_GBPS = 1.0
 ADMISSION_MAX_RATIO = 0.10
 ORDER_COST_MAX = 0.05
+LONG_SPEEDUP = 100.0  # issue 55: a 6,000-token prompt in a new process, disk hit vs cold
 GEMMA_MODEL = Path.home() / ".cache/ollapy/test-models/gemma-3-270m-q4_k_m.gguf"
 
 # admission workload
@@ -184,28 +192,36 @@ def clear(m) -> None:
         m.backend.seq_clear(s.id)
 
 
-def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), threads: int = 0) -> dict:
-    """One ``ollapy run --verbose`` process, as a shell script would start it; its timings from --verbose."""
+def cli_run(model: Path, system: str, question: str, cache_dir: str, extra=(), threads: int = 0,
+            num_predict: int = 1, num_ctx: int = 4096, timeout: float = 600) -> dict:
+    """One ``ollapy run --verbose`` process, as a shell script would start it; its timings from --verbose.
+
+    ``ttft`` is total duration minus load and eval duration (seconds; with num_predict=1 the eval duration is
+    that of the one token after the first); ``text`` is the answer (stdout)."""
     env = dict(os.environ, OLLAPY_CACHE_DIR=cache_dir, OLLAPY_HOST="127.0.0.1:9")
     env.pop("OLLAPY_DEBUG", None)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ollapy.cli.main", "run", str(model), "--system", system, "--verbose",
-                        "-o", "temperature=0", "-o", "num_predict=1", "-o", "num_ctx=4096",
+                        "-o", "temperature=0", "-o", f"num_predict={num_predict}", "-o", f"num_ctx={num_ctx}",
                         *(("-o", f"num_thread={threads}") if threads else ()), *extra, question],
-                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=600)
+                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=timeout)
     wall = time.perf_counter() - t
     if p.returncode:
         raise SystemExit(f"ollapy run failed ({p.returncode}): {p.stderr}")
 
     def dur(label: str) -> float:
-        mm = re.search(rf"{label}:\s+([\d.]+)(ms|s|µs)", p.stderr)
+        mm = re.search(rf"^{label}:\s+([\d.]+)(ms|s|µs)", p.stderr, re.M)  # "eval" is not "prompt eval"
         v = float(mm.group(1))
         return v / 1000 if mm.group(2) == "ms" else v / 1e6 if mm.group(2) == "µs" else v
 
     mm = re.search(r"prompt cache:\s+(\d+) token\(s\) reused(?: \(([^),]*)[^)]*\))?", p.stderr)
     load = dur("load duration")
-    return {"wall": wall, "load": load, "ttft": dur("total duration") - load, "reused": int(mm.group(1)),
-            "source": mm.group(2) or ("none" if mm.group(1) == "0" else "?")}
+    n_prompt = int(re.search(r"prompt eval count:\s+(\d+)", p.stderr).group(1))
+    ttft_s = dur("total duration") - load - (dur("eval duration") if num_predict > 1 else 0.0)
+    return {"wall": wall, "load": load, "ttft": ttft_s, "reused": int(mm.group(1)),
+            "source": mm.group(2) or ("none" if mm.group(1) == "0" else "?"), "text": p.stdout.strip(),
+            "n_prompt": n_prompt, "prompt_eval": dur("prompt eval duration"), "eval": dur("eval duration"),
+            "total": dur("total duration")}
 
 
 @dataclass
@@ -433,6 +449,44 @@ def process_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
                     f"wall {med(r['wall'] for r in hit):.2f} s; sources {sources}; filled by one earlier `ollapy run` "
                     f"(its TTFT {ms(fill['ttft'])}, reused {fill['reused']} tok)",
                     f">= {PROCESS_SPEEDUP:.0f}x, > 0 tok", min_reused > 0 and speed >= PROCESS_SPEEDUP))
+
+
+def long_prompt_rows(args, tmp: Path, rows: list[Row], facts: dict) -> None:
+    """A ~6,000-token prompt (``--long-tokens``) in new ``ollapy run`` processes: the first one cold (an empty
+    cache directory: nothing to reuse; it fills the cache, as a user's first run does) against disk hits (median of
+    ``--repeat``) by later processes; the answers (``--long-predict`` greedy tokens) must be identical. Target
+    >= 100x faster to the first token (issue 55). The cold run is not repeated: it takes minutes on a 1.5B model
+    on 2 cores."""
+    n_rules = max(1, round(args.long_tokens / 22.6))  # ~22.6 Qwen2.5 tokens per rule
+    sysp = system_prompt("long", n_rules)
+    q = "Which rule number comes right after Rule 41? Answer with the number only, then explain in one sentence."
+    cli_dir = str(tmp / "long")
+    kw = dict(threads=args.threads, num_predict=args.long_predict, num_ctx=8192, timeout=7200)
+    facts.setdefault("model_name", args.model.stem)
+    cold = cli_run(args.model, sysp, q, cli_dir, **kw)
+    hit = [cli_run(args.model, sysp, q, cli_dir, **kw) for _ in range(args.repeat)]
+    med = statistics.median
+    # judged on the process's wall time to its answer minus the model's load: the answer's few tokens and the
+    # interpreter's start are in both sides (so the ratio understates the TTFT speed-up); the --verbose figures
+    # are shown beside it
+    answer = lambda r: r["wall"] - r["load"]  # noqa: E731
+    t_hit = med(answer(r) for r in hit)
+    same = all(r["text"] == cold["text"] for r in hit)
+    min_reused = min(r["reused"] for r in hit)
+    sources = dict(collections.Counter(r["source"] for r in hit))
+    verbose = lambda r: (f"--verbose: total {r['total']:.2f} s, load {r['load']:.2f} s, prompt eval "  # noqa: E731
+                         f"{r['prompt_eval']:.2f} s, eval {r['eval']:.2f} s")
+    rows.append(Row(f"long prompt, new process, cold ({cold['n_prompt']} tok, {cold['reused']} reused)",
+                    f"{answer(cold):.2f} s", f"wall minus model load; one run, empty cache directory (it fills it); "
+                    f"wall {cold['wall']:.1f} s; {verbose(cold)}; answer ({args.long_predict} greedy tokens at most): "
+                    f"{cold['text'][:160]!r}"))
+    speed = answer(cold) / t_hit
+    rows.append(Row(f"long prompt, new process, disk hit ({min_reused} tok reused)", f"{t_hit:.2f} s",
+                    f"{speed:.1f}x vs the cold process (wall minus model load, median of {args.repeat}); "
+                    f"wall {med(r['wall'] for r in hit):.2f} s; first hit's {verbose(hit[0])}; sources {sources}; "
+                    f"answers identical to the cold one: {same}",
+                    f">= {LONG_SPEEDUP:.0f}x, same answer",
+                    cold["reused"] == 0 and min_reused > 0 and same and speed >= LONG_SPEEDUP))
 
 
 def exact_prompt(rng: random.Random) -> str:
@@ -665,6 +719,11 @@ def main() -> int:
     ap.add_argument("--exactness-only", action="store_true", help="only the exactness rows")
     ap.add_argument("--blocks", action="store_true", help="add the block-pool rows (both models, ollapy serve)")
     ap.add_argument("--blocks-only", action="store_true", help="only the block-pool rows")
+    ap.add_argument("--long-prompt", action="store_true",
+                    help="add the long-prompt rows (new processes, ~--long-tokens prompt, disk hit vs cold)")
+    ap.add_argument("--long-only", action="store_true", help="only the long-prompt rows")
+    ap.add_argument("--long-tokens", type=int, default=6000, help="prompt length of the long-prompt rows")
+    ap.add_argument("--long-predict", type=int, default=24, help="greedy tokens compared in the long-prompt rows")
     ap.add_argument("--busy", type=int, default=0, help="run N CPU busy loops for the whole benchmark")
     ap.add_argument("--keep", action="store_true", help="keep the temporary cache directories")
     ap.add_argument("--verify-admission", metavar="DIR", help=argparse.SUPPRESS)
@@ -683,17 +742,23 @@ def main() -> int:
     phases: list[tuple[str, float]] = []
     phase_list = [("in-process rows", ttft_rows), ("new-process rows", process_rows),
                   ("exactness rows", exactness_rows), ("admission rows", admission_rows)]
+    extra_phases = []
     if args.blocks or args.blocks_only:
-        phase_list.append(("block-pool rows", block_pool_rows))
-    if args.blocks_only:
-        phase_list = phase_list[-1:]
+        extra_phases.append(("block-pool rows", block_pool_rows))
+    if args.long_prompt or args.long_only:
+        extra_phases.append(("long-prompt rows", long_prompt_rows))
+    if args.long_only or args.blocks_only:
+        phase_list = [p for p in extra_phases if (p[1] is long_prompt_rows and args.long_only)
+                      or (p[1] is block_pool_rows and args.blocks_only)]
     elif args.admission_only:
-        phase_list = phase_list[3:]
+        phase_list = phase_list[3:] + extra_phases
     elif args.exactness_only:
-        phase_list = phase_list[2:3]
+        phase_list = phase_list[2:3] + extra_phases
     elif args.skip_admission:
-        phase_list = phase_list[:3]
+        phase_list = phase_list[:3] + extra_phases
         rows_skipped = [Row("admission rows", "skipped", "--skip-admission")]
+    else:
+        phase_list += extra_phases
     load_before = os.getloadavg()
 
     def terminated(signum, _frame):

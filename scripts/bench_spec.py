@@ -17,11 +17,15 @@ text) output must be token-identical, so each row also compares the two texts. I
 | c  | SmolLM2: a free-form story (drafting must not cost when it does not help) | >= 0.97x |
 | d  | 4 concurrent streams of (a) through ``ollapy serve`` (num_parallel 4), aggregate tokens/s | >= 1.0x |
 | dm | draft model on (a): Gemma's first layers cut by scripts/make_draft_gguf.py | >= 1.3x |
+| q  | Qwen2.5-Coder-1.5B drafted by 0.5B, code prompts (bench_spec_pair.py): greedy / default sampling | >= 1.5x / 1.3x |
 
 ``--native`` adds the vendored llama.cpp's ``llama-server`` (scripts/build_native_baselines.sh builds it; this
 llama.cpp's server drafts with ``--spec-type ngram-simple`` and with ``-md DRAFT``): plain and drafted on (a)
 and (c), measured in the same run, and the target "ollapy with n-gram drafting >= 1.1x llama-server with
-n-gram drafting on (a)". Each row prints ok or MISSED; the exit status is 1 when any row missed.
+n-gram drafting on (a)"; with row q, llama.cpp's ``llama-speculative-simple`` on the real pair against
+llama-server's plain decoding, target "ollapy's greedy speed-up >= 1.0x llama-speculative-simple's" (row q is
+not in the default ``--rows``: ``--rows q [--native]``). Each row prints ok or MISSED; the exit status is 1 when
+any row missed.
 
 Run it on a quiet machine: ``flock /tmp/ollapy-cpu.lock python scripts/bench_spec.py [--native] [--rounds 5]``.
 """
@@ -121,6 +125,7 @@ class Row:
     accepted: int = 0
     draft_line: bool = False
     note: str = ""
+    runs: list[dict] = field(default_factory=list)
 
     def ratio(self) -> float:
         return statistics.median(self.ratios) if self.ratios else 0.0
@@ -153,9 +158,11 @@ GREEDY = {"temperature": 0, "repeat_penalty": 1.0}
 GREEDY_CLI = [a for k, v in GREEDY.items() for a in ("-o", f"{k}={v}")]
 
 
-def run_cli(env: dict, model: str, prompt: str, num_predict: int, extra: list[str]) -> Run:
-    cmd = [*CLI, "run", model, "--verbose", "--no-cache", *GREEDY_CLI, "-o", f"num_predict={num_predict}",
-           *extra, prompt]
+def run_cli(env: dict, model: str, prompt: str, num_predict: int, extra: list[str],
+            sampling: list[str] | None = None) -> Run:
+    """One ``ollapy run --verbose --no-cache`` process; ``sampling``: its sampling options (default greedy)."""
+    cmd = [*CLI, "run", model, "--verbose", "--no-cache", *(GREEDY_CLI if sampling is None else sampling),
+           "-o", f"num_predict={num_predict}", *extra, prompt]
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL, cwd=str(ROOT))
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:6])}... failed ({p.returncode}): {p.stderr.strip()[-500:]}")
@@ -163,11 +170,15 @@ def run_cli(env: dict, model: str, prompt: str, num_predict: int, extra: list[st
     return Run(p.stdout, rate, count, drafted, accepted)
 
 
-def paired(row: Row, env: dict, model: str, prompt: str, num_predict: int, draft_opts: list[str], rounds: int) -> Row:
-    """``rounds`` pairs of plain and drafted runs, the order alternating per round; ratio = drafted/plain."""
+def paired(row: Row, env: dict, model: str, prompt: str, num_predict: int, draft_opts: list[str], rounds: int,
+           sampling: list[str] | None = None, drafted_model: str | None = None) -> Row:
+    """``rounds`` pairs of plain and drafted runs, the order alternating per round; ratio = drafted/plain.
+    ``drafted_model``: run the drafted side as this model (a Modelfile with ``DRAFT``) instead of ``model``."""
     for r in range(rounds):
         order = [False, True] if r % 2 == 0 else [True, False]
-        got = {d: run_cli(env, model, prompt, num_predict, draft_opts if d else []) for d in order}
+        got = {d: run_cli(env, (drafted_model or model) if d else model, prompt, num_predict,
+                          draft_opts if d else [], sampling) for d in order}
+        row.runs.append(got)
         row.ratios.append(got[True].eval_rate / got[False].eval_rate)
         row.same_text &= got[True].text == got[False].text
         if got[True].drafted is not None:
@@ -365,6 +376,10 @@ def main() -> int:
                     help="tokens kept in the draft model's vocabulary (FR-Spec; default 32768; 0: all 262,144)")
     ap.add_argument("--native", action="store_true", help="also measure llama-server (from PATH or --llama-server)")
     ap.add_argument("--llama-server", help="llama-server executable (default: from PATH)")
+    ap.add_argument("--speculative-simple", help="llama-speculative-simple executable for row q's native "
+                                                 "anchor (default: from PATH)")
+    ap.add_argument("--q-predict", type=int, default=128, help="tokens per code prompt in row q (default 128)")
+    ap.add_argument("--q-threads", type=int, default=0, help="num_thread of every side of row q (0: default)")
     args = ap.parse_args()
     fetch = _script("fetch_test_models")
     paths = {m.name: fetch.fetch_model(m, fetch.default_dir()) for m in fetch.MODELS}
@@ -412,11 +427,32 @@ def main() -> int:
         model, prompt, n = TASKS["a"]
         rows.append(paired(Row("dm (a)", 1.3), env, models[model], prompt, n, ["-o", f"draft={draft_gguf}"],
                            args.rounds))
-    print(f"ollapy, greedy, median of {args.rounds} paired interleaved runs (drafted / plain eval rate):")
+    q_rows = _script("bench_spec_pair").pair_rows(env, tmp, args.q_predict, args.q_threads) if "q" in wanted else []
+    load = os.getloadavg()
+    print(f"load average (1/5/15 min) {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs"
+          + (": other processes competed for the CPU, timings are noisy" if load[0] > (os.cpu_count() or 1) else ""))
+    if rows:
+        print(f"ollapy, greedy, median of {args.rounds} paired interleaved runs (drafted / plain eval rate):")
     for row in rows:
         print(row.line())
-    missed = [r.name for r in rows if not r.ok()]
-    if args.native:
+    if q_rows:
+        print("ollapy, Qwen2.5-Coder-1.5B drafted by 0.5B (drafted / plain eval rate, one run per prompt):")
+    for row in q_rows:
+        print(row.line())
+    missed = [r.name for r in rows + q_rows if not r.ok()]
+    if q_rows and args.native:
+        server = args.llama_server or shutil.which("llama-server")
+        spec = args.speculative_simple or shutil.which("llama-speculative-simple")
+        if not server or not spec:
+            print("native: llama-server or llama-speculative-simple not found (scripts/build_native_baselines.sh)")
+            missed.append("q vs native")
+        else:
+            lines, ok = _script("bench_spec_pair").native_pair(server, spec, tmp, args.q_predict, q_rows[0],
+                                                                  args.q_threads)
+            print("\n".join(lines))
+            if not ok:
+                missed.append("q vs native")
+    if args.native and wanted & {"a", "c"}:
         exe = args.llama_server or shutil.which("llama-server")
         if not exe:
             print("native: llama-server not found (scripts/build_native_baselines.sh builds it; put it on PATH)")
