@@ -319,6 +319,9 @@ def main() -> int:
     ap.add_argument("--extra-chunks", type=int, default=None, help="llama.vscode ring-buffer chunks (default 4)")
     ap.add_argument("--continue-layout", choices=("plain", "moved-line"), default=None,
                     help="the fim_layout option on Continue's requests (default: the server's)")
+    ap.add_argument("--cold-last", type=int, default=None,
+                    help="check only the last N requests of each shape against cold ones (default: every request; "
+                         "--quick: 1)")
     ap.add_argument("--json", help="write every measurement to this file")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the servers
@@ -336,7 +339,8 @@ def main() -> int:
     text = file_path.read_text(encoding="utf-8")
     tr = make_trace(text, 3 if args.quick else None)
     n_chunks = args.extra_chunks if args.extra_chunks is not None else (1 if args.quick else 4)
-    cold_steps = tr.steps[-1:] if args.quick else tr.steps
+    n_cold = args.cold_last if args.cold_last is not None else (1 if args.quick else len(tr.steps))
+    cold_steps = tr.steps[len(tr.steps) - max(1, min(n_cold, len(tr.steps))):]
     chunks = ring_chunks(Path(heapq.__file__).read_text(encoding="utf-8"), n_chunks, Path(heapq.__file__).name)
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-fim-"))
