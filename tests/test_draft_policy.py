@@ -334,7 +334,8 @@ def test_a_draft_model_probes_at_once_and_again_after_a_rejection_with_a_growing
 
     draft = _ScriptedDraft()
     sp = Speculator(1, draft_model=draft, draft_name="d.gguf")
-    sp.seed_steps([(r, ms / 1000) for r, ms in {1: 20, 2: 40, 3: 60}.items() for _ in range(16)])  # rows are dear
+    # rows dear enough that the prior (2/3) does not pay, cheap enough that a proposal accepted in full would
+    sp.seed_steps([(r, ms / 1000) for r, ms in {1: 20, 2: 26, 3: 32}.items() for _ in range(16)])
     sp.begin(0, [1, 2, 3], "d.gguf", -1, 1)
     cand = [Candidate(0, [1, 2, 3], 50)]
 
@@ -354,6 +355,19 @@ def test_a_draft_model_probes_at_once_and_again_after_a_rejection_with_a_growing
     assert waits == [2 * PROBE_STEPS - 1, 4 * PROBE_STEPS - 1, 8 * PROBE_STEPS - 1]
     sp.record(0, 1, 1)  # the draft pays again
     assert steps_until_draft() == PROBE_STEPS - 1 and draft.asked == [1] * 5
+
+
+def test_a_draft_model_never_probes_where_not_even_a_full_acceptance_pays():
+    """Qwen2.5-Coder-1.5B's steps on 2 AVX-512 cores (ms by rows, scripts/measure_row_cost.py: each verified row
+    costs nearly a step) with its 0.5B draft unpriced (the prior, half a step a token, under the 0.45 measured):
+    no acceptance pays, so no step probes. Before, a probe every PROBE_STEPS steps (the probes were accepted, which
+    reset the wait) drafted 32 of 285 tokens at 0.86x plain decoding (bench_spec --rows q)."""
+    draft = _ScriptedDraft()
+    sp = Speculator(1, draft_model=draft, draft_name="d.gguf")
+    sp.seed_steps([(r, ms / 1000) for r, ms in {1: 48.4, 2: 95.0, 3: 122.3, 4: 143.7, 5: 171.2}.items()
+                   for _ in range(16)])
+    sp.begin(0, [1, 2, 3], "d.gguf", -1, 1)
+    assert not any(sp.plan([Candidate(0, [1, 2, 3], 50)]) for _ in range(100)) and draft.asked == []
 
 
 def test_a_draft_model_probes_when_its_rate_passes_the_break_even_bound_but_no_length_pays():

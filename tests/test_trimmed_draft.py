@@ -110,7 +110,9 @@ def test_a_trimmed_draft_proposes_the_targets_own_ids(smollm2_path, trimmed):
 def test_ollapy_run_with_a_trimmed_draft_answers_as_plain_and_drafts(smollm2_path, trimmed):
     base = ["run", str(smollm2_path), "--verbose", "--no-cache", "-o", "temperature=0", "-o", "num_predict=48"]
     plain = run_cli(*base, COPY)
-    drafted = run_cli(*base, "-o", f"draft={trimmed}", COPY)
+    # a full-depth draft costs nearly a target step: with measured prices no acceptance pays and nothing would be
+    # verified, so the policy's row cost is pinned low (OLLAPY_DRAFT_ROW_COST) to exercise the trimmed pipeline
+    drafted = run_cli(*base, "-o", f"draft={trimmed}", COPY, env={"OLLAPY_DRAFT_ROW_COST": "0.05"})
     assert plain.returncode == 0 == drafted.returncode, drafted.stderr.decode()
     assert drafted.stdout == plain.stdout and drafted.stdout.strip()
     line = [ln for ln in drafted.stderr.decode().splitlines() if ln.startswith("draft:")]

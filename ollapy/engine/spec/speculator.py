@@ -30,7 +30,9 @@ A draft model's price and probes. Its time per drafted token (the catch-up batch
 position) is measured per proposal and priced per drafted row beside the target's measured step times. Unlike
 an n-gram proposal, a draft model's proposal is not free, so it has no shadow: a slot decoding alone that does
 not draft with it probes ``draft_min`` tokens at its first step and after :data:`PROBE_STEPS` idle steps, the
-wait doubling after each rejected probe (up to :data:`PROBE_MAX_STEPS`) and reset by an accepted one.
+wait doubling after each rejected probe (up to :data:`PROBE_MAX_STEPS`) and reset by an accepted one. It never
+probes while the prices say that not even a proposal accepted in full could pay (``break_even_gain`` above 1:
+on a CPU where each verified row costs nearly a whole step, the probes alone cost ~15% of the decode speed).
 """
 from __future__ import annotations
 
@@ -281,7 +283,13 @@ class Speculator:
                     survival = st.rates.survival(contexts)
             elif st.mode == MODEL and room >= st.n_min:
                 avail = room
-                if alone and st.history.rate() < break_even_gain(model_cost, st.n_min, avail) - 1e-9:
+                bound = break_even_gain(model_cost, st.n_min, avail) if alone else 0.0
+                if bound > 1.0:
+                    # not even a proposal accepted in full pays at these prices (rows as dear as a step, a draft
+                    # a third of the target's: the 1.5B/0.5B pair on 2 cores), so a probe would only cost; the
+                    # prices are re-learned when they go stale (STALE_STEPS) or the machine's load changes them
+                    return {}
+                if alone and st.history.rate() < bound - 1e-9:
                     if not _probe_due(st):
                         return {}
                     probe = True  # PROBE_STEPS: draft n_min tokens to learn whether the draft model pays now
