@@ -108,6 +108,11 @@ class DecodeError(OllapyError):
     status = 500
 
 
+class DecodeAborted(DecodeError):
+    """``llama_decode`` stopped at the abort flag (ollapy.engine.backend.abort): every request in its batch was
+    cancelled. The engine ends those requests as :class:`Cancelled`; never reaches a client as itself."""
+
+
 class Cancelled(OllapyError):
     """The request was cancelled (client gone, Ctrl-C). HTTP 499, exit 130."""
 

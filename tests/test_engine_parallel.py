@@ -141,6 +141,40 @@ def test_cancel_mid_decode_and_mid_prefill_frees_slot(smollm2_path, alone):
         m.close()
 
 
+def test_a_cancel_stops_the_decode_in_flight_unless_another_request_needs_it(smollm2_path, alone):
+    """The decode in flight stops at the cancel when no other request's rows are in it (llama.cpp's abort
+    callback: engine/inflight.py): a 512-token prefill chunk cancelled early ends within a fraction of the chunk's
+    time, not at its end. Beside a live request the step runs on, and both slots then answer as alone."""
+    m = _load(smollm2_path, 2, num_batch=512)
+    try:
+        prompt = m.raw_prompt("word " * 1500)
+        opts = GREEDY.merged({"num_predict": 1})
+        whole = m.submit(prompt, opts, cache=False)
+        whole.result()
+        chunk_s = whole.metrics.prompt_eval_duration / 1e9 / -(-len(prompt.tokens) // 512)  # a 512-token chunk, timed
+        big = m.submit(m.raw_prompt("other " * 1500), opts, cache=False)  # no prefix in common with the slots'
+        deadline = time.monotonic() + 30
+        while not big.planned.is_set() and time.monotonic() < deadline:  # placed in a slot: its prefill starts
+            time.sleep(0.001)
+        time.sleep(chunk_s / 4)  # inside the first chunk's llama_decode
+        t0 = time.perf_counter()
+        big.cancel()
+        with pytest.raises(Cancelled):
+            big.result()
+        took = time.perf_counter() - t0
+        assert big.cancelled_in == "prefill" and took < chunk_s / 3, (took, chunk_s)
+        assert m.engine.stats()["slots_busy"] == 0
+        # two requests decode in one batch: cancelling one leaves the other's step alone
+        live, doomed = _chat(m, PROMPTS[0]), _chat(m, PROMPTS[2], GREEDY.merged({"num_predict": 400}))
+        cancel_after_first_chunk(doomed)
+        text, _ = live.result()
+        assert live.output_tokens == alone[0][1]
+        again = [_chat(m, p) for p in PROMPTS[1:3]]
+        assert [r.result() and list(r.output_tokens) for r in again] == [alone[1][1], alone[2][1]]
+    finally:
+        m.close()
+
+
 def test_num_predict_exact(model4):
     for n in (1, 7, 33):
         r = model4.submit(model4.raw_prompt("Count from 1 to 100: 1, 2, 3, 4,"), GREEDY.merged({"num_predict": n}))

@@ -9,6 +9,7 @@
 - :mod:`.bookkeeping`: the engine's per-slot bookkeeping: sampling and emitting tokens, verifying drafts, ending
   a request (trim, save, free the slot).
 - :mod:`.slot`, :mod:`.request`: a slot's state machine; a request and the chunks it streams back.
+- :mod:`.inflight`: the batch in ``llama_decode``, stopped there when every request in it was cancelled.
 - :mod:`.sampler`, :mod:`.text`: sampling (llama.cpp's sampler chain); UTF-8 detokenizing and stop strings.
 - :mod:`.context_shift`: context shift on overflow and prompt truncation.
 - :mod:`.media`: images in prompts (decoding, limits, placeholder ids in the prefix identity, lazy encoding).

@@ -42,6 +42,7 @@ from ollapy.engine.backend.context import Backend
 from ollapy.engine.bookkeeping import SlotBookkeeping
 from ollapy.engine.context_shift import make_room, truncate_prompt
 from ollapy.engine.cpuload import ThreadBudget
+from ollapy.engine.inflight import InflightBatch, cancelled_or
 from ollapy.engine.media import clip_chunk_end, points_outside, span_at
 from ollapy.engine.prefix.assignment import SlotAssigner
 from ollapy.engine.prefix.evalorder import grid_for, grid_points, next_chunk_end, swa_checkpoints
@@ -93,6 +94,8 @@ class Engine(SlotBookkeeping):
         self.reuse_align = 1 if self.answer_reuse else self.align
         self.unshifted = backend.n_swa if self.answer_reuse else 0  # a sliding-window state off its grid, still exact
         self.spec = speculator or Speculator(backend.n_parallel)  # speculative decoding (engine/speculation.py)
+        # the decode in flight, stopped when every request in it was cancelled (engine/inflight.py)
+        self.inflight = InflightBatch(getattr(backend, "abort_flag", None))
         self._assigner = SlotAssigner(self)  # a new request's slot and prefix source (engine/assignment.py)
         # fewer decode threads while other processes keep the CPUs busy (engine/cpuload.py); explicit num_thread: fixed
         self.thread_budget = ThreadBudget(getattr(backend, "threads", 1),
@@ -164,6 +167,7 @@ class Engine(SlotBookkeeping):
                       save_points=save_points, loop=loop, pin=pin, logprobs=logprobs, media=tuple(media),
                       save_end=save_end)
         req.metrics.truncated = truncated
+        req.on_cancel = self.inflight.note_cancel
         # like Ollama, only the request that caused the load reports it
         req.metrics.load_duration, self.load_duration_ns = self.load_duration_ns, 0
         with self._cv:
@@ -317,12 +321,15 @@ class Engine(SlotBookkeeping):
         seqs = array("i", [s.id]) * n
         want = array("b", [0]) * n
         self._set_threads(n)
+        self.inflight.begin((s,))
         try:
             b.decode(toks, pos, seqs, want)
         except DecodeError as exc:
             b.seq_rm(s.id, len(s.tokens), -1)
-            self._fail(s, exc)
+            self._fail(s, cancelled_or(s, exc))
             return False
+        finally:
+            self.inflight.end()
         self.steps += 1
         exact = s.exact == len(s.tokens)
         s.tokens.extend(toks)
@@ -384,13 +391,16 @@ class Engine(SlotBookkeeping):
             return
         self._set_threads(len(toks))
         t0 = time.perf_counter()
+        self.inflight.begin(in_batch)
         try:
             b.decode(toks, pos, seqs, want)
         except DecodeError as exc:
             for s in in_batch:
                 b.seq_rm(s.id, len(s.tokens), -1)
-                self._fail(s, exc)
+                self._fail(s, cancelled_or(s, exc))
             return
+        finally:
+            self.inflight.end()
         if self.spec.active:
             self.spec.observe_step(len(toks), time.perf_counter() - t0)
             for s in in_batch:  # a draft model's prompt evaluation belongs to prompt processing, like the target's

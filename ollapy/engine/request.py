@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ollapy.errors import Cancelled, OllapyError
@@ -129,6 +130,7 @@ class Request:
     metrics: Metrics = field(default_factory=Metrics)
     output_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)  # sampled, not yet sent with a chunk
+    on_cancel: Callable[[], None] | None = None  # the engine's hook: stops the decode in flight (engine/inflight.py)
     cancelled_in: str = ""  # the phase a cancel ended it in: queue, prefill or generate (an event for tests and logs)
     planned: threading.Event = field(default_factory=threading.Event)
     """Set once the engine has placed the request in a slot (``metrics.prompt_cache_tokens`` is then final, before
@@ -181,8 +183,12 @@ class Request:
 
     # -- caller side ----------------------------------------------------------------------
     def cancel(self) -> None:
-        """Ask the engine to stop this request; its slot is freed within one step."""
+        """Ask the engine to stop this request; its slot is freed at once when its decode in flight holds no other
+        request's rows (ollapy.engine.inflight), else within one step."""
         self._cancel.set()
+        hook = self.on_cancel
+        if hook is not None:
+            hook()
 
     def finish_early(self) -> None:
         """Ask the engine to end this generating request as finished (``done_reason`` ``"stop"``, its final chunk

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ollapy.engine.backend import bindings, seqstate, window
+from ollapy.engine.backend.abort import AbortFlag
 from ollapy.engine.backend.adapters import LoraSet
 from ollapy.engine.backend.bindings import (
     C,
@@ -36,7 +37,7 @@ from ollapy.engine.backend.bindings import (
 from ollapy.engine.cpuload import default_threads
 from ollapy.engine.hardware import choose_flash_attn
 from ollapy.engine.interrupt import deferred_sigint
-from ollapy.errors import DecodeError, ModelLoadError
+from ollapy.errors import DecodeAborted, DecodeError, ModelLoadError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -220,6 +221,8 @@ class Backend:
             self.close()
             raise
         self.mem = C.llama_get_memory(self.ctx)
+        self.abort_flag = AbortFlag(C)  # a cancel stops the decode in flight (abort.py); outlives the context
+        self.abort_flag.install(C, self.ctx)
         # every row of a ubatch computed by the same kernels whatever the batch (engine/speculation.py): tinyBLAS
         # for one row too (or not at all), no tiled K-quant matmul, no repacked weights, nothing on a GPU
         self.row_invariant = (not one_row_products_differ() and not tiled_matmul_on() and not self.extra_bufts
@@ -348,8 +351,8 @@ class Backend:
 
         ``tokens``/``pos``/``seqs`` are ``array('i')``, ``want_logits`` an
         ``array('b')``. Raises DecodeError on a non-zero return (1 = no KV
-        space, other = error); the KV of the batch's sequences may then hold
-        part of the batch and must be trimmed by the caller.
+        space, other = error), DecodeAborted when :attr:`abort_flag` stopped it; the KV of the batch's sequences
+        may then hold part of the batch and must be trimmed by the caller.
         """
         n = len(tokens)
         if n == 0:
@@ -366,6 +369,8 @@ class Backend:
             n_seq[i] = 1
             seq_id[i][0] = seqs[i]
         rc = C.llama_decode(self.ctx, b)
+        if rc == 2:  # abort_flag set: llama.cpp removed the failed ubatch's cells
+            raise DecodeAborted("decode aborted: every request in the batch was cancelled")
         if rc != 0:
             what = "no free KV cache space" if rc == 1 else f"llama_decode returned {rc}"
             raise DecodeError(f"decode failed: {what}", hint="lower num_parallel or num_ctx, or retry")
