@@ -14,6 +14,7 @@ Layers, top to bottom (imports point down only; ``tests/test_layering.py`` check
 Shared by every layer: :mod:`.config` (settings read and checked), :mod:`.settings` (the table of ``OLLAPY_*``
 variables), :mod:`.options` (model options; their descriptions in :mod:`.option_help`), :mod:`.errors`,
 :mod:`.duration`, :mod:`.fsutil`, :mod:`.rpc_endpoint`, :mod:`.tokens`, :mod:`.kvformat` (the byte layout of a llama.cpp
-KV cache in a sequence state, read by the cache and the engine).
+KV cache in a sequence state, read by the cache and the engine), :mod:`.surrogates` (lone UTF-16 surrogates in
+text from outside, replaced as Ollama's JSON decoder does).
 """
 __version__ = "0.1.0"

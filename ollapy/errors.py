@@ -42,13 +42,15 @@ class OptionError(UsageError):
 
 class ModelNotFound(OllapyError):
     """No model of that name in the store or catalogue. HTTP 404. ``name``: the model asked for, when known
-    (a server's pull hint names it)."""
+    (a server's pull hint names it); ``pulled``: True when a pull of it is what failed (then no pull hint)."""
 
     status = 404
 
-    def __init__(self, message: str, hint: str = "", *, public: str | None = None, name: str | None = None) -> None:
+    def __init__(self, message: str, hint: str = "", *, public: str | None = None, name: str | None = None,
+                 pulled: bool = False) -> None:
         super().__init__(message, hint, public=public)
         self.name = name
+        self.pulled = pulled
 
 
 class ModelLoadError(OllapyError):

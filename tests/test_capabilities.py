@@ -39,14 +39,15 @@ def test_model_capabilities_and_embedding_metadata():
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, smollm2_path):
-    """A store with smol, smol-think, smol-tools and smol-embed (SmolLM2 plus ``pooling_type``)."""
+def models(tmp_path_factory, smollm2_path, qwen_coder_path):
+    """A store with smol, smol-think, smol-tools and smol-embed (SmolLM2 plus ``pooling_type``), and coder
+    (Qwen2.5-Coder-0.5B: FIM tokens, so ``insert``)."""
     base = tmp_path_factory.mktemp("caps")
     env = {"OLLAPY_MODELS": str(base / "models"), "OLLAPY_HOST": "127.0.0.1:9"}
     _with_pooling_type(smollm2_path, base / "smol-embed.gguf", 3)
     files = {"smol": f"FROM {smollm2_path}\n", "smol-think": think_modelfile(smollm2_path),
              "smol-tools": think_modelfile(smollm2_path).replace(THINK_TEMPLATE, TOOLS_TEMPLATE),
-             "smol-embed": f"FROM {base / 'smol-embed.gguf'}\n"}
+             "smol-embed": f"FROM {base / 'smol-embed.gguf'}\n", "coder": f"FROM {qwen_coder_path}\n"}
     for name, text in files.items():
         (base / f"{name}.Modelfile").write_text(text)
         p = run_cli("create", name, "-f", str(base / f"{name}.Modelfile"), env=env)
@@ -55,7 +56,8 @@ def models(tmp_path_factory, smollm2_path):
 
 
 EXPECTED = {"smol": ["completion"], "smol-think": ["completion", "thinking"],
-            "smol-tools": ["completion", "tools", "thinking"], "smol-embed": ["embedding"]}
+            "smol-tools": ["completion", "tools", "thinking"], "smol-embed": ["embedding"],
+            "coder": ["completion", "tools", "insert"]}  # `ollapy show` once left insert out
 
 
 def test_ollapy_show_prints_capabilities(models):

@@ -41,6 +41,9 @@ def test_empty_stdin_with_prompt_and_invalid_utf8(smollm2_path):
     assert p.returncode == 0, p.stderr
     assert b"not valid UTF-8" in p.stderr
     assert b"Traceback" not in p.stderr
+    # the same bytes as an argument (argv holds them as lone surrogates, PEP 383): once a UnicodeEncodeError
+    p = run_cli("run", str(smollm2_path), "-o", "num_predict=4", "caf\udce9 \udcff hello")  # b"caf\xe9 \xff hello"
+    assert p.returncode == 0 and b"prompt arguments are not valid UTF-8" in p.stderr, p.stderr
 
 
 def test_gemma_runs_with_fallback_template(gemma_path):

@@ -63,7 +63,7 @@ def test_only_the_llama_boundary_imports_llama_cpp():
 # web/ is the chat page's static files (no imports of its own), at rank 0: every layer above may name it.
 LAYERS = {"cli": 6, "server": 5, "runner": 4, "engine": 3, "cache": 3, "store": 2, "chat": 1, "web": 0}
 SHARED = {"config", "settings", "options", "option_help", "errors", "duration", "fsutil", "rpc_endpoint", "tokens", "kvformat",
-          "__init__"}
+          "surrogates", "__init__"}
 
 
 def _layer_of(path: Path) -> str:

@@ -391,7 +391,7 @@ def test_cli_run_pulls_a_missing_model_through_the_server(server, gemma_path):
     assert not list(Path(os.environ["OLLAPY_MODELS"]).rglob("*gemmarun*"))  # pulled by the server, not here
     missing = run_cli("run", "nosuchrun", "hi", env=env)
     assert missing.returncode == 1 and missing.stderr.decode().splitlines()[-1] == (
-        "Error: model 'nosuchrun:latest' not found"), missing.stderr  # no "try `ollapy pull`": that pull failed
+        "Error: model 'nosuchrun:latest' not found in any source"), missing.stderr  # no "try `ollapy pull`": that pull failed
     httpx.post(server.url + "/api/generate", json={"model": "gemmarun:270m", "keep_alive": 0}, timeout=60)
     httpx.request("DELETE", server.url + "/api/delete", json={"model": "gemmarun:270m"}, timeout=60)
 

@@ -49,6 +49,11 @@ FILE_NAME = "filename\n"
 CHUNK_SEPARATOR = "\n\n--- snippet ---\n\n"  # llama-server's separator of chunks for a vocabulary without FIM_SEP
 
 
+class FimError(ValueError):
+    """A FIM request this model or layout cannot lay out (no FIM tokens, an unknown ``fim_layout``): the caller's
+    mistake, unlike any other ValueError raised while laying one out."""
+
+
 @dataclass(frozen=True)
 class FimTokens:
     """A vocabulary's FIM token ids, as llama.cpp's ``llama_vocab_fim_pre/suf/mid/pad/rep/sep`` give them
@@ -110,7 +115,7 @@ def window_for(num_ctx: int) -> int:
 def types_after_middle(req: FimRequest) -> bool:
     """Whether the typed text goes after ``FIM_MID`` for this request (see :data:`LAYOUTS`)."""
     if req.layout not in LAYOUTS:
-        raise ValueError(f"unknown FIM layout {req.layout!r}")
+        raise FimError(f"unknown FIM layout {req.layout!r}")
     return req.layout == "moved-line"  # auto is plain (see the module docstring)
 
 
@@ -160,10 +165,10 @@ def fim_tokens(req: FimRequest, ids: FimTokens, tokenize: Callable[[str], list[i
     and chunks); ``tokenize_typed``: the same for the typed text (``/infill`` reads special tokens in its
     ``prompt``, as llama-server does; default ``tokenize``). ``num_ctx``: the slot's context in tokens;
     ``room``: tokens kept for the answer (``num_predict``, 0 when unset); ``bos``: a BOS id to put first, or None.
-    Raises ValueError when the vocabulary has no FIM tokens or the layout is unknown.
+    Raises FimError when the vocabulary has no FIM tokens or the layout is unknown.
     """
     if not ids.usable:
-        raise ValueError("the vocabulary has no FIM tokens: " + ids.missing())
+        raise FimError("the vocabulary has no FIM tokens: " + ids.missing())
     after_mid = types_after_middle(req)
     prefix, typed_text = req.prefix, req.typed or ""
     head = None

@@ -15,6 +15,7 @@ import httpx
 
 from ollapy import config
 from ollapy.errors import BusyError, ModelNotFound, OllapyError, UsageError
+from ollapy.surrogates import scrub_strings
 
 
 class ServerNotRunning(OllapyError):
@@ -115,6 +116,8 @@ class Client:
             return False
 
     def _call(self, method: str, path: str, **kw) -> httpx.Response:
+        if "json" in kw:  # text from argv or a file may hold lone surrogates, which JSON as UTF-8 cannot carry
+            kw["json"] = scrub_strings(kw["json"])
         try:
             r = self.http.request(method, path, **kw)
         except httpx.ConnectError:
@@ -174,7 +177,7 @@ class Client:
 
     # ---- generation -----------------------------------------------------------------------------
     def _stream(self, path: str, body: dict) -> Stream:
-        cm = self.http.stream("POST", path, json=body)
+        cm = self.http.stream("POST", path, json=scrub_strings(body))
         try:
             resp = cm.__enter__()
         except httpx.ConnectError:

@@ -17,6 +17,7 @@ import typer
 
 from ollapy.cli.output import OutputClosed, ReplyPrinter, format_stats, info, is_tty, warn
 from ollapy.errors import Cancelled, OllapyError, OptionError, UsageError
+from ollapy.surrogates import replace_surrogates
 
 
 def read_stdin() -> str | None:
@@ -37,6 +38,10 @@ def read_stdin() -> str | None:
 def build_prompt(stdin_text: str | None, args: list[str]) -> str | None:
     """Combine piped text and prompt words: stdin first, then the arguments (None when both are empty)."""
     words = " ".join(args).strip()
+    clean = replace_surrogates(words)  # bytes the locale could not decode arrive as lone surrogates (PEP 383)
+    if clean is not words:
+        warn("the prompt arguments are not valid UTF-8; invalid bytes were replaced")
+        words = clean
     parts = [p for p in ((stdin_text or "").strip("\n"), words) if p]
     if not parts:
         return None

@@ -303,7 +303,7 @@ class PromptBuilder:
         request's prefix. Raises OptionError when the model has neither (Ollama's ``"NAME" does not support
         insert``) or for an unknown ``fim_layout``.
         """
-        from ollapy.chat.fim import fim_tokens
+        from ollapy.chat.fim import FimError, fim_tokens
 
         options = options or Options()
         if not self.facts.fim.usable:
@@ -325,8 +325,10 @@ class PromptBuilder:
                              room=max(0, options.num_predict),
                              bos=self.backend.bos if self.backend.add_bos else None,
                              tokenize_typed=special if request.typed is not None else plain)
-        except ValueError as exc:
-            raise OptionError(str(exc), hint="fim_layout is one of auto, plain, moved-line") from None
+        except FimError as exc:  # only the caller's mistakes: any other exception is a bug, not a 400
+            hint = "fim_layout is one of auto, plain, moved-line" if "layout" in str(exc) else \
+                "use a model whose vocabulary has FIM tokens"
+            raise OptionError(str(exc), hint=hint) from None
         points = (lay.stable,) if 0 < lay.stable < len(lay.tokens) else ()
         text = b"".join(self.backend.token_piece(t, special=True) for t in lay.tokens).decode("utf-8", "replace")
         return Prompt(lay.tokens, 0, points, text, truncated=lay.truncated, save_end=False)

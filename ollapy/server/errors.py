@@ -80,7 +80,7 @@ def message_for(exc: BaseException) -> str:
     if not isinstance(exc, OllapyError) and not is_validation_error(exc):  # a bug: one line, the log has the rest
         return redact_paths(f"{INTERNAL}: {describe(exc)} (the server log has the traceback; please report it)")
     if isinstance(exc, OllapyError) and exc.public:
-        return exc.public + (pull if isinstance(exc, ModelNotFound) else "")
+        return exc.public + (pull if isinstance(exc, ModelNotFound) and not exc.pulled else "")
     if isinstance(exc, ModelNotFound) and not exc.hint:
         return redact_paths(f"{exc.message}{pull}")
     return redact_paths(describe(exc))

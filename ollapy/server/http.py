@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
 from ollapy.errors import UsageError
+from ollapy.surrogates import may_hold_surrogates, scrub_strings
 from ollapy.server import generation
 from ollapy.server.errors import error_headers, ollama_error, openai_error, sse_error_event, stream_error_line
 
@@ -37,8 +38,9 @@ MAX_DEPTH = 64
 
 
 async def read_body(request: Request) -> dict:
-    """The JSON object body (``{}`` when empty); UsageError (400) when it is not a JSON object, is not UTF-8,
-    or nests deeper than :data:`MAX_DEPTH` levels (so no later step recurses without bound).
+    """The JSON object body (``{}`` when empty; lone surrogate escapes read as U+FFFD); UsageError (400) when it is
+    not a JSON object, is not UTF-8, or nests deeper than :data:`MAX_DEPTH` levels (so no later step recurses
+    without bound).
 
     The size limit (``OLLAPY_MAX_BODY``, 413) is enforced before this by the app's ``BodyLimit`` middleware."""
     raw = await request.body()
@@ -55,6 +57,8 @@ async def read_body(request: Request) -> dict:
         raise UsageError(f"request body nests deeper than {MAX_DEPTH} levels") from None
     if not isinstance(data, dict):
         raise UsageError("request body must be a JSON object")
+    if may_hold_surrogates(raw):  # "\ud800": U+FFFD, as Ollama's JSON decoder reads it (ollapy/surrogates.py)
+        data = scrub_strings(data)
     return data
 
 

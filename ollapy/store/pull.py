@@ -126,8 +126,9 @@ def not_found(name: ModelName, why: str = "") -> ModelNotFound:
     looked = f"not in the store {config.models_dir()}, not in the catalogue {catalogue.catalogue_dir()}"
     return ModelNotFound(f"model {name.display()!r} not found: {looked}" + (f", {why}" if why else ""),
                          hint=f"run `ollapy list` to see local models; catalogue aliases: {shown or 'none'}",
-                         public=f"model {name.display()!r} not found",  # HTTP: no store paths, no listing
-                         name=name.display())
+                         # HTTP: no store paths, no listing; after a failed pull, no "try ollapy pull" either
+                         public=f"model {name.display()!r} not found" + (" in any source" if why else ""),
+                         name=name.display(), pulled=bool(why))
 
 
 def pull_model(text: str, *, quiet: bool = False, insecure: bool = False,

@@ -38,6 +38,7 @@ from ollapy.engine.cpuload import default_threads
 from ollapy.engine.hardware import choose_flash_attn
 from ollapy.engine.interrupt import deferred_sigint
 from ollapy.errors import DecodeAborted, DecodeError, ModelLoadError
+from ollapy.surrogates import replace_surrogates
 
 if TYPE_CHECKING:
     import numpy as np
@@ -289,8 +290,12 @@ class Backend:
 
     # ---- tokens ---------------------------------------------------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        """Tokenize text; returns token ids (BOS added when the model wants it and ``add_special``)."""
-        data = text.encode("utf-8")
+        """Tokenize text; returns token ids (BOS added when the model wants it and ``add_special``). A lone
+        surrogate, which UTF-8 cannot encode, is read as U+FFFD (ollapy/surrogates.py)."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
+            data = replace_surrogates(text).encode("utf-8")
         n_max = len(data) + 8
         buf = (C.llama_token * n_max)()
         n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)

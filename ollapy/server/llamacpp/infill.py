@@ -89,10 +89,10 @@ def read_extra(value: Any) -> tuple[tuple[str, str], ...]:
     out = []
     for chunk in value:
         if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str):
-            raise OptionError('extra_context chunk must contain a "text" field with a string value')
+            raise OptionError('input_extra chunk must contain a "text" field with a string value')
         name = chunk.get("filename", "tmp")
         if not isinstance(name, str):
-            raise OptionError('extra_context chunk\'s "filename" field must be a string')
+            raise OptionError('input_extra chunk\'s "filename" field must be a string')
         out.append((name, chunk["text"]))
     return tuple(out)
 

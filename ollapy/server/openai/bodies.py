@@ -83,6 +83,14 @@ class OpenAIBody(Body):
     def _model(cls, v: Any) -> str:
         return checked_model(v)
 
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: Any, info) -> Any:
+        """OpenAI's range, [-2, 2] (its API answers a 400 outside it); other types are checked as options."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not -2.0 <= v <= 2.0:
+            raise OptionError(f"{info.field_name} must be between -2 and 2, got {v}")
+        return v
+
     @field_validator("n")
     @classmethod
     def _one_choice(cls, v: Any) -> Any:
