@@ -141,9 +141,11 @@ def test_a_suffix_on_a_model_without_fim_gets_ollamas_error(api):
     gets llama-server's words."""
     import ollama
 
+    api.oc.generate(model="smol", keep_alive=0)  # unloaded: the refusal must come from the header, not a load
     with pytest.raises(ollama.ResponseError) as e:
         api.oc.generate(model="smol", prompt="def add(a, b):\n    return ", suffix="\n\nprint(add(1, 2))\n")
     assert e.value.status_code == 400 and e.value.error.startswith('"smol" does not support insert (send it without ')
+    assert api.oc.ps().models == []  # as Ollama: refused from the metadata, nothing loaded (or evicted) for it
     r = _post(api, "/infill", {"model": "smol", "input_prefix": "def add(a, b):\n", "input_suffix": ""})
     assert r.status_code == 400 and "Infill is not supported by this model" in r.json()["error"]["message"]
     with pytest.raises(ollama.ResponseError) as e:

@@ -131,7 +131,8 @@ def show_cmd(
             print(f"    {'':<20}(the GGUF has none: often a base model, not instruction-tuned, which may not end its "
                   "answers; bound them with -o num_predict=N)")
     caps = model_capabilities(template.text, embedding_only=bool(info.get("embedding_only")))
-    from ollapy.server.ollama.models import supports_insert, with_insert
+    from ollapy.server.ollama.details import supports_insert
+    from ollapy.server.ollama.models import with_insert
 
     caps = with_insert(caps, supports_insert(ref.path, template.text))  # as /api/show (FIM tokens or .Suffix)
     projector = getattr(ref, "projector", None)

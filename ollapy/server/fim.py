@@ -31,6 +31,7 @@ from ollapy.chat.reply import ReplyParser
 from ollapy.errors import OptionError
 from ollapy.options import api_options
 from ollapy.server.generation import Generation, check_fits, with_context
+from ollapy.server.ollama.details import ref_supports_insert
 
 
 def insert_unsupported(name: str) -> OptionError:
@@ -58,6 +59,8 @@ async def start_fim(state, name: str, request: FimRequest, *, route: str, option
         options = {**(options or {}), "truncate": False}
     opts_in = api_options(options)
     ref = await rt.resolve(name)
+    if not await asyncio.to_thread(ref_supports_insert, ref):  # refused before a load evicts another model
+        raise refuse(name)
     entry, opts, load_ns = await rt.acquire(name, opts_in, keep_alive, ref=ref)
     try:
         model = entry.model

@@ -43,3 +43,26 @@ def gguf_info(path) -> dict:
         except Exception:  # noqa: BLE001
             _GGUF_CACHE[key] = {}
     return _GGUF_CACHE[key]
+
+
+def supports_insert(path, template: str | None) -> bool:
+    """Ollama's ``insert`` capability: the GGUF has FIM tokens, or the (Jinja) template reads a ``suffix`` variable
+    (a registry Go template's ``.Suffix``, translated), as the runner decides it."""
+    from ollapy.chat.templates import template_reads_suffix
+    from ollapy.store.info import has_fim_tokens
+
+    return has_fim_tokens(Path(path)) or template_reads_suffix(template)
+
+
+def ref_supports_insert(ref) -> bool:
+    """:func:`supports_insert` for a resolved model (its GGUF header and the template generation would use), read
+    without loading it: Ollama refuses a ``suffix`` from the model's metadata before it schedules a load. True when
+    the header cannot be read (the loaded model then decides)."""
+    from ollapy.chat.templates import select_template
+
+    path = getattr(ref, "path", None)
+    info = gguf_info(path)
+    if not info:
+        return True
+    chosen = select_template(info.get("chat_template"), info.get("architecture") or "", getattr(ref, "template", None))
+    return supports_insert(path, chosen.text)

@@ -27,7 +27,7 @@ from ollapy.server.errors import redact_paths
 from ollapy.server.http import err, errors_as_json, ndjson_response, read_body, state_of
 from ollapy.server.ollama.bodies import CopyBody, CreateBody, PullBody, StoreNameBody
 from ollapy.server.ollama.create import create_spec
-from ollapy.server.ollama.details import gguf_info, iso_time, model_details
+from ollapy.server.ollama.details import gguf_info, iso_time, model_details, supports_insert
 from ollapy.store.adapters import quant_type
 
 router = APIRouter()
@@ -76,15 +76,6 @@ def projector_fields(ref) -> dict:
 FIM_TEMPLATE_NOTE = ("{#- fill-in-the-middle: a request with a suffix ({{ .Suffix }}) is laid out with the model's FIM "
                      "tokens: <|fim_prefix|>{{ .Prompt }}<|fim_suffix|>{{ .Suffix }}<|fim_middle|> -#}\n")
 """What ``/api/show``'s ``template`` starts with for a model that fills in the middle by its FIM tokens."""
-
-
-def supports_insert(path, template: str | None) -> bool:
-    """Ollama's ``insert`` capability: the GGUF has FIM tokens, or the (Jinja) template reads a ``suffix`` variable
-    (a registry Go template's ``.Suffix``, translated), as the runner decides it."""
-    from ollapy.chat.templates import template_reads_suffix
-    from ollapy.store.info import has_fim_tokens
-
-    return has_fim_tokens(Path(path)) or template_reads_suffix(template)
 
 
 def with_insert(caps: list[str], insert: bool) -> list[str]:
