@@ -93,6 +93,7 @@ def test_through_a_running_server_the_output_is_the_same(store):
         p = _run(store, "smol-think", *G, "--each-line", "--json", input=f"{Q}\n", env=env)
         rec = json.loads(p.stdout)
         assert (rec["thinking"], rec["response"]) == (THINKING, ANSWER), p.stderr
+        assert "draft" not in rec and "image_encode_duration" not in rec  # as in-process: only when they apply
 
 
 def test_repl_set_think_and_nothink(store):

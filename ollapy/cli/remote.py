@@ -38,6 +38,7 @@ class RemoteChunk(SimpleNamespace):
 _METRIC_KEYS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
                 "eval_duration", "prompt_cache_tokens", "truncated", "draft", "draft_tokens", "draft_accepted",
                 "image_encode_duration")
+_OPTIONAL_METRICS = frozenset({"draft", "draft_tokens", "draft_accepted", "image_encode_duration"})
 
 
 class RemoteStream:
@@ -52,7 +53,8 @@ class RemoteStream:
             text = part.get("content", "") if "message" in obj else obj.get("response", "")
             thinking = part.get("thinking") or ""
             if obj.get("done"):
-                metrics = {k: obj.get(k, 0) for k in _METRIC_KEYS}
+                # as the engine's Metrics.as_dict: the draft and image fields only when the server sent them
+                metrics = {k: obj.get(k, 0) for k in _METRIC_KEYS if k in obj or k not in _OPTIONAL_METRICS}
                 metrics["prefix_source"] = obj.get("prompt_cache_source") or "none"  # `--verbose` names it
                 yield RemoteChunk(text=text or "", thinking=thinking, done=True, done_reason=obj.get("done_reason"),
                                   metrics=metrics)
