@@ -434,7 +434,7 @@ def main() -> int:
         # the next request at the close: a second long completion, closed, then the next request sent at once
         with httpx.Client(base_url=obase, timeout=900, limits=httpx.Limits(max_keepalive_connections=0)) as c:
             with c.stream("POST", "/api/generate", json={**long_body, "stream": True}) as r:
-                for i, line in enumerate(r.iter_lines()):
+                for i, _line in enumerate(r.iter_lines()):
                     if i >= 12:
                         break
         nxt = post_generate(ohttp, nxt_body)

@@ -9,8 +9,8 @@ import statistics
 import time
 
 import httpx
-
 from conftest import live_server
+
 from ollapy.cli.serve_cmd import bind_listener
 
 

@@ -20,9 +20,9 @@ from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
 from ollapy.errors import UsageError
-from ollapy.surrogates import may_hold_surrogates, scrub_strings
 from ollapy.server import generation
 from ollapy.server.errors import error_headers, ollama_error, openai_error, sse_error_event, stream_error_line
+from ollapy.surrogates import may_hold_surrogates, scrub_strings
 
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"

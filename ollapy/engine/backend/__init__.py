@@ -7,6 +7,7 @@ Modules, each importing llama.cpp lazily so that ``ollapy --help``, ``list`` and
 - :mod:`.context`: :class:`~.context.Backend`, one llama model + context (``n_ctx``, ``n_batch``,
   ``n_seq_max`` sequences), tokenize/detokenize, batches, ``llama_decode``, per-sequence KV edits and
   ``llama_state_seq_*`` saves/restores.
+- :mod:`.placement`: where the layers go (GPUs, RPC servers, CPU) and the compute identity in the cache salt.
 - :mod:`.abort`: the abort flag llama.cpp polls inside ``llama_decode`` (a cancel stops the decode in flight).
 - :mod:`.templating`: chat templates through llama-cpp-python's Jinja2 formatter, JSON-schema grammars.
 - :mod:`.embedding`: pooled embeddings on a context of their own.
