@@ -207,10 +207,7 @@ class RemoteTier:
         (:meth:`RemoteStore.get_many`), and ``state`` is the whole state (a view of it) when every block
         came; otherwise ``state`` is None and the caller joins ``blocks`` and ``tail``."""
         r: RemoteEntry = e.header
-        keys = [part_key(r.key, i) for i in range(1, r.tail_parts)]
-        for name in r.blocks:
-            bkey = block_key(self.namespace, name)
-            keys.extend(part_key(bkey, i) for i in range(r.block_parts))
+        keys = self.value_keys(r)
         prefill = self._prefill_s(len(e.tokens))
         budget = max(MIN_DEADLINE_S, prefill if prefill is not None else 4 * self._fetch_s(e.nbytes) + 0.5)
         deadline = time.monotonic() + budget
@@ -284,6 +281,14 @@ class RemoteTier:
             return blocks, _joined(tail), len(blocks), None
         self.stats.add(remote_misses=1)
         return None
+
+    def value_keys(self, r: RemoteEntry) -> list[str]:
+        """The keys a restore of ``r`` reads, in order: the tail's parts after the first, then each block's parts."""
+        keys = [part_key(r.key, i) for i in range(1, r.tail_parts)]
+        for name in r.blocks:
+            bkey = block_key(self.namespace, name)
+            keys.extend(part_key(bkey, i) for i in range(r.block_parts))
+        return keys
 
     def _forget(self, names) -> None:
         """Block names the store may no longer hold: a later :meth:`offer` sends them again."""
