@@ -339,3 +339,31 @@ def test_a_restore_assembles_the_blocks_into_the_state_they_join_into(model, db,
         blocks, tail, k, state = b.remote.fetch(cand.entry, bytearray)
         assert k == len(cand.entry.blocks) and state is not None
         assert bytes(state) == bytes(b.kv.join_state(blocks, tail))
+
+
+def test_a_bulk_read_holds_its_budget_ahead_and_close_stops_its_reader(store_url, monkeypatch):
+    from ollapy.cache import remote
+
+    db = valkey.Valkey.from_url(store_url)
+    keys = [f"ra:{i}" for i in range(40)]
+    db.mset({k: bytes([i]) * 100_000 for i, k in enumerate(keys)})
+    monkeypatch.setattr(remote, "READ_AHEAD_BYTES", 150_000)  # under one round trip of GET_CHUNK values
+    store = open_store(store_url)
+    chunk = remote.GET_CHUNK * 100_000
+    try:
+        assert [v[:1] for v in store.get_many(keys, time.monotonic() + 30)] == [bytes([i]) for i in range(40)]
+        read0 = store.snapshot().bytes_read
+        values = store.get_many(keys, time.monotonic() + 30)
+        assert next(values) == bytes([0]) * 100_000
+        time.sleep(0.3)  # the reader received one round trip past the budget, then waits
+        assert store.snapshot().bytes_read - read0 == 2 * chunk
+        values.close()
+        assert not [t for t in threading.enumerate() if t.name == "ollapy-remote-reader"]
+        assert next(values, None) is None
+        unread = store.get_many(keys, time.monotonic() + 30)  # closed before a value was taken
+        unread.close()
+        assert not [t for t in threading.enumerate() if t.name == "ollapy-remote-reader"]
+    finally:
+        store.close()
+        db.delete(*keys)
+        db.close()
