@@ -337,7 +337,9 @@ def test_a_restore_assembles_the_blocks_into_the_state_they_join_into(model, db,
         cand = b.peek(_prompt(model, QUESTIONS[1]).tokens)
         assert cand is not None and cand.tier == "remote"
         blocks, tail, k, state = b.remote.fetch(cand.entry, bytearray)
-        assert k == len(cand.entry.blocks) and state is not None
+        assert k == len(cand.entry.blocks) and state is not None and not any(blocks)  # each freed once placed
+        blocks, tail, k, joined = b.remote.fetch(cand.entry)  # no buffer: the blocks, joined here
+        assert k == len(cand.entry.blocks) and joined is None
         assert bytes(state) == bytes(b.kv.join_state(blocks, tail))
 
 
