@@ -119,7 +119,9 @@ def run_model(label: str, path: Path, args, url: str, port: int, tmp: Path) -> N
         if "restore" in rows:
             db.flushall()
             long_sys = sentences(rng, 8)
-            while len(m.chat_prompt([{"role": "system", "content": long_sys}]).tokens) < args.tokens:
+            # measured with the user turn: a template may render a system prompt only with one (Gemma 3's)
+            while len(m.chat_prompt([{"role": "system", "content": long_sys},
+                                     {"role": "user", "content": "Say hi."}]).tokens) < args.tokens:
                 long_sys += " " + sentences(rng, 20)
             msgs = [{"role": "system", "content": long_sys}, {"role": "user", "content": "Say hi."}]
             a = b.cache(tmp / label / "a", write_back=True)
