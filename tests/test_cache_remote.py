@@ -34,6 +34,7 @@ QUESTIONS = ["What is the capital of France? Answer in one word.", "What is 2 pl
 OPTS = Options(num_ctx=2048, num_parallel=1, temperature=0, num_predict=6)
 B = 256  # the local tiers' block; the remote tier cuts states into 16-token blocks (about 370 kB for SmolLM2)
 RB = 16
+PREFIX = rf.key_prefix("t")  # every key of these tests: t:ollapy:r<this build's format version>
 
 
 class _Ref:
@@ -121,7 +122,7 @@ def replica(m: LoadedModel, root: Path, url: str, **kw):
 
 
 def test_a_restore_on_another_replica_answers_as_cold(model, cold, db, store_url, tmp_path):
-    keys = db.keys("t:ollapy:r1:*")
+    keys = db.keys(f"{PREFIX}:*")
     assert all(db.strlen(k) <= rf.PART_BYTES + (1 << 20) for k in keys)  # values under a few MiB
     with replica(model, tmp_path / "b", store_url) as b:
         warm = [_answer(model, b, q) for q in QUESTIONS[1:]]
@@ -180,7 +181,7 @@ def test_a_value_evicted_between_lookup_and_read_restores_the_verified_prefix(mo
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "other-model"])
 def test_bad_values_are_counted_misses_never_loaded(damage, model, cold, db, store_url, tmp_path):
-    key = next(k for k in db.keys("t:ollapy:r1:b:*") if not k.endswith(b":1"))
+    key = next(k for k in db.keys(f"{PREFIX}:b:*") if not k.endswith(b":1"))
     raw = db.get(key)
     if damage == "truncated":
         db.set(key, raw[: len(raw) // 2])
@@ -222,7 +223,7 @@ def test_two_replicas_writing_the_same_blocks_at_once_store_one_copy(model, db, 
     finally:
         for s in stores:
             s.close()
-    keys = db.keys("t:ollapy:r1:*")
+    keys = db.keys(f"{PREFIX}:*")
     written = [s.snapshot() for s in stores]
     blocks = [k for k in keys if b":b:" in k]
     assert len(blocks) == len(e.tokens) // RB and len(keys) == len(blocks) + 1
@@ -238,15 +239,25 @@ def test_namespaces_and_tenants_never_share_entries(other, model, db, store_url,
         assert b.snapshot().hits_remote == 0
 
 
-def test_a_format_version_change_shares_nothing(model, db, store_url, tmp_path, monkeypatch):
-    key = next(iter(db.keys("t:ollapy:r1:e:*"))).decode()
+def test_a_format_version_change_shares_nothing(model, cold, db, store_url, tmp_path, monkeypatch):
+    key = next(iter(db.keys(f"{PREFIX}:e:*"))).decode()
     raw = db.get(key)
-    monkeypatch.setattr(rf, "REMOTE_FORMAT", 2)
+    version = rf.REMOTE_FORMAT
+    monkeypatch.setattr(rf, "REMOTE_FORMAT", version + 1)
     assert rf.entry_key("t", key.rsplit(":", 1)[1]) != key  # a new version reads other keys
-    with pytest.raises(rf.RemoteValueError, match="format version 1"):  # and never trusts an old value
+    with pytest.raises(rf.RemoteValueError, match=f"format version {version}"):  # and never trusts an old value
         rf.decode(raw, "entry", key, 0, "", {})
     with replica(model, tmp_path / "b", store_url) as b:
         assert b.peek(_prompt(model, QUESTIONS[1]).tokens) is None
+    monkeypatch.undo()
+    # format 1's values (zlib's crc32) under the keys this build reads: counted misses, the answer cold's
+    for k in db.keys(f"{PREFIX}:*"):
+        v = db.get(k)
+        db.set(k, v[:8] + (1).to_bytes(4, "little") + v[12:])
+    with replica(model, tmp_path / "c", store_url) as c:
+        assert _answer(model, c, QUESTIONS[1]) == cold[1]
+        snap = c.snapshot()
+    assert snap.remote_corrupt >= 1 and snap.hits_remote == 0
 
 
 def test_a_store_restarted_empty_gets_the_blocks_again(model, cold, db, store_url, tmp_path):
@@ -257,7 +268,7 @@ def test_a_store_restarted_empty_gets_the_blocks_again(model, cold, db, store_ur
             assert _answer(model, c, QUESTIONS[2]) == cold[2]  # a cold prefill, no error
         assert _answer(model, b, QUESTIONS[3]) == cold[3]
         b.parent.store.flush(30)
-    assert db.keys("t:ollapy:r1:b:*") and db.keys("t:ollapy:r1:e:*")  # C's state went to the store again
+    assert db.keys(f"{PREFIX}:b:*") and db.keys(f"{PREFIX}:e:*")  # C's state went to the store again
 
 
 def test_the_circuit_breaker_skips_a_failing_store_then_probes_it():
@@ -286,11 +297,12 @@ def test_the_password_is_never_shown_and_a_missing_library_names_the_extra(tmp_p
         store.close()
     pw = tmp_path / "pw"
     pw.write_text("s3cret\n")
-    code = ("import sys; sys.modules['valkey'] = None; sys.modules['redis'] = None\n"
-            "from ollapy.cache.remote import open_store\n"
-            "try:\n    open_store('redis://127.0.0.1:1')\nexcept Exception as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
-    assert "pip install 'ollapy[remote]'" in out
+    for missing in ("'valkey', 'redis'", "'crc32c',"):  # the client library, the values' checksum
+        code = (f"import sys; sys.modules.update(dict.fromkeys(({missing}), None))\n"
+                "from ollapy.cache.remote import open_store\n"
+                "try:\n    open_store('redis://127.0.0.1:1')\nexcept Exception as e:\n    print(e)\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+        assert "pip install 'ollapy[remote]'" in out, (missing, out)
     with pytest.raises(RemoteUnavailable, match="scheme"):
         open_store("http://127.0.0.1:1")
 
@@ -325,5 +337,35 @@ def test_a_restore_assembles_the_blocks_into_the_state_they_join_into(model, db,
         cand = b.peek(_prompt(model, QUESTIONS[1]).tokens)
         assert cand is not None and cand.tier == "remote"
         blocks, tail, k, state = b.remote.fetch(cand.entry, bytearray)
-        assert k == len(cand.entry.blocks) and state is not None
+        assert k == len(cand.entry.blocks) and state is not None and not any(blocks)  # each freed once placed
+        blocks, tail, k, joined = b.remote.fetch(cand.entry)  # no buffer: the blocks, joined here
+        assert k == len(cand.entry.blocks) and joined is None
         assert bytes(state) == bytes(b.kv.join_state(blocks, tail))
+
+
+def test_a_bulk_read_holds_its_budget_ahead_and_close_stops_its_reader(store_url, monkeypatch):
+    from ollapy.cache import remote
+
+    db = valkey.Valkey.from_url(store_url)
+    keys = [f"ra:{i}" for i in range(40)]
+    db.mset({k: bytes([i]) * 100_000 for i, k in enumerate(keys)})
+    monkeypatch.setattr(remote, "READ_AHEAD_BYTES", 150_000)  # under one round trip of GET_CHUNK values
+    store = open_store(store_url)
+    chunk = remote.GET_CHUNK * 100_000
+    try:
+        assert [v[:1] for v in store.get_many(keys, time.monotonic() + 30)] == [bytes([i]) for i in range(40)]
+        read0 = store.snapshot().bytes_read
+        values = store.get_many(keys, time.monotonic() + 30)
+        assert next(values) == bytes([0]) * 100_000
+        time.sleep(0.3)  # the reader received one round trip past the budget, then waits
+        assert store.snapshot().bytes_read - read0 == 2 * chunk
+        values.close()
+        assert not [t for t in threading.enumerate() if t.name == "ollapy-remote-reader"]
+        assert next(values, None) is None
+        unread = store.get_many(keys, time.monotonic() + 30)  # closed before a value was taken
+        unread.close()
+        assert not [t for t in threading.enumerate() if t.name == "ollapy-remote-reader"]
+    finally:
+        store.close()
+        db.delete(*keys)
+        db.close()

@@ -280,7 +280,7 @@ def synthetic_states(draw):
 @settings(max_examples=150, deadline=None)
 @given(case=synthetic_states(), b=st.integers(1, 40), k=st.integers(1, 4))
 def test_synthetic_states_round_trip_and_cut(case, b, k):
-    from ollapy.cache.kvstate import join_into, joined_size
+    from ollapy.cache.kvstate import StateAssembler, join_into, joined_size
 
     state, shape, data, rest_data = case
     n = len(data["k"][0])
@@ -289,6 +289,10 @@ def test_synthetic_states_round_trip_and_cut(case, b, k):
     assert join_state(s.blocks, s.tail) == state
     buf = bytearray(joined_size(s.tail) + 3)
     assert join_into(s.blocks, s.tail, buf) == len(state) and buf[:len(state)] == state
+    asm = StateAssembler(s.tail, bytearray(joined_size(s.tail)))  # the remote tier's: blocks in any order
+    for j in sorted(range(len(s.blocks)), key=lambda j: (j * 7919) % (len(s.blocks) or 1)):
+        asm.put(j, s.blocks[j])
+    assert asm.size == len(state) and asm.out[:asm.size] == state
     got = prefix_state(s.blocks, s.tail, k)
     if k * b > n or (rest_data is not None and rest_data[1] != n):
         assert got is None

@@ -21,9 +21,10 @@ opt-in remote tier in Valkey/Redis shared across hosts).
 - :mod:`.writer`, :mod:`.sync`, :mod:`.tempfiles`: the background disk writer, the file-system sync thread,
   and temporary-file names.
 - :mod:`.stats`: counters persisted across processes.
-- :mod:`.remote_link`, :mod:`.remote_tier`, :mod:`.remote`, :mod:`.remote_format`: the opt-in remote tier
-  (``OLLAPY_CACHE_REMOTE``): the facade's hooks, blocks and entries as values in Valkey/Redis (lookup, verified
-  restore, cost gate), the store client (circuit breaker, background ``SET NX`` queue), the value format.
+- :mod:`.remote_link`, :mod:`.remote_tier`, :mod:`.remote`, :mod:`.remote_reader`, :mod:`.remote_format`: the
+  opt-in remote tier (``OLLAPY_CACHE_REMOTE``): the facade's hooks, blocks and entries as values in Valkey/Redis
+  (lookup, verified restore, cost gate), the store client (circuit breaker, background ``SET NX`` queue), its
+  bulk read (a reader thread ahead of the restore), the value format.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Copy-on-write views of cache files that hold no file descriptor: :func:`map_view`.
+"""Copy-on-write views of cache files that hold no file descriptor (:func:`map_view`), and the restore buffer's
+anonymous mapping, faulted in at once (:func:`populated`).
 
 CPython's :class:`mmap.mmap` keeps a duplicate of the file descriptor it maps until the map is closed (for
 ``size()`` and ``resize()``); a RAM tier full of mapped blocks then holds one descriptor per block, past the usual
@@ -15,6 +16,11 @@ Owner and bound of each native resource:
   bytes it holds (the RAM tier's cap) over :data:`MAP_MIN_BYTES`, far under ``vm.max_map_count`` (65,530).
 
 Where libc's ``mmap`` is not reachable (not Linux/glibc-like), :class:`mmap.mmap` is used as before.
+
+:func:`populated` makes an anonymous mapping (an :class:`mmap.mmap`, its owner: unmapped when collected) and
+faults its pages in with ``madvise(MADV_POPULATE_WRITE)`` through ctypes, which releases the GIL for the call;
+``mmap``'s own ``MAP_POPULATE`` holds it (about 0.3 ms a MiB), stalling the remote tier's reader thread
+(:mod:`ollapy.cache.remote_reader`) that receives the values a restore places into that buffer.
 """
 from __future__ import annotations
 
@@ -42,6 +48,39 @@ def _libc():
     fn_unmap.restype = ctypes.c_int
     fn_unmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return fn_map, fn_unmap
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault in (and zero) a range's pages for writing, in one call
+
+
+@functools.cache
+def _libc_madvise():
+    """libc's ``madvise`` through ctypes, or None where it cannot be found."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):  # pragma: no cover - not a POSIX libc
+        return None
+    fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return fn
+
+
+def populated(size: int):
+    """A writable anonymous mapping of ``size`` bytes (> 0) whose pages are faulted in at once: made lazily,
+    then ``madvise(MADV_POPULATE_WRITE)`` (the GIL released); where that fails (a kernel before 5.14, not
+    Linux) a ``MAP_POPULATE`` mapping, else a ``bytearray``."""
+    anon = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20)
+    try:
+        buf = mmap.mmap(-1, size, flags=anon)
+    except (OSError, ValueError):
+        return bytearray(size)
+    advise = _libc_madvise()
+    if advise is not None and advise(ctypes.addressof(ctypes.c_char.from_buffer(buf)), size, MADV_POPULATE_WRITE) == 0:
+        return buf
+    buf.close()
+    try:
+        return mmap.mmap(-1, size, flags=anon | getattr(mmap, "MAP_POPULATE", 0))
+    except (OSError, ValueError):
+        return bytearray(size)
 
 
 @functools.lru_cache(maxsize=256)

@@ -403,7 +403,6 @@ class StateAssembler:
         if len(mv) < self.size:
             raise KVStateError(f"a buffer of {len(mv)} bytes cannot hold a state of {self.size}")
         self.out = mv
-        self._arr = np.frombuffer(mv, np.uint8, count=self.size)
         mv[0:8] = layout.header
         off = 8
         _U32.pack_into(mv, off, layout.n_stream)
@@ -452,44 +451,34 @@ class StateAssembler:
         self._place(j * self.b, self.b, mv)
 
     def _uniform(self, layers: list[tuple[int, int, int, int]]):
-        """Every layer of ``layers`` as one strided numpy view (layers of one size, equally spaced: the usual
-        case), so a block is placed by one copy per cache half; None otherwise (placed layer by layer)."""
+        """``(first offset, step, count, row, el, rows)`` when every layer of ``layers`` has one size and they are
+        equally spaced (the usual case): a block is then placed by one numpy copy per cache half; None otherwise
+        (placed layer by layer)."""
         if not layers or len({x[1:] for x in layers}) != 1:
             return None
         offs = [x[0] for x in layers]
         step = offs[1] - offs[0] if len(offs) > 1 else 0
         if any(b - a != step for a, b in zip(offs, offs[1:])):
             return None
-        _, row, el, rows = layers[0]
-        n, base = self.n_cells, self._arr[offs[0]:]
-        if rows:  # transposed V: (layer, row, cell's element)
-            shape, strides = (len(offs), rows, n * el), (step, n * el, 1)
-        else:
-            shape, strides = (len(offs), n * row), (step, 1)
-        view = np.lib.stride_tricks.as_strided(base, shape=shape, strides=strides, writeable=True)
-        return view, row, el, rows
+        return (offs[0], step, len(offs), *layers[0][1:])
+
+    def _runs(self, off: int, step: int, count: int, row: int, el: int, rows: int, start: int, m: int):
+        """The destination of cells ``[start, start+m)`` of ``count`` layers spaced ``step`` bytes from ``off``, as
+        a numpy array whose items are the contiguous runs (a void dtype of the run's bytes, so each is one memcpy
+        however short: a transposed V's run is ``m`` elements of one row): shape ``(count,)``, or ``(count,
+        rows)`` for a transposed V (``rows`` > 0)."""
+        if rows:
+            return np.ndarray((count, rows), dtype=f"V{m * el}", buffer=self.out, offset=off + start * el,
+                              strides=(step, self.n_cells * el))
+        return np.ndarray((count,), dtype=f"V{m * row}", buffer=self.out, offset=off + start * row, strides=(step,))
 
     def _place(self, start: int, m: int, seg: memoryview) -> None:
-        if self._k_all is not None and self._v_all is not None:
-            src = np.frombuffer(seg, np.uint8)
-            so = 0
-            for view, row, el, rows in (self._k_all, self._v_all):
-                size = view.shape[0] * m * row
-                if rows:
-                    view[:, :, start * el:(start + m) * el] = src[so:so + size].reshape(view.shape[0], rows, m * el)
-                else:
-                    view[:, start * row:(start + m) * row] = src[so:so + size].reshape(view.shape[0], m * row)
-                so += size
-            return
-        n, out, so = self.n_cells, self.out, 0
-        for off, row in self._k:
-            out[off + start * row:off + (start + m) * row] = seg[so:so + m * row]
-            so += m * row
-        for off, row, el, rows in self._v:
-            if rows:  # transposed: each of the ``rows`` rows holds every cell's element
-                dst = self._arr[off:off + n * row].reshape(rows, n * el)
-                dst[:, start * el:(start + m) * el] = np.frombuffer(seg, np.uint8, count=m * row,
-                                                                  offset=so).reshape(rows, m * el)
-            else:
-                out[off + start * row:off + (start + m) * row] = seg[so:so + m * row]
-            so += m * row
+        halves = [self._k_all, self._v_all] if self._k_all is not None and self._v_all is not None else \
+            [(o, 0, 1, r, 0, 0) for o, r in self._k] + [(o, 0, 1, *x) for o, *x in self._v]
+        so = 0
+        for off, step, count, row, el, rows in halves:
+            dst = self._runs(off, step, count, row, el, rows, start, m)
+            size = count * m * row
+            dst[...] = np.frombuffer(seg, dtype=dst.dtype, count=dst.size, offset=so).reshape(dst.shape)
+            so += size
+        assert so == len(seg), (so, len(seg))

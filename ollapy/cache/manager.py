@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING
 
 from ollapy.cache.candidate import Candidate, Hit
 from ollapy.cache.catalog import EntryCatalog
+from ollapy.cache.filemap import populated
 from ollapy.cache.index import BlockIndex, common_prefix
 from ollapy.cache.intake import StateIntake
 from ollapy.cache.policy import WRITE_BACK_NEWEST, AdmissionPolicy
@@ -68,17 +69,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("ollapy.cache")
 
 BLOCK = 64
-
-
-def _populated(size: int):
-    """A writable anonymous mapping of ``size`` bytes whose pages are faulted in at once (Linux MAP_POPULATE)."""
-    import mmap
-
-    flags = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0x20) | getattr(mmap, "MAP_POPULATE", 0)
-    try:
-        return mmap.mmap(-1, size, flags=flags)
-    except (OSError, ValueError):
-        return bytearray(size)
 
 
 __all__ = ["BLOCK", "WRITE_BACK_NEWEST", "BoundCache", "Candidate", "Hit"]
@@ -302,7 +292,7 @@ class BoundCache(StateIntake, EntryCatalog, RemoteLink):
         """The restore buffer (see :meth:`_join`), at least ``size`` bytes: reused while it is large enough."""
         buf = self._restore_buf
         if buf is None or len(buf) < size:
-            self._restore_buf = buf = _populated(size)
+            self._restore_buf = buf = populated(size)
         return buf
 
     def record_corrupt(self, hit: Hit) -> None:

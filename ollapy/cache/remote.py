@@ -26,13 +26,13 @@ URL this module shows.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ollapy.cache.remote_reader import ReadAhead
 from ollapy.config import redact_url
 from ollapy.errors import OllapyError
 
@@ -47,7 +47,8 @@ ENTRY_DELAY_S = 1.0  # an entry's values wait this long for a newer state of its
 PENDING_ENTRIES = 256  # entries waiting out that delay, at most
 QUEUE_BYTES = 256 << 20  # the write queue's bound; the oldest items are dropped past it
 GET_CHUNK = 8  # values per pipelined GET round trip of a bulk read (the deadline is checked between them)
-READ_AHEAD = 2  # chunks a bulk read receives ahead of its caller (bounds its memory: READ_AHEAD * GET_CHUNK values)
+READ_SIZE = 1 << 20  # bytes one receive of a bulk read asks for (the client's default 64 KiB: 16x the GIL hand-offs)
+READ_AHEAD_BYTES = 64 << 20  # bytes a bulk read receives ahead of its caller (a restore's buffer is prepared meanwhile)
 SCHEMES = ("redis", "rediss", "valkey", "valkeys", "unix")
 INSTALL_HINT = "pip install 'ollapy[remote]'"
 
@@ -64,7 +65,12 @@ def redact(url: str) -> str:
 
 
 def _client_module():
-    """The ``valkey`` module, else ``redis``; RemoteUnavailable naming the extra when neither is installed."""
+    """The ``valkey`` module, else ``redis``; RemoteUnavailable naming the extra when neither is installed, or
+    when the ``crc32c`` package (the values' checksum, :mod:`ollapy.cache.remote_format`) is missing."""
+    try:
+        import crc32c  # noqa: F401
+    except ImportError:
+        raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE needs the crc32c package: {INSTALL_HINT}") from None
     try:
         import valkey
 
@@ -137,7 +143,7 @@ class RemoteStore:
             self._fast = lib.from_url(curl, socket_timeout=probe_timeout, socket_connect_timeout=CONNECT_TIMEOUT_S,
                                       **extra)
             self._bulk = lib.from_url(curl, socket_timeout=read_timeout, socket_connect_timeout=CONNECT_TIMEOUT_S,
-                                      **extra)
+                                      socket_read_size=READ_SIZE, **extra)
         except ValueError as exc:
             raise RemoteUnavailable(f"OLLAPY_CACHE_REMOTE {self.url!r}: {str(exc).replace(url, self.url)}") from None
         self._errors_cls = (lib.RedisError if hasattr(lib, "RedisError") else lib.ValkeyError, OSError)
@@ -240,47 +246,14 @@ class RemoteStore:
             self._c["bytes_read"] += len(raw or b"")
         return raw
 
-    def get_many(self, keys: list[str], deadline: float) -> Iterator[bytes | None]:
-        """Yield the values of ``keys`` in order (None for a missing one), read by pipelined ``GET`` s of
-        :data:`GET_CHUNK` keys; stops early (yields nothing more) when ``time.monotonic()`` passes ``deadline``
-        or the store fails.
-
-        A reader thread of this call receives up to :data:`READ_AHEAD` chunks ahead while the caller checks and
-        hands on the values already yielded (the socket's receive and the caller's checksums overlap); closing
-        the generator (or finishing it) stops and joins that thread, so it never outlives the call."""
-        if not keys:
-            return
-        ahead: queue.Queue = queue.Queue(maxsize=READ_AHEAD)
-        stop = threading.Event()
-
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    ahead.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def read() -> None:
-            try:
-                for i in range(0, len(keys), GET_CHUNK):
-                    if stop.is_set() or time.monotonic() > deadline or not self.available():
-                        return
-                    values = self._get_chunk(keys[i:i + GET_CHUNK])
-                    if values is None or not put(values):
-                        return
-            finally:
-                put(None)
-
-        reader = threading.Thread(target=read, name="ollapy-remote-reader", daemon=True)
-        reader.start()
-        try:
-            while (values := ahead.get()) is not None:
-                yield from values
-        finally:
-            stop.set()
-            reader.join()
+    def get_many(self, keys: list[str], deadline: float) -> ReadAhead:
+        """The values of ``keys`` in order (None for a missing one), read by pipelined ``GET`` s of
+        :data:`GET_CHUNK` keys on a reader thread that starts now and receives up to :data:`READ_AHEAD_BYTES`
+        ahead of the caller (:class:`~ollapy.cache.remote_reader.ReadAhead`); the values end early when
+        ``time.monotonic()`` passes ``deadline`` or the store fails. The caller closes it (``with`` or
+        ``finally``): that stops and joins the thread."""
+        chunks = [keys[i:i + GET_CHUNK] for i in range(0, len(keys), GET_CHUNK)]
+        return ReadAhead(chunks, self._get_chunk, deadline, self.available, READ_AHEAD_BYTES)
 
     def _get_chunk(self, keys: list[str]) -> list | None:
         """One pipelined round trip of ``GET`` s (bulk timeout); None (an error counted) when the store failed."""

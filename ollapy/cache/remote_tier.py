@@ -205,12 +205,10 @@ class RemoteTier:
         states: :class:`ollapy.cache.kvstate.StateAssembler`), each block is written into its place in it as
         soon as it arrived and passed its checks, while the store's reader thread receives the next ones
         (:meth:`RemoteStore.get_many`), and ``state`` is the whole state (a view of it) when every block
-        came; otherwise ``state`` is None and the caller joins ``blocks`` and ``tail``."""
+        came, ``blocks`` then a list of None (each value is freed once placed); otherwise ``state`` is None and
+        the caller joins ``blocks`` and ``tail``."""
         r: RemoteEntry = e.header
-        keys = [part_key(r.key, i) for i in range(1, r.tail_parts)]
-        for name in r.blocks:
-            bkey = block_key(self.namespace, name)
-            keys.extend(part_key(bkey, i) for i in range(r.block_parts))
+        keys = self.value_keys(r)
         prefill = self._prefill_s(len(e.tokens))
         budget = max(MIN_DEADLINE_S, prefill if prefill is not None else 4 * self._fetch_s(e.nbytes) + 0.5)
         deadline = time.monotonic() + budget
@@ -253,8 +251,9 @@ class RemoteTier:
                     block = pieces[0] if len(pieces) == 1 else memoryview(b"".join(pieces))
                     if len(block) != r.block_len:
                         raise RemoteValueError(f"block {j} holds {len(block)} bytes, the entry says {r.block_len}")
-                    if asm is not None:
+                    if asm is not None:  # placed: the value is freed now, not held to the end (twice the state)
                         asm.put(j, block)
+                        block = None
                     blocks.append(block)
                     pieces = []
         except (RemoteValueError, KeyError, TypeError, ValueError) as exc:  # ValueError: KVStateError too
@@ -279,11 +278,24 @@ class RemoteTier:
             state = asm.out[:asm.size] if asm is not None else None
             return blocks, _joined(tail), len(blocks), state
         if whole_tail and blocks and self.trimmable:
-            self._remember(r.blocks[:len(blocks)])
-            self.stats.add(remote_partial=1)
-            return blocks, _joined(tail), len(blocks), None
+            k, tail = len(blocks), _joined(tail)
+            if asm is not None:  # the blocks were placed and freed: cut them out of the state assembled so far
+                cut = self.kv.split_state(asm.out[:asm.size], r.block_tokens)
+                blocks, tail = (cut.blocks[:k], cut.tail) if cut is not None else ([], tail)
+            if blocks:
+                self._remember(r.blocks[:k])
+                self.stats.add(remote_partial=1)
+                return blocks, tail, k, None
         self.stats.add(remote_misses=1)
         return None
+
+    def value_keys(self, r: RemoteEntry) -> list[str]:
+        """The keys a restore of ``r`` reads, in order: the tail's parts after the first, then each block's parts."""
+        keys = [part_key(r.key, i) for i in range(1, r.tail_parts)]
+        for name in r.blocks:
+            bkey = block_key(self.namespace, name)
+            keys.extend(part_key(bkey, i) for i in range(r.block_parts))
+        return keys
 
     def _forget(self, names) -> None:
         """Block names the store may no longer hold: a later :meth:`offer` sends them again."""
