@@ -9,7 +9,9 @@ What runs, all on loopback, under one temporary directory, and killed on exit (a
   persistence off, ``maxmemory``, ``allkeys-lru``, ``requirepass``;
 * two ``ollapy serve`` replicas with the compose environment (``OLLAPY_CACHE_REMOTE``,
   ``OLLAPY_CACHE_REMOTE_PASSWORD_FILE``, ``OLLAPY_CACHE_NAMESPACE=compose``), each with its own model store and
-  cache directory, the same SmolLM2-135M model created in each with ``ollapy create smol -f Modelfile``;
+  cache directory, the same SmolLM2-135M model created in each with ``ollapy create smol -f Modelfile``; bound to
+  loopback (not 0.0.0.0 as in the compose file), so with ``OLLAPY_ALLOWED_HOSTS=ollapy``: nginx sends the
+  upstream's name as ``Host``, which the DNS-rebinding guard of a loopback-bound server refuses otherwise (403);
 * nginx (Debian's; ``apt-get install -y -q nginx`` when it is missing and this runs as root) as its own process
   (``nginx -p DIR -c DIR/nginx.conf``), its ``http`` block being the ```` ```nginx ```` block of docs/scaling.md
   as written there, with only its ``listen`` port and ``upstream`` servers replaced by the two replicas.
@@ -213,7 +215,7 @@ def nginx_conf(doc: Path, tmp: Path, port: int, upstreams: list[str], overrides:
         raise ValueError(f"{doc}: no ```nginx block")
     block = m.group(1)
     servers = re.findall(r"^( *)server +[^ ;{]+:\d+;.*\n", block, re.M)
-    listens = re.findall(r"^ *listen +\d+;", block, re.M)
+    listens = re.findall(r"^ *listen +[^;]+;", block, re.M)
     if not servers or len(listens) != 1 or "upstream ollapy" not in block:
         raise ValueError(f"{doc}: the nginx block has no upstream servers or not one listen line")
     indent = servers[0]
@@ -225,7 +227,7 @@ def nginx_conf(doc: Path, tmp: Path, port: int, upstreams: list[str], overrides:
         return lines if len(seen) == 1 else ""
 
     block = re.sub(r"^ *server +[^ ;{]+:\d+;.*\n", put_servers, block, flags=re.M)
-    block = re.sub(r"^( *)listen +\d+;", rf"\g<1>listen 127.0.0.1:{port};", block, flags=re.M)
+    block = re.sub(r"^( *)listen +[^;]+;", rf"\g<1>listen 127.0.0.1:{port};", block, flags=re.M)
     for directive in overrides:
         name = directive.split()[0]
         block, n = re.subn(rf"^( *){re.escape(name)} [^;]*;", rf"\g<1>{directive};", block, flags=re.M)
