@@ -16,7 +16,8 @@ What runs, all on loopback, under one temporary directory, and killed on exit (a
   (``nginx -p DIR -c DIR/nginx.conf``), its ``http`` block being the ```` ```nginx ```` block of docs/scaling.md
   as written there, with only its ``listen`` port and ``upstream`` servers replaced by the two replicas.
 
-Then, through nginx only, every request streamed (NDJSON) with ``X-Prefix-Key``: a conversation of three turns
+Then, through nginx only: 12 short requests without ``X-Prefix-Key`` (they must reach both replicas); and,
+every request streamed (NDJSON) with ``X-Prefix-Key``, a conversation of three turns
 with a long (~800 tokens) shared system prompt, a second conversation with the same system prompt and key, the
 replica that served them killed (SIGKILL, once its writes reached the store), and the second conversation's next
 turn. Checked: which replica served each request (each replica's own ``ollapy_requests_total`` in its
@@ -407,6 +408,19 @@ def run(tmp: Path, procs: Procs, nginx: str, overrides: tuple[str, ...]) -> None
               f"{subprocess.run([nginx, '-v'], capture_output=True, text=True).stderr.strip().split('/')[-1]} "
               f":{lb_port} with docs/scaling.md's block" + "".join(f"; {d}" for d in overrides))
     key = "sys-" + secrets.token_hex(8)
+
+    # without the header the doc's map hashes $request_id: any replica (all on one: 2 in 2^12 by chance)
+    before = counts(urls)
+    for i in range(12):
+        r = httpx.post(lb + "/api/chat", timeout=300, json={
+            "model": MODEL, "stream": False, "options": {"temperature": 0, "num_predict": 1},
+            "messages": [{"role": "user", "content": f"Say {i}."}]})
+        r.raise_for_status()
+    time.sleep(0.2)
+    spread = {n: c - before[n] for n, c in counts(urls).items()}
+    row(all(spread.values()) and sum(spread.values()) == 12,
+        "requests without X-Prefix-Key spread over both replicas: "
+        + ", ".join(f"{n} {c}" for n, c in spread.items()) + " of 12")
 
     # conversation 1: three turns through nginx
     messages = [{"role": "system", "content": SYSTEM}]
