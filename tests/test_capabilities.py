@@ -83,3 +83,19 @@ def test_api_show_capabilities_without_loading_and_run_prints_an_embedding(model
         vec = json.loads(p.stdout)
         assert len(vec) == 576 and abs(sum(v * v for v in vec) - 1) < 1e-4
         assert [m["name"] for m in httpx.get(url + "/api/ps").json()["models"]] == ["smol-embed:latest"]
+
+
+def test_the_insert_check_reads_a_vocabulary_once_per_file(qwen_coder_path, monkeypatch):
+    """Every code completion checks insert support before its load (as Ollama, from the header); reading the
+    0.5B's 151k-token vocabulary takes ~140 ms, which each keystroke's request paid (bench_fim: 1.13x
+    llama-server's TTFT). It is read once per file version."""
+    from types import SimpleNamespace
+
+    import ollapy.store.info as info
+    from ollapy.server.ollama.details import ref_supports_insert
+
+    reads = []
+    real = info.has_fim_tokens
+    monkeypatch.setattr(info, "has_fim_tokens", lambda path: reads.append(path) or real(path))
+    ref = SimpleNamespace(path=str(qwen_coder_path), template=None)
+    assert all(ref_supports_insert(ref) for _ in range(5)) and len(reads) <= 1, reads

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import datetime
+import functools
 from pathlib import Path
 
 _GGUF_CACHE: dict[str, dict] = {}
@@ -49,9 +50,21 @@ def supports_insert(path, template: str | None) -> bool:
     """Ollama's ``insert`` capability: the GGUF has FIM tokens, or the (Jinja) template reads a ``suffix`` variable
     (a registry Go template's ``.Suffix``, translated), as the runner decides it."""
     from ollapy.chat.templates import template_reads_suffix
+
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return template_reads_suffix(template)
+    return _has_fim_tokens(str(path), st.st_mtime_ns, st.st_size) or template_reads_suffix(template)
+
+
+@functools.lru_cache(maxsize=64)
+def _has_fim_tokens(path: str, mtime_ns: int, size: int) -> bool:
+    """store.info.has_fim_tokens, once per file version: reading a 151k-token vocabulary from the header takes
+    ~140 ms, which every code completion paid before its load check (``ref_supports_insert``)."""
     from ollapy.store.info import has_fim_tokens
 
-    return has_fim_tokens(Path(path)) or template_reads_suffix(template)
+    return has_fim_tokens(Path(path))
 
 
 def ref_supports_insert(ref) -> bool:
