@@ -6,7 +6,8 @@
 # `ollapy serve` on a free loopback port with a scratch store holding the test models, and prints one line per
 # check: `ok NAME` or `FAIL NAME: why`, then a summary. Heavy (about 5 GB of installs, most of it Open WebUI) and
 # not part of CI: run it by hand, e.g. `nice -n 10 scripts/check_clients.sh`. ONLY="sdk llm" runs some groups
-# (sdk, js, llm, aider, continue, fim, opencode, agents, more, openwebui); SKIP="openwebui" leaves some out.
+# (sdk, js, llm, aider, continue, fim, opencode, agents, more, openwebui; and task, not in the default: the agents
+# doing a hello.py task with their tools, for an instruct MODEL); SKIP="openwebui" leaves some out.
 #
 # Models: `smol` (SmolLM2 135M, num_ctx 4096) for the SDKs, llm, aider, Open WebUI; `gemma3-agents` (Gemma 3 270M
 # base at num_ctx 32768, greedy, ending its answer at a line end, num_predict MAX_OUT) for the agents, Continue
@@ -70,7 +71,7 @@ install_venv() {  # name, packages...
     && touch "$DIR/$name/.installed"
 }
 T0=$(date +%s)
-want_any js continue opencode agents && { install_npm || echo "npm install failed" >&2; }
+want_any js continue opencode agents task && { install_npm || echo "npm install failed" >&2; }
 want_any sdk llm continue opencode openwebui && { install_venv llm $LLM_PKGS || echo "llm venv install failed" >&2; }
 want aider && { install_venv aider $AIDER_PKG || echo "aider install failed" >&2; }
 OWUI_OK=0
@@ -320,6 +321,58 @@ if want opencode; then
   else fail "opencode-run-via-launch (tools on)" "exit $rc, $((e1 - e0)) failed requests: $(printf '%s' "$out" | tail -c 300 | tr '\n' ' ')"
   fi
   cd "$ROOT"
+fi
+
+# ---- agents do a task with their tools, three turns (issue 55): ONLY=task, on MODEL (an instruct model) -------
+# Each agent (TASK_AGENTS, default "claude codex opencode") in a fresh folder, through `ollapy launch`, tools on:
+# turn 1 creates hello.py printing 2 + 3 and runs it, turn 2 makes it print 2 * 3, turn 3 2 ** 3, in the same
+# session (claude -p --continue, codex exec resume --last, opencode run --continue). A turn is ok when the agent
+# exits 0, `python3 hello.py` prints the number and the agent's answer says it; per turn the requests, prompt
+# tokens, how many the cache served and how many were prefilled. Permissions: Claude Code may use Write, Edit,
+# Read and Bash (--allowedTools; it refuses --dangerously-skip-permissions as root); Codex runs without its
+# sandbox (--dangerously-bypass-approvals-and-sandbox); opencode's defaults allow edits and commands.
+if want task; then
+  export CODEX_HOME=$DIR/codex-home CLAUDE_CONFIG_DIR=$DIR/claude-config CLAUDE_CODE_MAX_OUTPUT_TOKENS=$MAX_OUT
+  export CLAUDE_STREAM_IDLE_TIMEOUT_MS=3600000 API_TIMEOUT_MS=3600000
+  rm -rf "$CODEX_HOME/sessions" "$CLAUDE_CONFIG_DIR/projects"
+  mkdir -p "$CODEX_HOME" "$CLAUDE_CONFIG_DIR"
+  TASK_TIMEOUT=${TASK_TIMEOUT:-2400}
+  TASK_TURNS=("Create a file hello.py that prints the sum of 2 and 3. Run it with python3 and tell me the output."
+              "Change hello.py so that it prints the product of 2 and 3 instead. Run it again and tell me the output."
+              "Change hello.py so that it prints 2 to the power of 3. Run it again and tell me the output.")
+  TASK_WANT=(5 6 8)
+  task_turn() {  # agent, turn index (0-based), launch arguments after the model
+    local agent=$1 t=$2; shift 2
+    local proj=$WORK/task-$agent label="$agent task turn $((t + 1))" b a log
+    log=$WORK/task-$agent-$((t + 1))
+    b=$(metrics)
+    (cd "$proj" && timeout "$TASK_TIMEOUT" "$PY" -m ollapy.cli.main launch "$agent" --model gemma3-agents -- "$@" \
+      < /dev/null > "$log.out" 2> "$log.err")
+    local rc=$?
+    a=$(metrics)
+    read -r n0 p0 c0 <<< "$b"; read -r n1 p1 c1 <<< "$a"
+    local got; got=$(cd "$proj" && timeout 30 python3 hello.py 2>&1 | tr -d '\r' | tail -n 1)
+    local said; said=$(grep -c -w "${TASK_WANT[$t]}" "$log.out")
+    local line="$label: $((n1 - n0)) requests, prompt tokens $((p1 - p0 + c1 - c0)), reused from the cache $((c1 - c0)), prefilled $((p1 - p0)); hello.py prints '${got:0:40}', the answer names ${TASK_WANT[$t]}: $([ "$said" -gt 0 ] && echo yes || echo no)"
+    if [ $rc = 0 ] && [ "$got" = "${TASK_WANT[$t]}" ] && [ "$said" -gt 0 ]; then ok "$line"
+    else fail "$line" "exit $rc: $(cat "$log.out" "$log.err" | grep -v -e '^launching' | tail -c 400 | tr '\n' ' ')"; fi
+  }
+  for agent in ${TASK_AGENTS:-claude codex opencode}; do
+    rm -rf "$WORK/task-$agent"; mkdir -p "$WORK/task-$agent"
+    for t in 0 1 2; do
+      case "$agent" in
+        claude) cont=(); [ "$t" -gt 0 ] && cont=(--continue)
+                task_turn claude "$t" -p "${cont[@]}" "${TASK_TURNS[$t]}" --max-turns 12 --allowedTools Write Edit Read Bash ;;
+        codex) if [ "$t" = 0 ]; then
+                 task_turn codex "$t" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "${TASK_TURNS[$t]}"
+               else
+                 task_turn codex "$t" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox resume --last "${TASK_TURNS[$t]}"
+               fi ;;
+        opencode) cont=(); [ "$t" -gt 0 ] && cont=(--continue)
+                  task_turn opencode "$t" run "${cont[@]}" "${TASK_TURNS[$t]}" ;;
+      esac
+    done
+  done
 fi
 
 # ---- agents, tools on, three turns -------------------------------------------------------------------------
